@@ -61,3 +61,9 @@ void ci_provider_cancel(struct ci_provider *p, struct ci_run *run)
 {
     p->ops->cancel(p->ctx, run);
 }
+
+void ci_provider_release(struct ci_provider *p, struct ci_run *run)
+{
+    if (run)
+        p->ops->release(p->ctx, run);
+}

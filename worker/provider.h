@@ -5,8 +5,10 @@
  * Life of a run: start() returns a run handle at once (or an error that
  * means the code never ran); wait() blocks until the run has ended and fills
  * an outcome; cancel() may be called from any thread at any time between
- * start() and the end of wait(), and makes wait() return within a second;
- * wait() frees the run. */
+ * start() and release(), and makes a pending wait() return within a second
+ * (after wait() has returned it does nothing); release() frees the run once
+ * no other thread can call cancel() on it. Splitting wait() from release()
+ * is what makes a cancel racing with the end of a run safe. */
 #ifndef CI_PROVIDER_H
 #define CI_PROVIDER_H
 
@@ -86,6 +88,7 @@ struct ci_provider_ops {
                        struct ci_error *err);
     ci_status (*wait)(void *ctx, struct ci_run *run, struct ci_outcome *ret_outcome);
     void (*cancel)(void *ctx, struct ci_run *run);
+    void (*release)(void *ctx, struct ci_run *run);
     void (*destroy)(void *ctx);
 };
 
@@ -104,6 +107,7 @@ ci_status ci_provider_start(struct ci_provider *p, const struct ci_task *task,
                             struct ci_run **ret_run, struct ci_error *err);
 ci_status ci_provider_wait(struct ci_provider *p, struct ci_run *run, struct ci_outcome *ret);
 void ci_provider_cancel(struct ci_provider *p, struct ci_run *run);
+void ci_provider_release(struct ci_provider *p, struct ci_run *run);
 
 /* Constructors of the providers (provider_local.c, provider_cloudrun.c). */
 ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,
