@@ -1,1 +1,666 @@
-/* placeholder: filled in by its module's author */
+#include "broker.h"
+
+#include <nats/nats.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#define NS_PER_S 1000000000LL
+#define NS_PER_MS 1000000LL
+#define SUBJECT_MAX 512
+
+struct ci_broker {
+    const struct ci_config *cfg;
+    natsConnection *nc;
+    jsCtx *js;
+    kvStore *kv;
+    struct ci_objstore *os;
+    natsSubscription *cancel_sub;
+    ci_cancel_fn cancel_fn;
+    void *cancel_closure;
+    atomic_uint_fast64_t reconnects;
+};
+
+struct ci_puller {
+    struct ci_broker *b;
+    natsSubscription *sub;
+};
+
+struct ci_delivery {
+    natsMsg *msg;
+    uint32_t attempt;
+    uint32_t max_deliver;
+};
+
+struct ci_watch {
+    natsSubscription *sub;
+    natsMsg *cur;
+};
+
+/* Records a NATS failure with the server's text where there is one. */
+static ci_status nats_fail(struct ci_error *err, natsStatus s, jsErrCode jerr, const char *what)
+{
+    const char *last = nats_GetLastError(NULL);
+    if (jerr)
+        return ci_error_set(err, CI_ERR_NATS, "%s: %s (%s, jetstream error %d)", what,
+                            natsStatus_GetText(s), last ? last : "", (int)jerr);
+    return ci_error_set(err, CI_ERR_NATS, "%s: %s%s%s", what, natsStatus_GetText(s),
+                        last ? ": " : "", last ? last : "");
+}
+
+static void on_reconnected(natsConnection *nc, void *closure)
+{
+    struct ci_broker *b = closure;
+    atomic_fetch_add(&b->reconnects, 1);
+}
+
+ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
+                            struct ci_error *err)
+{
+    struct ci_broker *b = calloc(1, sizeof(*b));
+    if (!b)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    b->cfg = cfg;
+    natsOptions *o = NULL;
+    natsStatus s = natsOptions_Create(&o);
+    const char *step = "options";
+    if (s == NATS_OK)
+        s = natsOptions_SetURL(o, cfg->nats.url);
+    if (s == NATS_OK && cfg->nats.name && cfg->nats.name[0])
+        s = natsOptions_SetName(o, cfg->nats.name);
+    if (s == NATS_OK)
+        s = natsOptions_SetTimeout(o, cfg->nats.connect_timeout_ms);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxReconnect(o, cfg->nats.max_reconnects);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectWait(o, cfg->nats.reconnect_wait_ms);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectedCB(o, on_reconnected, b);
+    if (s == NATS_OK && cfg->nats.creds_file && cfg->nats.creds_file[0]) {
+        step = "credentials file";
+        s = natsOptions_SetUserCredentialsFromFiles(o, cfg->nats.creds_file, NULL);
+    }
+    if (s == NATS_OK && cfg->nats.token && cfg->nats.token[0])
+        s = natsOptions_SetToken(o, cfg->nats.token);
+    if (s == NATS_OK && cfg->nats.user && cfg->nats.user[0])
+        s = natsOptions_SetUserInfo(o, cfg->nats.user, cfg->nats.password);
+    if (s == NATS_OK && cfg->nats.tls_ca && cfg->nats.tls_ca[0]) {
+        step = "TLS CA file";
+        s = natsOptions_SetSecure(o, true);
+        if (s == NATS_OK)
+            s = natsOptions_LoadCATrustedCertificates(o, cfg->nats.tls_ca);
+    }
+    if (s == NATS_OK && cfg->nats.tls_cert && cfg->nats.tls_cert[0]) {
+        step = "TLS certificate or key";
+        s = natsOptions_LoadCertificatesChain(o, cfg->nats.tls_cert, cfg->nats.tls_key);
+    }
+    if (s != NATS_OK) {
+        natsOptions_Destroy(o);
+        free(b);
+        return nats_fail(err, s, 0, step);
+    }
+    s = natsConnection_Connect(&b->nc, o);
+    natsOptions_Destroy(o);
+    if (s != NATS_OK) {
+        ci_status r = nats_fail(err, s, 0, "cannot connect to NATS");
+        size_t used = strlen(err ? err->msg : "");
+        if (err)
+            snprintf(err->msg + used, sizeof(err->msg) - used, " (url %s)", cfg->nats.url);
+        free(b);
+        return r;
+    }
+    s = natsConnection_JetStream(&b->js, b->nc, NULL);
+    if (s != NATS_OK) {
+        ci_broker_free(b);
+        return nats_fail(err, s, 0, "JetStream context");
+    }
+    *ret = b;
+    return CI_OK;
+}
+
+/* Creates the stream, or updates it when it exists with other settings.
+ * Two workers racing to create it both succeed. */
+static ci_status ensure_stream(struct ci_broker *b, jsStreamConfig *sc, struct ci_error *err)
+{
+    jsErrCode jerr = 0;
+    jsStreamInfo *si = NULL;
+    natsStatus s = js_AddStream(&si, b->js, sc, NULL, &jerr);
+    if (s == NATS_OK) {
+        jsStreamInfo_Destroy(si);
+        return CI_OK;
+    }
+    if (jerr != JSStreamNameExistErr) {
+        char what[160];
+        snprintf(what, sizeof(what), "cannot create stream %s", sc->Name);
+        return nats_fail(err, s, jerr, what);
+    }
+    jerr = 0;
+    s = js_UpdateStream(&si, b->js, sc, NULL, &jerr);
+    if (s != NATS_OK) {
+        char what[160];
+        snprintf(what, sizeof(what), "stream %s exists with settings that cannot be updated",
+                 sc->Name);
+        return nats_fail(err, s, jerr, what);
+    }
+    jsStreamInfo_Destroy(si);
+    return CI_OK;
+}
+
+static ci_status ensure_consumer(struct ci_broker *b, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = c->jetstream.consumer;
+    cc.Description = "ci-worker task queue";
+    cc.AckPolicy = js_AckExplicit;
+    cc.DeliverPolicy = js_DeliverAll;
+    cc.AckWait = (int64_t)c->jetstream.ack_wait_s * NS_PER_S;
+    cc.MaxDeliver = c->jetstream.max_deliver;
+    cc.MaxAckPending = -1;
+    cc.MaxWaiting = 4096;
+    jsErrCode jerr = 0;
+    jsConsumerInfo *ci = NULL;
+    natsStatus s = js_AddConsumer(&ci, b->js, c->jetstream.tasks_stream, &cc, NULL, &jerr);
+    if (s == NATS_OK) {
+        jsConsumerInfo_Destroy(ci);
+        return CI_OK;
+    }
+    /* Exists with other settings (an older worker's): bring it in line. */
+    jerr = 0;
+    s = js_UpdateConsumer(&ci, b->js, c->jetstream.tasks_stream, &cc, NULL, &jerr);
+    if (s != NATS_OK) {
+        char what[160];
+        snprintf(what, sizeof(what), "cannot create consumer %s on %s", cc.Durable,
+                 c->jetstream.tasks_stream);
+        return nats_fail(err, s, jerr, what);
+    }
+    jsConsumerInfo_Destroy(ci);
+    return CI_OK;
+}
+
+static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    natsStatus s = js_KeyValue(&b->kv, b->js, c->jetstream.results_bucket);
+    if (s == NATS_OK || !create) {
+        if (s != NATS_OK) {
+            char what[160];
+            snprintf(what, sizeof(what), "results bucket %s not found (is a worker running?)",
+                     c->jetstream.results_bucket);
+            return nats_fail(err, s, 0, what);
+        }
+        return CI_OK;
+    }
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = c->jetstream.results_bucket;
+    kc.Description = "ci task results";
+    kc.History = 1;
+    kc.TTL = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+    kc.StorageType = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
+    kc.Replicas = (int)c->jetstream.replicas;
+    s = js_CreateKeyValue(&b->kv, b->js, &kc);
+    if (s != NATS_OK) {
+        /* Another worker created it a moment ago, perhaps with other settings:
+         * bind to it rather than fight over it. */
+        nats_clearLastError();
+        s = js_KeyValue(&b->kv, b->js, c->jetstream.results_bucket);
+    }
+    if (s != NATS_OK) {
+        char what[160];
+        snprintf(what, sizeof(what), "cannot create results bucket %s",
+                 c->jetstream.results_bucket);
+        return nats_fail(err, s, 0, what);
+    }
+    return CI_OK;
+}
+
+ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    ci_status r;
+    if (create) {
+        int64_t max_payload = natsConnection_GetMaxPayload(b->nc);
+        jsStorageType storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
+        char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX];
+        snprintf(status_subj, sizeof(status_subj), "%s.>", c->jetstream.status_prefix);
+        snprintf(cancel_subj, sizeof(cancel_subj), "%s.>", c->jetstream.cancel_prefix);
+
+        const char *task_subjects[] = {c->jetstream.submit_subject};
+        jsStreamConfig sc;
+        jsStreamConfig_Init(&sc);
+        sc.Name = c->jetstream.tasks_stream;
+        sc.Description = "ci: submitted tasks";
+        sc.Subjects = task_subjects;
+        sc.SubjectsLen = 1;
+        sc.Retention = js_WorkQueuePolicy;
+        sc.Storage = storage;
+        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+        sc.Duplicates = (int64_t)c->jetstream.duplicate_window_s * NS_PER_S;
+        sc.MaxMsgSize = (int32_t)max_payload;
+        sc.Replicas = c->jetstream.replicas;
+        if ((r = ensure_stream(b, &sc, err)))
+            return r;
+
+        const char *status_subjects[] = {status_subj};
+        jsStreamConfig_Init(&sc);
+        sc.Name = c->jetstream.status_stream;
+        sc.Description = "ci: task status events";
+        sc.Subjects = status_subjects;
+        sc.SubjectsLen = 1;
+        sc.Retention = js_LimitsPolicy;
+        sc.Storage = storage;
+        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+        sc.Replicas = c->jetstream.replicas;
+        if ((r = ensure_stream(b, &sc, err)))
+            return r;
+
+        const char *cancel_subjects[] = {cancel_subj};
+        jsStreamConfig_Init(&sc);
+        sc.Name = c->jetstream.cancel_stream;
+        sc.Description = "ci: cancel requests";
+        sc.Subjects = cancel_subjects;
+        sc.SubjectsLen = 1;
+        sc.Retention = js_LimitsPolicy;
+        sc.Storage = storage;
+        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+        sc.Replicas = c->jetstream.replicas;
+        sc.AllowDirect = true;
+        if ((r = ensure_stream(b, &sc, err)))
+            return r;
+
+        if ((r = ensure_consumer(b, err)))
+            return r;
+    }
+    if ((r = ensure_kv(b, create, err)))
+        return r;
+    struct ci_objstore_opts oo = {
+        .bucket = c->jetstream.files_bucket,
+        .max_age_s = c->jetstream.max_age_s,
+        .replicas = (int)c->jetstream.replicas,
+        .file_storage = c->jetstream.file_storage,
+    };
+    return ci_objstore_open(b->js, &oo, create, &b->os, err);
+}
+
+void ci_broker_free(struct ci_broker *b)
+{
+    if (!b)
+        return;
+    natsSubscription_Destroy(b->cancel_sub);
+    ci_objstore_free(b->os);
+    kvStore_Destroy(b->kv);
+    jsCtx_Destroy(b->js);
+    if (b->nc) {
+        /* Flush what is buffered (acks, events) before closing. */
+        natsConnection_FlushTimeout(b->nc, 2000);
+        natsConnection_Close(b->nc);
+        natsConnection_Destroy(b->nc);
+    }
+    free(b);
+}
+
+void ci_broker_library_close(void) { nats_CloseAndWait(2000); }
+
+struct ci_objstore *ci_broker_objstore(struct ci_broker *b) { return b->os; }
+
+int64_t ci_broker_max_payload(const struct ci_broker *b)
+{
+    return natsConnection_GetMaxPayload(b->nc);
+}
+
+uint64_t ci_broker_reconnects(const struct ci_broker *b)
+{
+    return atomic_load(&((struct ci_broker *)b)->reconnects);
+}
+
+bool ci_broker_connected(const struct ci_broker *b)
+{
+    return natsConnection_Status(b->nc) == NATS_CONN_STATUS_CONNECTED;
+}
+
+/* --- work queue --- */
+
+ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err)
+{
+    struct ci_puller *p = calloc(1, sizeof(*p));
+    if (!p)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    p->b = b;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    /* Bind to the durable that setup created: a consumer made implicitly
+     * here would be deleted when this subscription goes away. */
+    so.Stream = b->cfg->jetstream.tasks_stream;
+    so.Consumer = b->cfg->jetstream.consumer;
+    jsErrCode jerr = 0;
+    natsStatus s = js_PullSubscribe(&p->sub, b->js, b->cfg->jetstream.submit_subject,
+                                    b->cfg->jetstream.consumer, NULL, &so, &jerr);
+    if (s != NATS_OK) {
+        free(p);
+        return nats_fail(err, s, jerr, "cannot bind to the task consumer");
+    }
+    *ret = p;
+    return CI_OK;
+}
+
+void ci_puller_free(struct ci_puller *p)
+{
+    if (!p)
+        return;
+    /* Destroy only: Unsubscribe or Drain could delete the shared durable. */
+    natsSubscription_Destroy(p->sub);
+    free(p);
+}
+
+ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_delivery **ret,
+                          struct ci_error *err)
+{
+    natsMsgList list = {0};
+    jsErrCode jerr = 0;
+    /* Batch 1: larger batches hit a heap overflow in nats.c 3.4.1. */
+    natsStatus s = natsSubscription_Fetch(&list, p->sub, 1, timeout_ms, &jerr);
+    if (s == NATS_TIMEOUT || (s == NATS_OK && list.Count == 0)) {
+        natsMsgList_Destroy(&list);
+        nats_clearLastError();
+        return CI_ERR_TIMEOUT;
+    }
+    if (s != NATS_OK) {
+        natsMsgList_Destroy(&list);
+        ci_status r = nats_fail(err, s, jerr, "fetch from the task queue");
+        nats_clearLastError();
+        return r;
+    }
+    struct ci_delivery *d = calloc(1, sizeof(*d));
+    if (!d) {
+        natsMsgList_Destroy(&list);
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    }
+    d->msg = list.Msgs[0];
+    list.Msgs[0] = NULL;
+    natsMsgList_Destroy(&list);
+    d->max_deliver = p->b->cfg->jetstream.max_deliver;
+    jsMsgMetaData *md = NULL;
+    if (natsMsg_GetMetaData(&md, d->msg) == NATS_OK) {
+        d->attempt = (uint32_t)md->NumDelivered;
+        jsMsgMetaData_Destroy(md);
+    } else {
+        d->attempt = 1;
+    }
+    *ret = d;
+    return CI_OK;
+}
+
+const uint8_t *ci_delivery_data(const struct ci_delivery *d, size_t *ret_len)
+{
+    *ret_len = (size_t)natsMsg_GetDataLength(d->msg);
+    return (const uint8_t *)natsMsg_GetData(d->msg);
+}
+
+const char *ci_delivery_header(const struct ci_delivery *d, const char *key)
+{
+    const char *v = NULL;
+    if (natsMsgHeader_Get(d->msg, key, &v) != NATS_OK) {
+        nats_clearLastError();
+        return NULL;
+    }
+    return v;
+}
+
+uint32_t ci_delivery_attempt(const struct ci_delivery *d) { return d->attempt; }
+
+bool ci_delivery_last_attempt(const struct ci_delivery *d)
+{
+    return d->attempt >= d->max_deliver;
+}
+
+static ci_status ack_result(natsStatus s)
+{
+    if (s == NATS_OK)
+        return CI_OK;
+    nats_clearLastError();
+    return CI_ERR_NATS;
+}
+
+ci_status ci_delivery_ack(struct ci_delivery *d) { return ack_result(natsMsg_Ack(d->msg, NULL)); }
+ci_status ci_delivery_term(struct ci_delivery *d) { return ack_result(natsMsg_Term(d->msg, NULL)); }
+ci_status ci_delivery_in_progress(struct ci_delivery *d)
+{
+    return ack_result(natsMsg_InProgress(d->msg, NULL));
+}
+ci_status ci_delivery_nak(struct ci_delivery *d, int64_t delay_ms)
+{
+    return ack_result(natsMsg_NakWithDelay(d->msg, delay_ms, NULL));
+}
+
+void ci_delivery_free(struct ci_delivery *d)
+{
+    if (!d)
+        return;
+    natsMsg_Destroy(d->msg);
+    free(d);
+}
+
+/* --- results, events, cancel --- */
+
+ci_status ci_broker_result_put(struct ci_broker *b, const char *task_id, const void *data,
+                               size_t len, struct ci_error *err)
+{
+    uint64_t rev = 0;
+    natsStatus s = kvStore_Put(&rev, b->kv, task_id, data, (int)len);
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "cannot write the result to the results bucket");
+    return CI_OK;
+}
+
+ci_status ci_broker_result_create(struct ci_broker *b, const char *task_id, const void *data,
+                                  size_t len, struct ci_error *err)
+{
+    uint64_t rev = 0;
+    natsStatus s = kvStore_Create(&rev, b->kv, task_id, data, (int)len);
+    if (s != NATS_OK) {
+        /* nats.c reports an existing key only through the server's text. */
+        const char *last = nats_GetLastError(NULL);
+        if (last && strstr(last, "wrong last sequence")) {
+            nats_clearLastError();
+            return ci_error_set(err, CI_ERR_INVALID, "task '%s' already has a result record",
+                                task_id);
+        }
+        return nats_fail(err, s, 0, "cannot create the result record");
+    }
+    return CI_OK;
+}
+
+ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t **ret_data,
+                               size_t *ret_len, struct ci_error *err)
+{
+    kvEntry *e = NULL;
+    natsStatus s = kvStore_Get(&e, b->kv, task_id);
+    if (s == NATS_NOT_FOUND) {
+        nats_clearLastError();
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", task_id);
+    }
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "cannot read the results bucket");
+    int n = kvEntry_ValueLen(e);
+    uint8_t *copy = malloc((size_t)n + 1);
+    if (!copy) {
+        kvEntry_Destroy(e);
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    }
+    if (n > 0)
+        memcpy(copy, kvEntry_Value(e), (size_t)n);
+    copy[n] = '\0';
+    kvEntry_Destroy(e);
+    *ret_data = copy;
+    *ret_len = (size_t)n;
+    return CI_OK;
+}
+
+ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
+                                  const char *status_short, const char *content_type,
+                                  const void *data, size_t len, struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.status_prefix, task_id);
+    natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, subj, NULL, data, (int)len);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Ci-Task-Id", task_id);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Ci-Status", status_short);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Content-Type", content_type);
+    jsErrCode jerr = 0;
+    jsPubAck *pa = NULL;
+    if (s == NATS_OK)
+        s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot publish the status event");
+    return CI_OK;
+}
+
+ci_status ci_broker_cancel_requested(struct ci_broker *b, const char *task_id, bool *ret,
+                                     struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.cancel_prefix, task_id);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&m, b->js, b->cfg->jetstream.cancel_stream, subj, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
+        nats_clearLastError();
+        *ret = false;
+        return CI_OK;
+    }
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot read the cancel stream");
+    natsMsg_Destroy(m);
+    *ret = true;
+    return CI_OK;
+}
+
+ci_status ci_broker_cancel_publish(struct ci_broker *b, const char *task_id,
+                                   struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.cancel_prefix, task_id);
+    jsErrCode jerr = 0;
+    jsPubAck *pa = NULL;
+    natsStatus s = js_Publish(&pa, b->js, subj, NULL, 0, NULL, &jerr);
+    jsPubAck_Destroy(pa);
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot publish the cancel request");
+    return CI_OK;
+}
+
+static void on_cancel_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    struct ci_broker *b = closure;
+    const char *subj = natsMsg_GetSubject(msg);
+    size_t plen = strlen(b->cfg->jetstream.cancel_prefix);
+    if (strncmp(subj, b->cfg->jetstream.cancel_prefix, plen) == 0 && subj[plen] == '.')
+        b->cancel_fn(subj + plen + 1, b->cancel_closure);
+    natsMsg_Destroy(msg);
+}
+
+ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,
+                              struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.*", b->cfg->jetstream.cancel_prefix);
+    b->cancel_fn = fn;
+    b->cancel_closure = closure;
+    natsStatus s = natsConnection_Subscribe(&b->cancel_sub, b->nc, subj, on_cancel_msg, b);
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "cannot subscribe to cancel requests");
+    return CI_OK;
+}
+
+/* --- clients --- */
+
+ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char *content_type,
+                           const void *data, size_t len, bool *ret_duplicate,
+                           struct ci_error *err)
+{
+    natsMsg *m = NULL;
+    natsStatus s =
+        natsMsg_Create(&m, b->cfg->jetstream.submit_subject, NULL, data, (int)len);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Nats-Msg-Id", task_id);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Content-Type", content_type);
+    jsErrCode jerr = 0;
+    jsPubAck *pa = NULL;
+    if (s == NATS_OK)
+        s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
+    natsMsg_Destroy(m);
+    if (s != NATS_OK) {
+        jsPubAck_Destroy(pa);
+        return nats_fail(err, s, jerr, "cannot submit the task");
+    }
+    if (ret_duplicate)
+        *ret_duplicate = pa->Duplicate;
+    jsPubAck_Destroy(pa);
+    return CI_OK;
+}
+
+ci_status ci_watch_new(struct ci_broker *b, const char *task_id, struct ci_watch **ret,
+                       struct ci_error *err)
+{
+    struct ci_watch *w = calloc(1, sizeof(*w));
+    if (!w)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.status_prefix, task_id);
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = b->cfg->jetstream.status_stream;
+    so.Ordered = true; /* replays every event of the task, then follows */
+    jsErrCode jerr = 0;
+    natsStatus s = js_SubscribeSync(&w->sub, b->js, subj, NULL, &so, &jerr);
+    if (s != NATS_OK) {
+        free(w);
+        return nats_fail(err, s, jerr, "cannot watch the task's status events");
+    }
+    *ret = w;
+    return CI_OK;
+}
+
+ci_status ci_watch_next(struct ci_watch *w, int timeout_ms, const uint8_t **ret_data,
+                        size_t *ret_len, const char **ret_content_type, struct ci_error *err)
+{
+    natsMsg_Destroy(w->cur);
+    w->cur = NULL;
+    natsStatus s = natsSubscription_NextMsg(&w->cur, w->sub, timeout_ms);
+    if (s == NATS_TIMEOUT) {
+        nats_clearLastError();
+        return CI_ERR_TIMEOUT;
+    }
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "status events");
+    const char *ct = NULL;
+    if (natsMsgHeader_Get(w->cur, "Content-Type", &ct) != NATS_OK) {
+        nats_clearLastError();
+        ct = NULL;
+    }
+    *ret_data = (const uint8_t *)natsMsg_GetData(w->cur);
+    *ret_len = (size_t)natsMsg_GetDataLength(w->cur);
+    *ret_content_type = ct;
+    return CI_OK;
+}
+
+void ci_watch_free(struct ci_watch *w)
+{
+    if (!w)
+        return;
+    natsMsg_Destroy(w->cur);
+    natsSubscription_Destroy(w->sub);
+    free(w);
+}

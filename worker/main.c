@@ -1,1 +1,276 @@
-int main(void) { return 0; }
+/* ci-worker: pulls tasks from NATS JetStream and runs them through the
+ * configured provider until SIGTERM or SIGINT, then drains and exits 0. */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "config.h"
+#include "log.h"
+#include "provider.h"
+#include "sandbox.h"
+#include "task.h"
+#include "util.h"
+
+#define FETCH_WAIT_MS 1000
+#define TICK_MS 250
+
+static volatile sig_atomic_t g_stop; /* set by the signal handler only */
+
+static void on_signal(int sig) { g_stop = 1; }
+
+struct worker {
+    struct ci_worker_env env;
+    struct ci_slot *slots;
+    pthread_t *threads;
+    size_t n_slots;
+    atomic_int running_threads;
+    atomic_bool ticker_stop;
+    char id[128];
+};
+
+struct slot_arg {
+    struct worker *w;
+    struct ci_slot *slot;
+};
+
+static void *slot_main(void *p)
+{
+    struct slot_arg *a = p;
+    struct worker *w = a->w;
+    struct ci_puller *puller = NULL;
+    struct ci_error e = {{0}};
+    if (ci_puller_new(w->env.broker, &puller, &e)) {
+        ci_log(CI_LOG_ERROR, "slot.bind_failed", "error", e.msg, NULL);
+        g_stop = 1;
+        goto out;
+    }
+    while (!g_stop) {
+        struct ci_delivery *d = NULL;
+        ci_status s = ci_puller_fetch(puller, FETCH_WAIT_MS, &d, &e);
+        if (s == CI_ERR_TIMEOUT)
+            continue;
+        if (s) {
+            /* 409s after a leader change, a reconnect in progress: retry. */
+            ci_log(CI_LOG_DEBUG, "slot.fetch_failed", "error", e.msg, NULL);
+            struct timespec ts = {0, 200 * 1000000L};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        ci_task_process(&w->env, a->slot, d);
+    }
+out:
+    ci_puller_free(puller);
+    atomic_fetch_sub(&w->running_threads, 1);
+    free(a);
+    return NULL;
+}
+
+/* Keeps every running task's message alive: the server redelivers a
+ * message whose ack timer runs out, so each one gets an in-progress ack at
+ * a third of the ack wait. */
+static void *ticker_main(void *p)
+{
+    struct worker *w = p;
+    int64_t every = (int64_t)w->env.cfg->jetstream.ack_wait_s * 1000 / 3;
+    while (!atomic_load(&w->ticker_stop)) {
+        int64_t now = ci_mono_ms();
+        for (size_t i = 0; i < w->n_slots; i++) {
+            struct ci_slot *s = &w->slots[i];
+            pthread_mutex_lock(&s->lock);
+            if (s->delivery && now - s->last_progress_ms >= every) {
+                ci_delivery_in_progress(s->delivery);
+                s->last_progress_ms = now;
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+        struct timespec ts = {0, TICK_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static void on_cancel(const char *task_id, void *closure)
+{
+    struct worker *w = closure;
+    for (size_t i = 0; i < w->n_slots; i++)
+        ci_slot_cancel(&w->env, &w->slots[i], task_id);
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ci-worker [--config FILE] [--probe] [--check-config] [--version]\n"
+            "  --config FILE    worker configuration (YAML); defaults apply without it\n"
+            "  --probe          print which sandbox layers this machine grants, then exit\n"
+            "                   (non-zero when local.isolation is 'required' and unmet)\n"
+            "  --check-config   load and validate the configuration, print it, exit\n"
+            "environment: CI_NATS_URL overrides nats.url\n");
+}
+
+static int run_worker(const struct ci_config *cfg)
+{
+    struct worker w;
+    memset(&w, 0, sizeof(w));
+    struct ci_error e = {{0}};
+    int rc = 1;
+    pthread_t ticker;
+    bool ticker_started = false;
+
+    if (cfg->worker.id && cfg->worker.id[0]) {
+        snprintf(w.id, sizeof(w.id), "%s", cfg->worker.id);
+    } else {
+        char host[64] = "worker";
+        gethostname(host, sizeof(host) - 1);
+        snprintf(w.id, sizeof(w.id), "%s-%d", host, (int)getpid());
+    }
+    ci_log_init(!strcmp(cfg->worker.log_level, "debug")  ? CI_LOG_DEBUG
+                : !strcmp(cfg->worker.log_level, "warn")  ? CI_LOG_WARN
+                : !strcmp(cfg->worker.log_level, "error") ? CI_LOG_ERROR
+                                                           : CI_LOG_INFO,
+                w.id);
+    w.env.cfg = cfg;
+    w.env.worker_id = w.id;
+
+    /* The sandbox first: a machine that cannot run tasks safely fails here,
+     * before it takes any task. */
+    if (ci_provider_new(cfg, &w.env.provider, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.provider_failed", "error", e.msg, NULL);
+        goto out;
+    }
+    if (ci_broker_connect(cfg, &w.env.broker, &e) || ci_broker_setup(w.env.broker, true, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
+        goto out;
+    }
+
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    w.n_slots = cfg->worker.concurrency ? cfg->worker.concurrency : (size_t)(cpus > 0 ? cpus : 1);
+    w.slots = calloc(w.n_slots, sizeof(*w.slots));
+    w.threads = calloc(w.n_slots, sizeof(*w.threads));
+    if (!w.slots || !w.threads) {
+        ci_log(CI_LOG_ERROR, "worker.nomem", NULL);
+        goto out;
+    }
+    for (size_t i = 0; i < w.n_slots; i++)
+        pthread_mutex_init(&w.slots[i].lock, NULL);
+    if (ci_broker_on_cancel(w.env.broker, on_cancel, &w, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
+        goto out;
+    }
+    if (pthread_create(&ticker, NULL, ticker_main, &w) == 0)
+        ticker_started = true;
+    for (size_t i = 0; i < w.n_slots; i++) {
+        struct slot_arg *a = malloc(sizeof(*a));
+        if (!a)
+            break;
+        a->w = &w;
+        a->slot = &w.slots[i];
+        atomic_fetch_add(&w.running_threads, 1);
+        if (pthread_create(&w.threads[i], NULL, slot_main, a) != 0) {
+            atomic_fetch_sub(&w.running_threads, 1);
+            free(a);
+            w.threads[i] = 0;
+        }
+    }
+    ci_log_num(CI_LOG_INFO, "worker.ready", "slots", (int64_t)w.n_slots, "provider",
+               ci_provider_name(w.env.provider), "nats", cfg->nats.url, NULL);
+
+    while (!g_stop) {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    ci_log(CI_LOG_INFO, "worker.draining", NULL);
+    /* Running tasks finish within their own limits; past the drain timeout
+     * we leave without acking and JetStream redelivers them. */
+    int64_t deadline = ci_mono_ms() + (int64_t)cfg->worker.drain_timeout_s * 1000;
+    while (atomic_load(&w.running_threads) > 0 && ci_mono_ms() < deadline) {
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (atomic_load(&w.running_threads) > 0) {
+        ci_log(CI_LOG_WARN, "worker.drain_timeout", NULL);
+        rc = 1;
+        _exit(1); /* threads still hold the provider: do not free under them */
+    }
+    for (size_t i = 0; i < w.n_slots; i++)
+        if (w.threads[i])
+            pthread_join(w.threads[i], NULL);
+    rc = 0;
+out:
+    atomic_store(&w.ticker_stop, true);
+    if (ticker_started)
+        pthread_join(ticker, NULL);
+    ci_broker_free(w.env.broker);
+    ci_provider_free(w.env.provider);
+    for (size_t i = 0; w.slots && i < w.n_slots; i++)
+        pthread_mutex_destroy(&w.slots[i].lock);
+    free(w.slots);
+    free(w.threads);
+    ci_log(CI_LOG_INFO, "worker.stopped", NULL);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'}, {"probe", no_argument, NULL, 'p'},
+        {"check-config", no_argument, NULL, 'k'}, {"version", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+    };
+    const char *config_path = NULL;
+    bool probe = false, check = false;
+    int c;
+    while ((c = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': config_path = optarg; break;
+        case 'p': probe = true; break;
+        case 'k': check = true; break;
+        case 'v': printf("ci-worker 0.1.0\n"); return 0;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    /* No core dumps or ptrace of a process that holds NATS credentials. */
+    prctl(PR_SET_DUMPABLE, 0);
+
+    struct ci_config *cfg = NULL;
+    struct ci_error e = {{0}};
+    ci_status s = config_path ? ci_config_load(config_path, &cfg, &e) : ci_config_defaults(&cfg, &e);
+    if (s) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 2;
+    }
+    int rc = 0;
+    if (check) {
+        ci_config_dump(cfg, stdout);
+    } else if (probe) {
+        struct ci_sandbox_probe p;
+        ci_status ps = ci_sandbox_probe(cfg, &p);
+        ci_sandbox_probe_print(&p, stdout);
+        rc = ps ? 1 : 0;
+    } else {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
+        signal(SIGPIPE, SIG_IGN);
+        rc = run_worker(cfg);
+    }
+    ci_config_free(cfg);
+    ci_broker_library_close();
+    return rc;
+}
