@@ -22,6 +22,7 @@ ci_status ci_buf_reserve(struct ci_buf *b, size_t extra)
         return CI_ERR_NOMEM;
     b->data = p;
     b->cap = cap;
+    b->data[b->len] = '\0';
     return CI_OK;
 }
 
