@@ -84,6 +84,10 @@ struct ci_config {
 /* Loads path into a new config. On failure returns CI_ERR_INVALID (or
  * CI_ERR_IO when the file cannot be read) with the message in err. */
 ci_status ci_config_load(const char *path, struct ci_config **ret, struct ci_error *err);
+/* The same from bytes in memory (at most 1 MiB); name is what messages show
+ * in place of the file name. ci_config_load reads the file and calls this. */
+ci_status ci_config_parse(const char *name, const uint8_t *data, size_t len,
+                          struct ci_config **ret, struct ci_error *err);
 /* A config with every default, as if loaded from an empty file. */
 ci_status ci_config_defaults(struct ci_config **ret, struct ci_error *err);
 void ci_config_free(struct ci_config *cfg);
