@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nkey.h"
 #include "util.h"
 
 #define NS_PER_S 1000000000LL
@@ -82,6 +83,17 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
     if (s == NATS_OK && cfg->nats.creds_file && cfg->nats.creds_file[0]) {
         step = "credentials file";
         s = natsOptions_SetUserCredentialsFromFiles(o, cfg->nats.creds_file, NULL);
+    }
+    if (s == NATS_OK && cfg->nats.nkey_seed_file && cfg->nats.nkey_seed_file[0]) {
+        char pub[57];
+        ci_status r = ci_nkey_public_from_seed_file(cfg->nats.nkey_seed_file, pub, err);
+        if (r) {
+            natsOptions_Destroy(o);
+            free(b);
+            return r;
+        }
+        step = "NKey seed file";
+        s = natsOptions_SetNKeyFromSeed(o, pub, cfg->nats.nkey_seed_file);
     }
     if (s == NATS_OK && cfg->nats.token && cfg->nats.token[0])
         s = natsOptions_SetToken(o, cfg->nats.token);
