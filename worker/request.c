@@ -36,30 +36,30 @@ static void quote(char *out, size_t outsz, const char *s)
     out[o] = '\0';
 }
 
-/* "512 bytes", "1.5 KiB", "20 MiB", "23.4 MiB". */
-static void fmt_size(char *out, size_t outsz, uint64_t n)
+/* "512 bytes", "1.5 KiB", "20 MiB", "23.4 MiB"; with exact set, always one
+ * decimal ("20.0 MiB") so that two sizes can be compared as shown. */
+static void fmt_size(char *out, size_t outsz, uint64_t n, bool exact)
 {
     const uint64_t kib = 1024, mib = 1024 * 1024;
-    if (n < kib)
-        snprintf(out, outsz, "%" PRIu64 " bytes", n);
-    else if (n < mib && n % kib == 0)
-        snprintf(out, outsz, "%" PRIu64 " KiB", n / kib);
-    else if (n < mib)
-        snprintf(out, outsz, "%.1f KiB", (double)n / (double)kib);
-    else if (n % mib == 0)
-        snprintf(out, outsz, "%" PRIu64 " MiB", n / mib);
+    uint64_t unit = n < kib ? 1 : n < mib ? kib : mib;
+    const char *name = unit == 1 ? "bytes" : unit == kib ? "KiB" : "MiB";
+    if (unit == 1 || (!exact && n % unit == 0))
+        snprintf(out, outsz, "%" PRIu64 " %s", n / unit, name);
     else
-        snprintf(out, outsz, "%.1f MiB", (double)n / (double)mib);
+        snprintf(out, outsz, "%.1f %s", (double)n / (double)unit, name);
 }
 
-/* "<what> <size>; the limit is <limit>", exact in bytes when rounding would
- * make the two look equal. */
+/* "<what> <size>; the limit is <limit>", in bytes when rounding would make
+ * the two look equal. */
 static ci_status too_big(struct ci_error *err, const char *what, uint64_t size, uint64_t limit)
 {
     char a[48], b[48];
-    fmt_size(a, sizeof(a), size);
-    fmt_size(b, sizeof(b), limit);
-    if (strcmp(a, b) == 0)
+    fmt_size(a, sizeof(a), size, true);
+    fmt_size(b, sizeof(b), limit, true);
+    bool same = strcmp(a, b) == 0;
+    fmt_size(a, sizeof(a), size, false);
+    fmt_size(b, sizeof(b), limit, false);
+    if (same)
         return ci_error_set(err, CI_ERR_LIMIT,
                             "%s %" PRIu64 " bytes; the limit is %" PRIu64 " bytes (%s)", what,
                             size, limit, b);
