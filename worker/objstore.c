@@ -248,11 +248,13 @@ static char *concat(const char *a, const char *b)
     return s;
 }
 
-/* "3.2 MiB" or "123 bytes", for messages about limits. */
+/* "3.2 MiB", "300.0 KiB" or "123 bytes", for messages about limits. */
 static void human_size(uint64_t n, char out[32])
 {
     if (n >= 1024 * 1024)
         snprintf(out, 32, "%.1f MiB", (double)n / (1024.0 * 1024.0));
+    else if (n >= 10 * 1024)
+        snprintf(out, 32, "%.1f KiB", (double)n / 1024.0);
     else
         snprintf(out, 32, "%" PRIu64 " bytes", n);
 }
