@@ -1237,7 +1237,8 @@ static size_t read_varint(const uint8_t *p, size_t len, uint64_t *ret)
  * refuses string fields that are not UTF-8 or hold a NUL byte (which the
  * unpacked char * would silently cut). */
 static ci_status pb_check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *p,
-                                  size_t len, struct path *path, int depth, struct ci_error *err)
+                                  size_t len, struct path *path, int depth, const char *root,
+                                  struct ci_error *err)
 {
     if (depth > CODEC_MAX_DEPTH)
         return ci_error_set(err, CI_ERR_INVALID, "the body nests messages deeper than %d levels",
@@ -1250,6 +1251,10 @@ static ci_status pb_check_strings(const ProtobufCMessageDescriptor *desc, const 
             goto bad;
         p += used;
         len -= used;
+        /* protobuf-c takes field number 0 when spelled as a long varint, and
+         * then writes a message that it cannot read back */
+        if (key >> 3 == 0 || key >> 3 > 0x1fffffff)
+            goto bad;
         switch (key & 7) {
         case 0:
             if (!(used = read_varint(p, len, &l)))
@@ -1279,7 +1284,7 @@ static ci_status pb_check_strings(const ProtobufCMessageDescriptor *desc, const 
             ci_status s = CI_OK;
             const uint8_t *v = p + pre;
             if (f->type == PROTOBUF_C_TYPE_MESSAGE)
-                s = pb_check_strings(f->descriptor, v, (size_t)l, path, depth + 1, err);
+                s = pb_check_strings(f->descriptor, v, (size_t)l, path, depth + 1, root, err);
             else if (memchr(v, 0, (size_t)l))
                 s = ci_error_set(err, CI_ERR_INVALID, "field '%s' contains a NUL byte", path->buf);
             else if (!utf8_valid(v, (size_t)l))
@@ -1299,7 +1304,7 @@ static ci_status pb_check_strings(const ProtobufCMessageDescriptor *desc, const 
     }
     return CI_OK;
 bad:
-    return ci_error_set(err, CI_ERR_INVALID, "the body is not a valid protobuf message");
+    return ci_error_set(err, CI_ERR_INVALID, "the body is not a valid protobuf %s", root);
 }
 
 /* ---- public encode / decode -------------------------------------------- */
@@ -1480,7 +1485,7 @@ ci_status ci_message_decode(enum ci_encoding enc, const ProtobufCMessageDescript
         }
         struct path path = {.len = 0};
         path.buf[0] = '\0';
-        ci_status s = pb_check_strings(desc, data, len, &path, 0, err);
+        ci_status s = pb_check_strings(desc, data, len, &path, 0, desc->short_name, err);
         if (s) {
             ci_message_free(msg);
             return s;

@@ -529,6 +529,13 @@ static void test_protobuf_errors(void)
                             (const uint8_t *)js, strlen(js), &m, &err) == CI_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "application/json");
 
+    /* field number 0, spelled as a two-byte varint, which protobuf-c would
+     * accept and then write back in a form it refuses */
+    static const uint8_t field0[] = {0x81, 0x00, 1, 2, 3, 4, 5, 6, 7, 8};
+    CHECK(ci_message_decode(CI_ENC_PROTOBUF, &ci__v1__execution_request__descriptor, field0,
+                            sizeof(field0), &m, &err) == CI_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "not a valid protobuf ExecutionRequest");
+
     /* strings that C cannot hold or that are not UTF-8 are refused */
     static const uint8_t bad_utf8[] = {0x1a, 0x02, 0xc3, 0x28}; /* code = "\xc3(" */
     CHECK(ci_message_decode(CI_ENC_PROTOBUF, &ci__v1__execution_request__descriptor, bad_utf8,
