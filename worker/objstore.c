@@ -31,7 +31,7 @@
 #define GET_DEADLINE_MS 120000    /* a whole get, however many chunks */
 #define GET_ATTEMPTS 3            /* a get that finds chunks missing re-reads the meta */
 #define DIGEST_PREFIX "SHA-256="
-#define SHOWN "%.200s"            /* names in messages are cut to fit struct ci_error */
+#define SHOWN_MAX 200             /* bytes of a name quoted in a message */
 
 struct ci_objstore {
     jsCtx *js;
@@ -248,6 +248,22 @@ static char *concat(const char *a, const char *b)
     return s;
 }
 
+/* A name as quoted in an error message: cut at SHOWN_MAX bytes, on a UTF-8
+ * character boundary, so that the message stays valid UTF-8 and fits
+ * struct ci_error. */
+static const char *shown(const char *name, char *buf, size_t size)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n <= SHOWN_MAX)
+        return name ? name : "";
+    size_t cut = SHOWN_MAX;
+    while (cut > 0 && ((unsigned char)name[cut] & 0xC0) == 0x80)
+        cut--;
+    snprintf(buf, size, "%.*s...", (int)cut, name);
+    return buf;
+}
+#define SHOW(name) shown((name), (char[SHOWN_MAX + 8]){0}, SHOWN_MAX + 8)
+
 /* "3.2 MiB", "300.0 KiB" or "123 bytes", for messages about limits. */
 static void human_size(uint64_t n, char out[32])
 {
@@ -278,7 +294,7 @@ ci_status ci_objmeta_to_json(const struct ci_objmeta *m, char **ret_json, struct
     if (!m || !ret_json || !m->name || !m->name[0])
         return ci_error_set(err, CI_ERR_INVALID, "object metadata needs a name");
     if (m->size > INT64_MAX)
-        return ci_error_set(err, CI_ERR_INVALID, "object '" SHOWN "' is too large", m->name);
+        return ci_error_set(err, CI_ERR_INVALID, "object '%s' is too large", SHOW(m->name));
     json_t *o = json_object();
     json_t *name = json_string(m->name);
     if (!o || !name) {
@@ -309,9 +325,9 @@ ci_status ci_objmeta_to_json(const struct ci_objmeta *m, char **ret_json, struct
     json_decref(o);
     if (!s)
         return ci_error_set(err, CI_ERR_INVALID,
-                            "cannot encode the metadata of object '" SHOWN
-                            "' (strings must be valid UTF-8)",
-                            m->name);
+                            "cannot encode the metadata of object '%s' (strings must be "
+                            "valid UTF-8)",
+                            SHOW(m->name));
     *ret_json = s;
     return CI_OK;
 }
@@ -495,7 +511,7 @@ static ci_status check_name(const char *name, struct ci_error *err)
     size_t n = strlen(name);
     if (n > NAME_MAX_LEN)
         return ci_error_set(err, CI_ERR_INVALID,
-                            "object name '%.60s...' is %zu bytes; the limit is %d", name, n,
+                            "object name '%s' is %zu bytes; the limit is %d", SHOW(name), n,
                             NAME_MAX_LEN);
     return CI_OK;
 }
@@ -518,10 +534,10 @@ static ci_status fetch_meta(struct ci_objstore *os, const char *name, struct ci_
     natsMsg *msg = NULL;
     natsStatus ns = js_DirectGetMsg(&msg, os->js, os->stream, &o, &dg);
     if (ns == NATS_NOT_FOUND)
-        return ci_error_set(err, CI_ERR_NOT_FOUND, "object '" SHOWN "' not found in bucket '%s'",
-                            name, os->bucket);
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "object '%s' not found in bucket '%s'",
+                            SHOW(name), os->bucket);
     if (ns != NATS_OK)
-        return nats_fail(err, ns, 0, "reading object '" SHOWN "' in bucket '%s' failed", name,
+        return nats_fail(err, ns, 0, "reading object '%s' in bucket '%s' failed", SHOW(name),
                          os->bucket);
     const char *data = natsMsg_GetData(msg);
     size_t len = (size_t)natsMsg_GetDataLength(msg);
@@ -531,8 +547,8 @@ static ci_status fetch_meta(struct ci_objstore *os, const char *name, struct ci_
     ci_status s = meta_decode(data ? data : "", len, &m, &link, &derr);
     if (s) {
         natsMsg_Destroy(msg);
-        return ci_error_set(err, s, "object '" SHOWN "' in bucket '%s' has unreadable metadata: %s",
-                            name, os->bucket, derr.msg);
+        return ci_error_set(err, s, "object '%s' in bucket '%s' has unreadable metadata: %s",
+                            SHOW(name), os->bucket, derr.msg);
     }
     if (ret_raw) {
         char *raw = malloc(len + 1);
@@ -689,8 +705,8 @@ ci_status ci_objstore_open(jsCtx *js, const struct ci_objstore_opts *opts, bool 
         return ci_error_set(err, CI_ERR_INVALID, "object store: missing argument");
     if (!bucket_valid(opts->bucket))
         return ci_error_set(err, CI_ERR_INVALID,
-                            "bucket name '%.60s' is invalid: use 1 to %d of A-Z a-z 0-9 _ -",
-                            opts->bucket ? opts->bucket : "", BUCKET_MAX_LEN);
+                            "bucket name '%s' is invalid: use 1 to %d of A-Z a-z 0-9 _ -",
+                            SHOW(opts->bucket), BUCKET_MAX_LEN);
     if (opts->max_age_s < 0 || opts->max_age_s > INT64_MAX / 1000000000LL)
         return ci_error_set(err, CI_ERR_INVALID, "bucket '%s': max age %" PRId64 " s is invalid",
                             opts->bucket, opts->max_age_s);
@@ -729,9 +745,14 @@ ci_status ci_objstore_put(struct ci_objstore *os, const char *name, const void *
     ci_status s = check_name(name, err);
     if (s)
         return s;
+    json_t *probe = json_string(name); /* the meta holds the name as JSON text */
+    if (!probe)
+        return ci_error_set(err, CI_ERR_INVALID, "object name '%s' is not valid UTF-8",
+                            SHOW(name));
+    json_decref(probe);
     uint64_t nchunks = len / CI_OBJ_CHUNK_SIZE + (len % CI_OBJ_CHUNK_SIZE != 0);
     if (nchunks > UINT32_MAX || (uint64_t)len > INT64_MAX)
-        return ci_error_set(err, CI_ERR_LIMIT, "object '" SHOWN "' is too large", name);
+        return ci_error_set(err, CI_ERR_LIMIT, "object '%s' is too large", SHOW(name));
 
     /* The previous version, whose chunks go once the new meta is in. */
     struct ci_objmeta old = {0};
@@ -769,7 +790,7 @@ ci_status ci_objstore_put(struct ci_objstore *os, const char *name, const void *
         size_t n = len - off < CI_OBJ_CHUNK_SIZE ? len - off : CI_OBJ_CHUNK_SIZE;
         ns = publish(os, chunk_subj, (const uint8_t *)data + off, (int)n, false, &jerr);
         if (ns != NATS_OK) {
-            s = nats_fail(err, ns, jerr, "storing object '" SHOWN "' in bucket '%s' failed", name,
+            s = nats_fail(err, ns, jerr, "storing object '%s' in bucket '%s' failed", SHOW(name),
                           os->bucket);
             purge_subject(os, chunk_subj, NULL);
             goto out;
@@ -794,7 +815,7 @@ ci_status ci_objstore_put(struct ci_objstore *os, const char *name, const void *
     jerr = 0;
     ns = publish(os, meta_subj, json, (int)strlen(json), true, &jerr);
     if (ns != NATS_OK) {
-        s = nats_fail(err, ns, jerr, "storing object '" SHOWN "' in bucket '%s' failed", name,
+        s = nats_fail(err, ns, jerr, "storing object '%s' in bucket '%s' failed", SHOW(name),
                       os->bucket);
         purge_subject(os, chunk_subj, NULL);
         goto out;
@@ -832,7 +853,7 @@ static ci_status read_chunks(struct ci_objstore *os, const char *name, const str
     for (uint64_t i = 0; i <= m->chunks; i++) {
         if (ci_mono_ms() > deadline)
             return ci_error_set(err, CI_ERR_TIMEOUT,
-                                "reading object '" SHOWN "' in bucket '%s' took too long", name,
+                                "reading object '%s' in bucket '%s' took too long", SHOW(name),
                                 os->bucket);
         jsDirectGetMsgOptions dg;
         jsDirectGetMsgOptions_Init(&dg);
@@ -845,12 +866,12 @@ static ci_status read_chunks(struct ci_objstore *os, const char *name, const str
                 break;
             *ret_missing = true;
             return ci_error_set(err, CI_ERR_INTEGRITY,
-                                "object '" SHOWN "' in bucket '%s' is missing chunks: found %" PRIu64
+                                "object '%s' in bucket '%s' is missing chunks: found %" PRIu64
                                 " of %" PRIu32,
-                                name, os->bucket, i, m->chunks);
+                                SHOW(name), os->bucket, i, m->chunks);
         }
         if (ns != NATS_OK)
-            return nats_fail(err, ns, 0, "reading object '" SHOWN "' in bucket '%s' failed", name,
+            return nats_fail(err, ns, 0, "reading object '%s' in bucket '%s' failed", SHOW(name),
                              os->bucket);
         uint64_t n = (uint64_t)natsMsg_GetDataLength(msg);
         const char *subj = natsMsg_GetSubject(msg);
@@ -858,19 +879,19 @@ static ci_status read_chunks(struct ci_objstore *os, const char *name, const str
         ci_status s = CI_OK;
         if (!subj || strcmp(subj, subject) != 0 || got_seq < seq)
             s = ci_error_set(err, CI_ERR_NATS,
-                             "reading object '" SHOWN "' in bucket '%s' failed: the server "
+                             "reading object '%s' in bucket '%s' failed: the server "
                              "returned a message of another subject",
-                             name, os->bucket);
+                             SHOW(name), os->bucket);
         else if (i == m->chunks)
             s = ci_error_set(err, CI_ERR_INTEGRITY,
-                             "object '" SHOWN "' in bucket '%s' has more chunks than its "
+                             "object '%s' in bucket '%s' has more chunks than its "
                              "metadata says (%" PRIu32 ")",
-                             name, os->bucket, m->chunks);
+                             SHOW(name), os->bucket, m->chunks);
         else if (n > m->size - off)
             s = ci_error_set(err, CI_ERR_INTEGRITY,
-                             "object '" SHOWN "' in bucket '%s' holds more bytes than its "
+                             "object '%s' in bucket '%s' holds more bytes than its "
                              "metadata says (%" PRIu64 ")",
-                             name, os->bucket, m->size);
+                             SHOW(name), os->bucket, m->size);
         if (s) {
             natsMsg_Destroy(msg);
             return s;
@@ -883,9 +904,9 @@ static ci_status read_chunks(struct ci_objstore *os, const char *name, const str
     }
     if (off != m->size)
         return ci_error_set(err, CI_ERR_INTEGRITY,
-                            "object '" SHOWN "' in bucket '%s' holds %" PRIu64
+                            "object '%s' in bucket '%s' holds %" PRIu64
                             " bytes; its metadata says %" PRIu64,
-                            name, os->bucket, off, m->size);
+                            SHOW(name), os->bucket, off, m->size);
     return CI_OK;
 }
 
@@ -900,14 +921,14 @@ static ci_status live_meta(struct ci_objstore *os, const char *name, struct ci_o
         return s;
     if (m.deleted) {
         ci_objmeta_release(&m);
-        return ci_error_set(err, CI_ERR_NOT_FOUND, "object '" SHOWN "' not found in bucket '%s'",
-                            name, os->bucket);
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "object '%s' not found in bucket '%s'",
+                            SHOW(name), os->bucket);
     }
     if (link) {
         ci_objmeta_release(&m);
         return ci_error_set(err, CI_ERR_UNSUPPORTED,
-                            "object '" SHOWN "' in bucket '%s' is a link, which is not supported",
-                            name, os->bucket);
+                            "object '%s' in bucket '%s' is a link, which is not supported",
+                            SHOW(name), os->bucket);
     }
     *ret = m;
     return CI_OK;
@@ -932,18 +953,18 @@ ci_status ci_objstore_get(struct ci_objstore *os, const char *name, size_t max_l
             human_size(m.size, have);
             human_size(max_len, limit);
             s = ci_error_set(err, CI_ERR_LIMIT,
-                             "object '" SHOWN "' in bucket '%s' is %s; the limit is %s", name,
+                             "object '%s' in bucket '%s' is %s; the limit is %s", SHOW(name),
                              os->bucket, have, limit);
         } else if (!digest_decode(m.digest, want)) {
             s = ci_error_set(err, CI_ERR_INTEGRITY,
-                             "object '" SHOWN "' in bucket '%s' has an unreadable digest '%.80s'",
-                             name, os->bucket, m.digest ? m.digest : "");
+                             "object '%s' in bucket '%s' has an unreadable digest '%s'",
+                             SHOW(name), os->bucket, SHOW(m.digest));
         } else if ((m.size == 0) != (m.chunks == 0) || m.chunks > m.size ||
                    (m.size && !nuid_valid(m.nuid))) {
             s = ci_error_set(err, CI_ERR_INTEGRITY,
-                             "object '" SHOWN "' in bucket '%s' has inconsistent metadata (%" PRIu64
+                             "object '%s' in bucket '%s' has inconsistent metadata (%" PRIu64
                              " bytes in %" PRIu32 " chunks)",
-                             name, os->bucket, m.size, m.chunks);
+                             SHOW(name), os->bucket, m.size, m.chunks);
         }
         if (s) {
             ci_objmeta_release(&m);
@@ -952,8 +973,8 @@ ci_status ci_objstore_get(struct ci_objstore *os, const char *name, size_t max_l
         uint8_t *buf = malloc((size_t)m.size + 1);
         if (!buf) {
             ci_objmeta_release(&m);
-            return ci_error_set(err, CI_ERR_NOMEM, "out of memory reading object '" SHOWN "'",
-                                name);
+            return ci_error_set(err, CI_ERR_NOMEM, "out of memory reading object '%s'",
+                                SHOW(name));
         }
         bool missing = false;
         if (m.size)
@@ -963,9 +984,9 @@ ci_status ci_objstore_get(struct ci_objstore *os, const char *name, size_t max_l
             SHA256(buf, (size_t)m.size, md);
             if (memcmp(md, want, sizeof(md)) != 0)
                 s = ci_error_set(err, CI_ERR_INTEGRITY,
-                                 "object '" SHOWN "' in bucket '%s' does not match its SHA-256 "
+                                 "object '%s' in bucket '%s' does not match its SHA-256 "
                                  "digest",
-                                 name, os->bucket);
+                                 SHOW(name), os->bucket);
         }
         size_t size = (size_t)m.size;
         ci_objmeta_release(&m);
@@ -997,8 +1018,8 @@ ci_status ci_objstore_info(struct ci_objstore *os, const char *name, struct ci_o
         return s;
     if (m.deleted) {
         ci_objmeta_release(&m);
-        return ci_error_set(err, CI_ERR_NOT_FOUND, "object '" SHOWN "' not found in bucket '%s'",
-                            name, os->bucket);
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "object '%s' not found in bucket '%s'",
+                            SHOW(name), os->bucket);
     }
     *ret = m;
     return CI_OK;
@@ -1021,8 +1042,8 @@ ci_status ci_objstore_delete(struct ci_objstore *os, const char *name, struct ci
     bool deleted = m.deleted;
     ci_objmeta_release(&m);
     if (deleted)
-        return ci_error_set(err, CI_ERR_NOT_FOUND, "object '" SHOWN "' not found in bucket '%s'",
-                            name, os->bucket);
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "object '%s' not found in bucket '%s'",
+                            SHOW(name), os->bucket);
     /* Keep the fields other clients wrote (description, headers, ...), as
      * they do when they delete. */
     json_t *o = json_loads(raw, 0, NULL);
@@ -1041,11 +1062,11 @@ ci_status ci_objstore_delete(struct ci_objstore *os, const char *name, struct ci
     CI_AUTOFREE char *enc = ci_objstore_encode_name(name);
     CI_AUTOFREE char *subject = enc ? concat(os->meta_prefix, enc) : NULL;
     if (!json || !subject)
-        return ci_error_set(err, CI_ERR_NOMEM, "out of memory deleting object '" SHOWN "'", name);
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory deleting object '%s'", SHOW(name));
     jsErrCode jerr = 0;
     natsStatus ns = publish(os, subject, json, (int)strlen(json), true, &jerr);
     if (ns != NATS_OK)
-        return nats_fail(err, ns, jerr, "deleting object '" SHOWN "' in bucket '%s' failed", name,
+        return nats_fail(err, ns, jerr, "deleting object '%s' in bucket '%s' failed", SHOW(name),
                          os->bucket);
     if (nuid_valid(nuid)) {
         CI_AUTOFREE char *chunks = concat(os->chunk_prefix, nuid);
@@ -1055,9 +1076,9 @@ ci_status ci_objstore_delete(struct ci_objstore *os, const char *name, struct ci
         ns = purge_subject(os, chunks, &jerr);
         if (ns != NATS_OK)
             return nats_fail(err, ns, jerr,
-                             "object '" SHOWN "' was deleted from bucket '%s' but purging its "
+                             "object '%s' was deleted from bucket '%s' but purging its "
                              "chunks failed",
-                             name, os->bucket);
+                             SHOW(name), os->bucket);
     }
     return CI_OK;
 }

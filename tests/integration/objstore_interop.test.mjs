@@ -217,6 +217,14 @@ describe("failures", () => {
     assert.match(r.stderr, /object 'nope\/x\.csv' not found in bucket 'failures'/);
   });
 
+  test("a long name is cut in messages on a UTF-8 boundary", async () => {
+    const name = "x" + "é".repeat(150); // byte 200 is inside a character
+    const r = await objtool(srv.url, bucket, "get", name, tmpFile());
+    assert.equal(r.code, 3);
+    assert.ok(!r.stderr.includes("\uFFFD"), `invalid UTF-8 in: ${r.stderr}`);
+    assert.ok(r.stderr.includes(`object '${"x" + "é".repeat(99)}...' not found`), r.stderr);
+  });
+
   test("a missing bucket fails with a clear message", async () => {
     const r = await objtool(srv.url, "no-such-bucket", "get", "x", tmpFile());
     assert.equal(r.code, 3);
