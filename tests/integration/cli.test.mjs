@@ -1,0 +1,184 @@
+// The `ci` command-line client against a real worker: run, submit, get,
+// watch, cancel, as a person or a shell pipeline would use them.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import { startStack } from "./lib/stack.mjs";
+import { CLI_BIN } from "./lib/worker.mjs";
+import { PNG_MAGIC, sha256hex, show } from "./lib/checks.mjs";
+
+// Runs `ci args...` in cwd with CI_NATS_URL; resolves { code, stdout, stderr }.
+// Killed after timeoutMs.
+function ci(args, { cwd, url, timeoutMs = 60000 }) {
+  return new Promise((resolve, reject) => {
+    const env = { ...process.env, CI_NATS_URL: url };
+    const child = spawn(CLI_BIN, args, { cwd, env, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (d) => (stdout += d));
+    child.stderr.on("data", (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+    child.on("error", (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    child.on("close", (code, signal) => {
+      clearTimeout(timer);
+      resolve({ code, signal, stdout, stderr });
+    });
+  });
+}
+
+describe("ci command-line client", () => {
+  let stack;
+  let dir;
+  let url;
+  before(async () => {
+    assert.ok(existsSync(CLI_BIN), `${CLI_BIN} is built`);
+    stack = await startStack({ workers: 1, worker: { concurrency: 2 } });
+    url = stack.server.url;
+    dir = mkdtempSync(join(tmpdir(), "ci-cli-"));
+  });
+  after(async () => {
+    await stack?.stop();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  // A new empty working directory for one invocation.
+  const fresh = (name) => mkdtempSync(join(dir, `${name}-`));
+
+  test("ci run script.py --file data.csv: prints the script's stdout, saves the PNG here, exits 0", async () => {
+    const cwd = fresh("run");
+    writeFileSync(join(cwd, "data.csv"), "city,temp\nOslo,3\nRome,18\nOslo,5\nRome,20\n");
+    writeFileSync(
+      join(cwd, "script.py"),
+      [
+        "import pandas as pd",
+        "import matplotlib.pyplot as plt",
+        "df = pd.read_csv('data.csv')",
+        "m = df.groupby('city')['temp'].mean()",
+        "for city, t in m.items():",
+        "    print(f'{city} {t:.1f}')",
+        "m.plot.bar()",
+        "plt.savefig('chart.png')",
+      ].join("\n"),
+    );
+    const res = await ci(["run", "script.py", "--file", "data.csv"], { cwd, url });
+    assert.equal(res.code, 0, `exit code; stderr:\n${res.stderr}`);
+    assert.equal(res.stdout, "Oslo 4.0\nRome 19.0\n");
+    const png = readFileSync(join(cwd, "chart.png"));
+    assert.deepEqual(png.subarray(0, 8), PNG_MAGIC);
+    assert.ok(png.length > 1000);
+  });
+
+  test("ci run of a failing script: traceback on stderr, exit code 1", async () => {
+    const cwd = fresh("fail");
+    writeFileSync(join(cwd, "bad.py"), "print('partial')\nraise KeyError('no such column')\n");
+    const res = await ci(["run", "bad.py"], { cwd, url });
+    assert.equal(res.code, 1, `stderr:\n${res.stderr}`);
+    assert.equal(res.stdout, "partial\n");
+    assert.match(res.stderr, /Traceback/);
+    assert.match(res.stderr, /KeyError/);
+  });
+
+  test("ci run exits with the script's own exit code", async () => {
+    const cwd = fresh("exit");
+    writeFileSync(join(cwd, "seven.py"), "import sys\nsys.exit(7)\n");
+    const res = await ci(["run", "seven.py"], { cwd, url });
+    assert.equal(res.code, 7, `stderr:\n${res.stderr}`);
+  });
+
+  test("ci run reads the code from stdin with '-'", async () => {
+    const cwd = fresh("stdin");
+    const res = await new Promise((resolve, reject) => {
+      const child = spawn(CLI_BIN, ["run", "-"], { cwd, env: { ...process.env, CI_NATS_URL: url }, stdio: ["pipe", "pipe", "pipe"] });
+      let stdout = "";
+      let stderr = "";
+      child.stdout.on("data", (d) => (stdout += d));
+      child.stderr.on("data", (d) => (stderr += d));
+      const timer = setTimeout(() => child.kill("SIGKILL"), 60000);
+      child.on("error", reject);
+      child.on("close", (code) => {
+        clearTimeout(timer);
+        resolve({ code, stdout, stderr });
+      });
+      child.stdin.end("print(6 * 7)\n");
+    });
+    assert.equal(res.code, 0, res.stderr);
+    assert.equal(res.stdout, "42\n");
+  });
+
+  test("ci submit prints an id; ci watch prints events to the terminal one; ci get --json gives the result", async () => {
+    const cwd = fresh("submit");
+    writeFileSync(join(cwd, "s.py"), "import time\ntime.sleep(1)\nprint('submitted')\n");
+    const sub = await ci(["submit", "s.py"], { cwd, url });
+    assert.equal(sub.code, 0, sub.stderr);
+    const id = sub.stdout.trim();
+    assert.match(id, /^[A-Za-z0-9_-]{1,64}$/, `ci submit prints the task id, got ${JSON.stringify(sub.stdout)}`);
+
+    const watch = await ci(["watch", id], { cwd, url, timeoutMs: 60000 });
+    assert.equal(watch.code, 0, watch.stderr);
+    const lines = watch.stdout.trim().split("\n");
+    assert.ok(lines.length >= 2, `watch printed: ${watch.stdout}`);
+    assert.match(lines[0], /running/);
+    assert.match(lines[lines.length - 1], /succeeded/);
+
+    const get = await ci(["get", id, "--json"], { cwd, url });
+    assert.equal(get.code, 0, get.stderr);
+    const r = JSON.parse(get.stdout);
+    assert.equal(r.taskId, id);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED");
+    assert.equal(r.stdout, "submitted\n");
+    // The same as an outside client reads from the KV bucket.
+    const { result } = await stack.client.waitResult(id, 5000);
+    assert.equal(result.status, "TASK_STATUS_SUCCEEDED", show(result));
+    assert.equal(result.stdout, r.stdout);
+
+    const human = await ci(["get", id], { cwd, url });
+    assert.equal(human.code, 0);
+    assert.match(human.stdout, /succeeded/);
+    assert.match(human.stdout, /submitted/);
+  });
+
+  test("ci cancel stops a running task", async () => {
+    const cwd = fresh("cancel");
+    writeFileSync(join(cwd, "long.py"), "import time\ntime.sleep(30)\n");
+    const sub = await ci(["submit", "long.py"], { cwd, url });
+    assert.equal(sub.code, 0, sub.stderr);
+    const id = sub.stdout.trim();
+    await stack.client.waitStatus(id, "TASK_STATUS_RUNNING", 30000);
+    const t0 = Date.now();
+    const cancel = await ci(["cancel", id], { cwd, url });
+    assert.equal(cancel.code, 0, cancel.stderr);
+    const { result } = await stack.client.waitResult(id, 10000);
+    assert.equal(result.status, "TASK_STATUS_CANCELLED", show(result));
+    assert.ok(Date.now() - t0 < 5000);
+    const watch = await ci(["watch", id], { cwd, url, timeoutMs: 20000 });
+    assert.equal(watch.code, 0);
+    assert.match(watch.stdout.trim().split("\n").pop(), /cancelled/);
+  });
+
+  test("ci run saves every artifact with the bytes of the object store", async () => {
+    const cwd = fresh("artifacts");
+    writeFileSync(join(cwd, "a.py"), "import pandas as pd\npd.DataFrame({'a': [1, 2]}).to_csv('table.csv', index=False)\n");
+    const res = await ci(["run", "a.py", "--json"], { cwd, url });
+    assert.equal(res.code, 0, res.stderr);
+    const r = JSON.parse(res.stdout);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED");
+    assert.equal(r.artifacts.length, 1);
+    const saved = readFileSync(join(cwd, "table.csv"));
+    assert.equal(saved.toString(), "a\n1\n2\n");
+    assert.equal(sha256hex(saved), r.artifacts[0].sha256);
+  });
+
+  test("ci get of an unknown task fails", async () => {
+    const cwd = fresh("unknown");
+    const res = await ci(["get", "no-such-task-here"], { cwd, url });
+    assert.notEqual(res.code, 0);
+    assert.ok(res.stderr.length > 0);
+  });
+});

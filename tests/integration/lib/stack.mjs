@@ -1,0 +1,45 @@
+// One test file's service: a nats-server, N workers, a connected client.
+//
+//   const stack = await startStack({ workers: 1, worker: { limits: {...} } });
+//   after(() => stack.stop());
+//   const { result } = await runTask(stack.client, { code: "print(1)" });
+//
+// The server gets max_payload 8MB, as the dev config does, so that a result
+// with 1 MiB of stdout and 1 MiB of stderr fits in one KV value. stop() kills
+// whatever is still running and never throws, so it is safe in after().
+import { startNatsServer } from "./nats-server.mjs";
+import { startWorker } from "./worker.mjs";
+import { connectClient } from "./client.mjs";
+
+export const SERVER_CONFIG = "max_payload: 8MB";
+
+export async function startStack({ workers = 1, worker = {}, serverConfig = SERVER_CONFIG } = {}) {
+  const server = await startNatsServer({ config: serverConfig });
+  const stack = {
+    server,
+    workers: [],
+    client: null,
+    // Starts one more worker on this server; opts as for startWorker.
+    async addWorker(opts = {}) {
+      const w = await startWorker({ natsUrl: server.url, ...worker, ...opts });
+      stack.workers.push(w);
+      return w;
+    },
+    async stop() {
+      if (stack.client) await stack.client.close().catch(() => {});
+      for (const w of stack.workers) {
+        if (process.env.CI_SHOW_WORKER_LOG) process.stderr.write(`--- log of ${w.id} ---\n${w.logText()}\n`);
+        await w.cleanup().catch(() => {});
+      }
+      await server.stop().catch(() => {});
+    },
+  };
+  try {
+    for (let i = 0; i < workers; i++) await stack.addWorker();
+    stack.client = await connectClient(server.url);
+  } catch (e) {
+    await stack.stop();
+    throw e;
+  }
+  return stack;
+}

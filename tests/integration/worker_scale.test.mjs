@@ -1,0 +1,81 @@
+// Several workers on one NATS: they share the work queue, and a worker told
+// to stop finishes what it runs and exits 0.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+
+import { startStack } from "./lib/stack.mjs";
+import { newTaskId } from "./lib/client.mjs";
+import { show } from "./lib/checks.mjs";
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+describe("worker scale", () => {
+  let stack;
+  before(async () => {
+    stack = await startStack({ workers: 2, worker: { concurrency: 1 } });
+  });
+  after(async () => {
+    await stack?.stop();
+  });
+
+  test("20 tasks over two workers: all SUCCEEDED, both workers took some, each ran once", async () => {
+    const c = stack.client;
+    const ids = [];
+    for (let i = 0; i < 20; i++) {
+      const taskId = newTaskId(`scale${i}`);
+      ids.push(taskId);
+      // A little work each, so that one worker cannot drain the queue alone.
+      await c.submit({ taskId, language: "python", code: `import time\ntime.sleep(0.2)\nprint(${i} * ${i})` });
+    }
+    const seen = new Map();
+    for (let i = 0; i < ids.length; i++) {
+      const { result: r } = await c.waitResult(ids[i], 60000);
+      assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+      assert.equal(r.stdout, `${i * i}\n`);
+      assert.equal(r.attempt, 1, "no task was redelivered");
+      seen.set(r.worker, (seen.get(r.worker) ?? 0) + 1);
+    }
+    const workerIds = stack.workers.map((w) => w.id).sort();
+    assert.deepEqual([...seen.keys()].sort(), workerIds, `tasks per worker: ${JSON.stringify([...seen])}`);
+    // Exactly one RUNNING per task: no task ran on both workers.
+    for (const id of ids.slice(0, 5)) {
+      const evs = await c.events(id, { settleMs: 200 });
+      assert.deepEqual(evs.map((e) => e.event.status), ["TASK_STATUS_RUNNING", "TASK_STATUS_SUCCEEDED"]);
+    }
+  });
+
+  test("SIGTERM while a task runs: the task finishes SUCCEEDED, the worker takes no new task and exits 0", async () => {
+    const c = stack.client;
+    const [a, b] = stack.workers;
+    // Only worker a may take the task.
+    assert.equal((await b.stop("SIGTERM", 30000)).code, 0, "an idle worker exits 0 on SIGTERM");
+
+    const taskId = newTaskId("drain");
+    await c.submit({ taskId, language: "python", code: "import time\nprint('start', flush=True)\ntime.sleep(3)\nprint('end')" });
+    await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
+    const t0 = Date.now();
+    const exitP = a.stop("SIGTERM", 30000);
+    await sleep(300);
+    // Submitted after the SIGTERM: the draining worker must leave it queued.
+    const later = newTaskId("later");
+    await c.submit({ taskId: later, language: "python", code: "print('later')" });
+
+    const { code, signal } = await exitP;
+    const exitedAt = Date.now();
+    assert.equal(signal, null);
+    assert.equal(code, 0, `the worker exits 0 after draining; log:\n${a.logText()}`);
+    const { result: r } = await c.waitResult(taskId, 5000);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.stdout, "start\nend\n");
+    assert.equal(r.worker, a.id);
+    assert.ok(exitedAt - t0 >= 1500, `the worker waited for the task (${exitedAt - t0} ms)`);
+    assert.ok(r.finishedAtMs <= exitedAt + 100, "the result was written before the worker exited");
+
+    assert.equal(await c.getResult(later), null, "the draining worker took no new task");
+    const w3 = await stack.addWorker({ concurrency: 1 });
+    const { result: rl } = await c.waitResult(later, 30000);
+    assert.equal(rl.status, "TASK_STATUS_SUCCEEDED", show(rl));
+    assert.equal(rl.worker, w3.id);
+    assert.equal(rl.attempt, 1, "it was never delivered to the draining worker");
+  });
+});
