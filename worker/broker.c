@@ -219,7 +219,6 @@ static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *er
     if (s != NATS_OK) {
         /* Another worker created it a moment ago, perhaps with other settings:
          * bind to it rather than fight over it. */
-        nats_clearLastError();
         s = js_KeyValue(&b->kv, b->js, c->jetstream.results_bucket);
     }
     if (s != NATS_OK) {
@@ -378,13 +377,11 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
     natsStatus s = natsSubscription_Fetch(&list, p->sub, 1, timeout_ms, &jerr);
     if (s == NATS_TIMEOUT || (s == NATS_OK && list.Count == 0)) {
         natsMsgList_Destroy(&list);
-        nats_clearLastError();
         return CI_ERR_TIMEOUT;
     }
     if (s != NATS_OK) {
         natsMsgList_Destroy(&list);
         ci_status r = nats_fail(err, s, jerr, "fetch from the task queue");
-        nats_clearLastError();
         return r;
     }
     struct ci_delivery *d = calloc(1, sizeof(*d));
@@ -417,7 +414,6 @@ const char *ci_delivery_header(const struct ci_delivery *d, const char *key)
 {
     const char *v = NULL;
     if (natsMsgHeader_Get(d->msg, key, &v) != NATS_OK) {
-        nats_clearLastError();
         return NULL;
     }
     return v;
@@ -434,7 +430,6 @@ static ci_status ack_result(natsStatus s)
 {
     if (s == NATS_OK)
         return CI_OK;
-    nats_clearLastError();
     return CI_ERR_NATS;
 }
 
@@ -478,8 +473,7 @@ ci_status ci_broker_result_create(struct ci_broker *b, const char *task_id, cons
         /* nats.c reports an existing key only through the server's text. */
         const char *last = nats_GetLastError(NULL);
         if (last && strstr(last, "wrong last sequence")) {
-            nats_clearLastError();
-            return ci_error_set(err, CI_ERR_INVALID, "task '%s' already has a result record",
+                return ci_error_set(err, CI_ERR_INVALID, "task '%s' already has a result record",
                                 task_id);
         }
         return nats_fail(err, s, 0, "cannot create the result record");
@@ -493,7 +487,6 @@ ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t
     kvEntry *e = NULL;
     natsStatus s = kvStore_Get(&e, b->kv, task_id);
     if (s == NATS_NOT_FOUND) {
-        nats_clearLastError();
         return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", task_id);
     }
     if (s != NATS_OK)
@@ -547,7 +540,6 @@ ci_status ci_broker_cancel_requested(struct ci_broker *b, const char *task_id, b
     jsErrCode jerr = 0;
     natsStatus s = js_GetLastMsg(&m, b->js, b->cfg->jetstream.cancel_stream, subj, NULL, &jerr);
     if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
-        nats_clearLastError();
         *ret = false;
         return CI_OK;
     }
@@ -652,14 +644,12 @@ ci_status ci_watch_next(struct ci_watch *w, int timeout_ms, const uint8_t **ret_
     w->cur = NULL;
     natsStatus s = natsSubscription_NextMsg(&w->cur, w->sub, timeout_ms);
     if (s == NATS_TIMEOUT) {
-        nats_clearLastError();
         return CI_ERR_TIMEOUT;
     }
     if (s != NATS_OK)
         return nats_fail(err, s, 0, "status events");
     const char *ct = NULL;
     if (natsMsgHeader_Get(w->cur, "Content-Type", &ct) != NATS_OK) {
-        nats_clearLastError();
         ct = NULL;
     }
     *ret_data = (const uint8_t *)natsMsg_GetData(w->cur);
