@@ -1,1 +1,265 @@
-# placeholder
+# driver.py - runs one task of runtime python-data-analysis-v1.
+#
+# The worker runs `python3 -I -B -c <this file>` inside the sandbox with:
+#   stdin  the user's code (UTF-8), read whole; then stdin is /dev/null
+#   fd 3   the report channel back to the worker (see below)
+#   cwd    the workspace (/workspace in the sandbox), holding the inputs
+# The code runs as the script "main.py" in a fresh __main__ module. After it
+# ends, every matplotlib figure still open is saved as figure-N.png. The exit
+# status is the code's: 0, the SystemExit code, or 1 for an exception.
+#
+# The report is NUL-terminated key/value strings: kind ("exception" or
+# "memory"), error, hint, peak_kb. The code can write there too: that only
+# changes the error text of its own result.
+#
+# Nothing heavy is imported here: pandas and matplotlib cost ~0.5 s, and only
+# the code decides whether it needs them (MPLBACKEND=Agg is in the env).
+#
+# Randomness: each task is a fresh process, so `random`, hash() and numpy's
+# legacy global RandomState are already seeded from the OS. A warm pool that
+# forks from a process holding numpy must reseed numpy in every child.
+
+import sys
+import os
+
+_SHIPPED = ("numpy", "pandas", "matplotlib", "openpyxl")
+_ALIASES = {
+    "pd": ("pandas", "import pandas as pd"),
+    "np": ("numpy", "import numpy as np"),
+    "plt": ("matplotlib.pyplot", "import matplotlib.pyplot as plt"),
+    "mpl": ("matplotlib", "import matplotlib as mpl"),
+}
+_MAX_TEXT = 300
+_MAX_FIGURES = 100
+
+
+def _first_line(text):
+    text = str(text).strip().split("\n", 1)[0]
+    if len(text) > _MAX_TEXT:
+        text = text[: _MAX_TEXT - 3] + "..."
+    return text
+
+
+def _describe(exc):
+    msg = _first_line(exc) if str(exc) else ""
+    name = type(exc).__name__
+    return name + ": " + msg if msg else name
+
+
+def _peak_kb():
+    """Peak resident memory of this process since python3 started, in KiB.
+
+    getrusage() would also count what the worker had mapped before execve.
+    """
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _workspace_listing():
+    try:
+        names = sorted(os.listdir("."))
+    except OSError:
+        return None
+    shown = [n + ("/" if os.path.isdir(n) else "") for n in names[:20]]
+    if len(names) > 20:
+        shown.append("... (%d more)" % (len(names) - 20))
+    return shown
+
+
+def _hint(exc):
+    """What to try next for the agent, or None."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        top = exc.name.split(".", 1)[0]
+        if top not in _SHIPPED and top not in sys.stdlib_module_names:
+            return ("'%s' is not available in this runtime and packages cannot be installed "
+                    "(pip is unavailable and there is no network); use numpy, pandas, "
+                    "matplotlib, openpyxl or the Python standard library" % top)
+        return None
+    if isinstance(exc, NameError) and getattr(exc, "name", None):
+        name = exc.name
+        if name in _ALIASES:
+            module, stmt = _ALIASES[name]
+            return "%s is imported as %s: add `%s`" % (module, name, stmt)
+        if name in _SHIPPED or name in sys.stdlib_module_names:
+            return "add `import %s`" % name
+        return None
+    if isinstance(exc, FileNotFoundError):
+        listing = _workspace_listing()
+        if listing is None:
+            return None
+        if not listing:
+            return ("the working directory %s is empty: no input files were sent with the task"
+                    % os.getcwd())
+        return "the files in %s are: %s" % (os.getcwd(), ", ".join(listing))
+    if isinstance(exc, OSError):
+        import errno
+        if exc.errno == errno.EFBIG:
+            return "a file grew past the size limit of the workspace; write less data"
+        if exc.errno == errno.ENOSPC:
+            return "the workspace or /tmp is full; write less data or delete files you no longer need"
+        if exc.errno in (errno.ENETUNREACH, errno.ECONNREFUSED, errno.EHOSTUNREACH):
+            return "there is no network access in this sandbox; send the data as input files"
+    module = type(exc).__module__ or ""
+    if module.startswith(("socket", "urllib", "http", "ssl")):
+        return "there is no network access in this sandbox; send the data as input files"
+    return None
+
+
+class _Driver:
+    def __init__(self):
+        self.report = None  # the report fd, kept out of the user's way
+        self.fields = {}
+
+    def open_channels(self):
+        import fcntl
+        try:
+            # Move the report channel off fd 3, so that the code's first
+            # open() gets 3 as usual; close-on-exec keeps it from children.
+            self.report = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, 100)
+            os.close(3)
+        except OSError:
+            self.report = None
+        code = sys.stdin.buffer.read()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
+        # Line-buffered stdout: what was printed before a timeout is kept.
+        sys.stdout.reconfigure(line_buffering=True)
+        return code
+
+    def send_report(self):
+        peak = _peak_kb()
+        if peak is not None:
+            self.fields["peak_kb"] = peak
+        if self.report is None or not self.fields:
+            return
+        parts = []
+        for key, value in self.fields.items():
+            parts.append(key.encode())
+            parts.append(str(value).replace("\0", "").encode("utf-8", "replace"))
+        data = b"\0".join(parts) + b"\0"
+        try:
+            while data:
+                data = data[os.write(self.report, data):]
+        except OSError:
+            pass
+
+    def fail(self, exc):
+        self.fields["kind"] = "memory" if isinstance(exc, MemoryError) else "exception"
+        if isinstance(exc, MemoryError):
+            self.fields["error"] = "the code exceeded the memory limit"
+        else:
+            self.fields["error"] = _describe(exc)
+        hint = None
+        try:
+            hint = _hint(exc)
+        except Exception:
+            pass
+        if hint:
+            self.fields["hint"] = hint
+
+    def print_traceback(self, exc):
+        import traceback
+        tb = exc.__traceback__
+        # Drop the driver's own frames: the user sees main.py only.
+        while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+            tb = tb.tb_next
+        try:
+            text = "".join(traceback.format_exception(type(exc), exc, tb))
+        except MemoryError:
+            text = _describe(exc) + "\n"
+        sys.stderr.write(text)
+
+    def run(self, source):
+        import builtins
+        import linecache
+        import types
+
+        main = types.ModuleType("__main__")
+        main.__file__ = "main.py"
+        main.__builtins__ = builtins
+        sys.modules["__main__"] = main
+        sys.argv = ["main.py"]
+        # Like `python main.py` in the workspace: its files are importable.
+        sys.path.insert(0, os.getcwd())
+        try:
+            text = source.decode("utf-8")
+        except UnicodeDecodeError as e:
+            sys.stderr.write("the code is not valid UTF-8: %s\n" % e)
+            self.fields["kind"] = "exception"
+            self.fields["error"] = "the code is not valid UTF-8 (byte %d)" % e.start
+            return 1
+        # Tracebacks show the code's lines: linecache keeps entries whose
+        # mtime is None, and a file main.py in the workspace cannot shadow it.
+        linecache.cache["main.py"] = (len(text), None, text.splitlines(True), "main.py")
+        try:
+            exec(compile(text, "main.py", "exec"), main.__dict__)
+        except SystemExit as e:
+            if e.code is None:
+                return 0
+            if isinstance(e.code, int):
+                return e.code
+            sys.stderr.write(str(e.code) + "\n")
+            return 1
+        except BaseException as e:  # noqa: B036 - the code's failure, reported
+            if isinstance(e, MemoryError):
+                # Free what the code held before formatting anything.
+                main.__dict__.clear()
+            self.print_traceback(e)
+            self.fail(e)
+            e.__traceback__ = None
+            return 1
+        return 0
+
+    def save_figures(self):
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        try:
+            nums = plt.get_fignums()
+        except Exception:
+            return
+        n = 1
+        for num in nums[:_MAX_FIGURES]:
+            while True:
+                name = "figure-%d.png" % n
+                n += 1
+                try:
+                    f = open(name, "xb")  # O_EXCL: never overwrite, never follow
+                except FileExistsError:
+                    continue
+                break
+            try:
+                with f:
+                    plt.figure(num).savefig(f, format="png")
+            except Exception as e:
+                sys.stderr.write("could not save figure %d as %s: %s\n" % (num, name, _describe(e)))
+        if len(nums) > _MAX_FIGURES:
+            sys.stderr.write("only the first %d open figures were saved\n" % _MAX_FIGURES)
+
+
+def _main():
+    driver = _Driver()
+    source = driver.open_channels()
+    code = driver.run(source)
+    try:
+        driver.save_figures()
+    except BaseException as e:  # noqa: B036 - never lose the report
+        sys.stderr.write("could not save the figures: %s\n" % _describe(e))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    driver.send_report()
+    return code
+
+
+sys.exit(_main())
