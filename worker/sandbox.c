@@ -1,1 +1,2125 @@
-/* placeholder: filled in by its module's author */
+/* sandbox.c - the namespace sandbox. See sandbox.h for the picture.
+ *
+ * The file reads top to bottom like the life of a run:
+ *   1. small wrappers for system calls glibc does not wrap (or wraps with
+ *      locks we must not take in a cloned child);
+ *   2. the plan: a list of typed setup operations (bubblewrap style) and
+ *      every string the child needs, built once in ci_sandbox_new();
+ *   3. the child side: init (build the root, pivot, drop privileges, reap)
+ *      and the task (rlimits, exec python3) - no malloc, no locks;
+ *   4. the parent side: start (clone, maps, inputs, GO), wait (the I/O
+ *      loop, kill, reap), the artifact walk;
+ *   5. the probe.
+ *
+ * Child and parent talk over a SOCK_SEQPACKET socketpair: the parent sends
+ * one byte after writing the uid map and one byte as GO; the child sends
+ * READY (with the /workspace fd), FAILED (step + errno) or DONE (the task's
+ * wait status and rusage). A failing setup step is therefore reported as
+ * "mount /proc: Operation not permitted", never as a silent exit. */
+#include "sandbox.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/openat2.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "util.h"
+
+/* ---------------------------------------------------------------------- */
+/* 1. System calls                                                         */
+/* ---------------------------------------------------------------------- */
+
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef MS_NOSYMFOLLOW
+#define MS_NOSYMFOLLOW 256
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+/* fork-like clone: the child runs on a copy of the caller's stack, like
+ * bubblewrap's raw_clone(). glibc's fork() would run atfork handlers and
+ * take malloc locks that another worker thread may hold. */
+static pid_t sys_clone(unsigned long flags)
+{
+#if defined(__s390__) || defined(__CRIS__)
+    return (pid_t)syscall(SYS_clone, NULL, flags);
+#else
+    return (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
+#endif
+}
+
+/* The set*id calls go straight to the kernel: glibc's wrappers broadcast
+ * to every thread it believes exists, and in a cloned child those threads
+ * are gone (the broadcast would hang). */
+static int sys_setresuid(uid_t u) { return (int)syscall(SYS_setresuid, u, u, u); }
+static int sys_setresgid(gid_t g) { return (int)syscall(SYS_setresgid, g, g, g); }
+static int sys_setgroups0(void) { return (int)syscall(SYS_setgroups, 0, NULL); }
+static int sys_setfsuid(uid_t u) { return (int)syscall(SYS_setfsuid, u); }
+static int sys_setfsgid(gid_t g) { return (int)syscall(SYS_setfsgid, g); }
+static int sys_pivot_root(const char *new_root, const char *put_old)
+{
+    return (int)syscall(SYS_pivot_root, new_root, put_old);
+}
+static int sys_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+static int sys_openat2(int dirfd, const char *path, struct open_how *how)
+{
+    return (int)syscall(SYS_openat2, dirfd, path, how, sizeof(*how));
+}
+static int sys_mount_setattr(const char *path, uint64_t set)
+{
+    struct mount_attr attr = {.attr_set = set};
+    return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, AT_RECURSIVE | AT_SYMLINK_NOFOLLOW,
+                        &attr, sizeof(attr));
+}
+static int sys_capset_zero(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    return (int)syscall(SYS_capset, &hdr, data);
+}
+
+/* Closes every fd from `from` up; close_range() where the kernel has it. */
+static void close_fds_from(int from)
+{
+    if (syscall(SYS_close_range, (unsigned)from, ~0U, 0) == 0)
+        return;
+    struct rlimit rl;
+    long max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                   ? (long)rl.rlim_cur : 65536;
+    for (long fd = from; fd < max; fd++)
+        close((int)fd);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 2. The plan                                                             */
+/* ---------------------------------------------------------------------- */
+
+#define NEWROOT "/tmp" /* built in the private mount namespace: the host's /tmp is untouched */
+#define SANDBOX_ID 1000
+#define MAX_OPS 64
+#define MAX_ENV 24
+#define READY_TIMEOUT_MS 10000 /* longest wait for a sandbox to be built */
+#define DRAIN_MS 1000          /* after the task is gone, longest wait for pipes to close */
+#define REPORT_CAP (64 * 1024)
+#define ARTIFACT_MAX_DEPTH 8
+#define ARTIFACT_MAX_ENTRIES 1000
+
+static const struct {
+    const char *name;   /* as in an isolation string */
+    const char *noun;   /* as in "user namespaces are not available" */
+    unsigned long flag;
+    const char *flag_name;
+    bool required;
+} layers[CI_LAYER_COUNT] = {
+    [CI_LAYER_USER] = {"user", "user", CLONE_NEWUSER, "CLONE_NEWUSER", true},
+    [CI_LAYER_PID] = {"pid", "pid", CLONE_NEWPID, "CLONE_NEWPID", true},
+    [CI_LAYER_NET] = {"net", "network", CLONE_NEWNET, "CLONE_NEWNET", true},
+    [CI_LAYER_MNT] = {"mnt", "mount", CLONE_NEWNS, "CLONE_NEWNS", true},
+    [CI_LAYER_IPC] = {"ipc", "IPC", CLONE_NEWIPC, "CLONE_NEWIPC", true},
+    [CI_LAYER_UTS] = {"uts", "UTS", CLONE_NEWUTS, "CLONE_NEWUTS", true},
+    [CI_LAYER_CGROUP] = {"cgroupns", "cgroup", CLONE_NEWCGROUP, "CLONE_NEWCGROUP", false},
+};
+
+/* One step of building the root, run in order by init. */
+enum op_kind {
+    OP_TMPFS,   /* mount a tmpfs on path with options data */
+    OP_DIR,     /* mkdir path */
+    OP_SYMLINK, /* symlink src at path */
+    OP_FILE,    /* create path holding data */
+    OP_BIND_RO, /* bind src on path (a dir or a file), read-only, nosuid, nodev */
+    OP_BIND_DEV,/* bind the device node src on path, nosuid, noexec */
+    OP_PROC,    /* mount a fresh proc of the pid namespace on path */
+};
+
+struct op {
+    enum op_kind kind;
+    const char *path; /* absolute, under NEWROOT */
+    const char *src;
+    const char *data;
+    size_t data_len;
+    unsigned long flags; /* OP_TMPFS: mount flags */
+    bool dir;            /* OP_BIND_RO: the source is a directory */
+    const char *what;    /* for errors: "mount /proc" */
+};
+
+struct ci_sandbox {
+    const struct ci_config *cfg;
+    bool ns;             /* false: the no-isolation fallback */
+    bool with_proc;
+    unsigned long clone_flags;
+    bool outside_root;   /* the worker is root: map to cfg->local.sandbox_uid */
+    uid_t outside_uid;   /* the id the sandbox user is outside */
+    gid_t outside_gid;
+    char isolation[128];
+    struct op ops[MAX_OPS];
+    size_t n_ops;
+    char *uid_map;       /* "1000 65534 1\n" */
+    char *gid_map;
+    char *argv_store[6];
+    char *envp_ns[MAX_ENV]; /* the environment in the sandbox (NULL-terminated) */
+    /* Every string the plan points to, freed with the sandbox. */
+    char **strs;
+    size_t n_strs, cap_strs;
+};
+
+static char *plan_str(struct ci_sandbox *sb, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static char *plan_str(struct ci_sandbox *sb, const char *fmt, ...)
+{
+    if (sb->n_strs == sb->cap_strs) {
+        size_t cap = sb->cap_strs ? sb->cap_strs * 2 : 64;
+        char **p = realloc(sb->strs, cap * sizeof(*p));
+        if (!p)
+            return NULL;
+        sb->strs = p;
+        sb->cap_strs = cap;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return NULL;
+    sb->strs[sb->n_strs++] = s;
+    return s;
+}
+
+static struct op *plan_op(struct ci_sandbox *sb, enum op_kind kind, const char *rel,
+                          const char *what)
+{
+    if (sb->n_ops == MAX_OPS)
+        return NULL;
+    char *path = plan_str(sb, NEWROOT "%s", rel);
+    if (!path)
+        return NULL;
+    struct op *op = &sb->ops[sb->n_ops++];
+    memset(op, 0, sizeof(*op));
+    op->kind = kind;
+    op->path = path;
+    op->what = what;
+    return op;
+}
+
+#define PLAN(expr)                                                                  \
+    do {                                                                            \
+        if (!(expr))                                                                \
+            return CI_ERR_NOMEM;                                                    \
+    } while (0)
+
+static ci_status plan_tmpfs(struct ci_sandbox *sb, const char *rel, unsigned long flags,
+                            const char *data, const char *what)
+{
+    struct op *op = plan_op(sb, OP_TMPFS, rel, what);
+    PLAN(op);
+    op->flags = flags;
+    op->data = data;
+    return CI_OK;
+}
+
+static ci_status plan_simple(struct ci_sandbox *sb, enum op_kind kind, const char *rel,
+                             const char *src, const char *what)
+{
+    struct op *op = plan_op(sb, kind, rel, what);
+    PLAN(op);
+    op->src = src;
+    return CI_OK;
+}
+
+static ci_status plan_file(struct ci_sandbox *sb, const char *rel, const char *content)
+{
+    struct op *op = plan_op(sb, OP_FILE, rel, NULL);
+    PLAN(op);
+    PLAN(op->what = plan_str(sb, "create %s", rel));
+    op->data = content;
+    op->data_len = strlen(content);
+    return CI_OK;
+}
+
+/* Binds the host path rel read-only at the same place, if it exists. A
+ * symlink is recreated as a symlink (e.g. /lib -> usr/lib on merged /usr). */
+static ci_status plan_host_path(struct ci_sandbox *sb, const char *rel)
+{
+    struct stat st;
+    if (lstat(rel, &st) != 0)
+        return CI_OK; /* not on this host: nothing to bind */
+    if (S_ISLNK(st.st_mode)) {
+        char target[4096];
+        ssize_t n = readlink(rel, target, sizeof(target) - 1);
+        if (n <= 0)
+            return CI_OK;
+        target[n] = '\0';
+        char *src = plan_str(sb, "%s", target);
+        char *what = plan_str(sb, "create the symlink %s", rel);
+        PLAN(src && what);
+        return plan_simple(sb, OP_SYMLINK, rel, src, what);
+    }
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+        return CI_OK;
+    char *what = plan_str(sb, "bind-mount %s read-only", rel);
+    PLAN(what);
+    struct op *op = plan_op(sb, OP_BIND_RO, rel, what);
+    PLAN(op);
+    op->src = op->path + strlen(NEWROOT); /* == rel, owned by the plan */
+    op->dir = S_ISDIR(st.st_mode);
+    return CI_OK;
+}
+
+static const char passwd_text[] =
+    "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+    "sandbox:x:1000:1000:sandbox:/workspace:/usr/sbin/nologin\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+static const char group_text[] = "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n";
+static const char hosts_text[] = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n"
+                                 "127.0.1.1\tsandbox\n";
+static const char nsswitch_text[] = "passwd: files\ngroup: files\nhosts: files\n";
+
+/* The root filesystem of a sandbox, in the order init builds it. */
+static ci_status plan_root(struct ci_sandbox *sb)
+{
+    const struct ci_config *cfg = sb->cfg;
+    ci_status s;
+    const char *root_opts = "mode=0755,size=16m,nr_inodes=4096";
+    if ((s = plan_tmpfs(sb, "", MS_NOSUID | MS_NODEV, root_opts, "mount the root tmpfs")))
+        return s;
+    static const char *dirs[] = {"/etc", "/dev", "/proc", "/var", "/var/cache", "/workspace",
+                                 "/tmp"};
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+        char *what = plan_str(sb, "create %s", dirs[i]);
+        PLAN(what);
+        if ((s = plan_simple(sb, OP_DIR, dirs[i], NULL, what)))
+            return s;
+    }
+
+    /* The runtime: /usr, and the top-level links of a merged /usr. */
+    static const char *runtime[] = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                                    "/libx32"};
+    for (size_t i = 0; i < sizeof(runtime) / sizeof(runtime[0]); i++)
+        if ((s = plan_host_path(sb, runtime[i])))
+            return s;
+
+    /* /etc: our own identity files, and what Python, matplotlib and
+     * fontconfig read from the host (nothing secret). Debian reaches BLAS
+     * through /etc/alternatives (libblas.so.3 is a link into it). */
+    if ((s = plan_file(sb, "/etc/passwd", passwd_text)) ||
+        (s = plan_file(sb, "/etc/group", group_text)) ||
+        (s = plan_file(sb, "/etc/hosts", hosts_text)) ||
+        (s = plan_file(sb, "/etc/hostname", "sandbox\n")) ||
+        (s = plan_file(sb, "/etc/nsswitch.conf", nsswitch_text)))
+        return s;
+    static const char *etc[] = {"/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime",
+                                "/etc/matplotlibrc",
+                                "/etc/fonts", "/etc/mime.types", "/var/cache/fontconfig"};
+    for (size_t i = 0; i < sizeof(etc) / sizeof(etc[0]); i++)
+        if ((s = plan_host_path(sb, etc[i])))
+            return s;
+    /* /etc/python3.X holds Debian's sitecustomize.py, which
+     * /usr/lib/python3.X/sitecustomize.py links to. */
+    DIR *d = opendir("/etc");
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strncmp(e->d_name, "python3", 7) != 0)
+                continue;
+            char *rel = plan_str(sb, "/etc/%s", e->d_name);
+            if (!rel || (s = plan_host_path(sb, rel))) {
+                closedir(d);
+                return rel ? s : CI_ERR_NOMEM;
+            }
+        }
+        closedir(d);
+    }
+
+    /* /dev: the five harmless devices, links, and a private /dev/shm. */
+    static const char *devs[] = {"null", "zero", "full", "random", "urandom"};
+    for (size_t i = 0; i < sizeof(devs) / sizeof(devs[0]); i++) {
+        char *rel = plan_str(sb, "/dev/%s", devs[i]);
+        char *what = plan_str(sb, "bind-mount /dev/%s", devs[i]);
+        PLAN(rel && what);
+        if ((s = plan_simple(sb, OP_BIND_DEV, rel, rel, what)))
+            return s;
+    }
+    static const char *links[][2] = {{"/dev/fd", "/proc/self/fd"},
+                                     {"/dev/stdin", "/proc/self/fd/0"},
+                                     {"/dev/stdout", "/proc/self/fd/1"},
+                                     {"/dev/stderr", "/proc/self/fd/2"}};
+    for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++)
+        if ((s = plan_simple(sb, OP_SYMLINK, links[i][0], links[i][1], "create a /dev link")))
+            return s;
+    char *shm = plan_str(sb, "mode=1777,size=%um,nr_inodes=1024", cfg->local.tmp_mb);
+    PLAN(shm);
+    if ((s = plan_tmpfs(sb, "/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, shm,
+                        "mount a tmpfs on /dev/shm")))
+        return s;
+
+    if (sb->with_proc && (s = plan_simple(sb, OP_PROC, "/proc", NULL, "mount /proc")))
+        return s;
+
+    /* The per-task filesystems: the only writable places. */
+    char *ws = plan_str(sb, "mode=0755,uid=%d,gid=%d,size=%um,nr_inodes=%u", SANDBOX_ID,
+                        SANDBOX_ID, cfg->local.workspace_mb, 4 * ARTIFACT_MAX_ENTRIES);
+    char *tmp = plan_str(sb, "mode=1777,size=%um,nr_inodes=%u", cfg->local.tmp_mb,
+                         4 * ARTIFACT_MAX_ENTRIES);
+    PLAN(ws && tmp);
+    if ((s = plan_tmpfs(sb, "/workspace", MS_NOSUID | MS_NODEV | MS_NOSYMFOLLOW, ws,
+                        "mount a tmpfs on /workspace")) ||
+        (s = plan_tmpfs(sb, "/tmp", MS_NOSUID | MS_NODEV, tmp, "mount a tmpfs on /tmp")))
+        return s;
+    return CI_OK;
+}
+
+/* The environment, built from nothing. `home`, `tmp` are the workspace and
+ * the private temp dir as the task sees them. */
+static ci_status plan_env(struct ci_sandbox *sb, char **envp, const char *home, const char *tmp)
+{
+    size_t n = 0;
+    envp[n++] = plan_str(sb, "PATH=/usr/bin:/bin");
+    envp[n++] = plan_str(sb, "HOME=%s", home);
+    envp[n++] = plan_str(sb, "LANG=C.UTF-8");
+    envp[n++] = plan_str(sb, "TMPDIR=%s", tmp);
+    /* Not in the workspace: it would be mistaken for the code's output. */
+    envp[n++] = plan_str(sb, "MPLCONFIGDIR=%s/matplotlib", tmp);
+    envp[n++] = plan_str(sb, "XDG_CACHE_HOME=%s/.cache", tmp); /* fontconfig's cache */
+    envp[n++] = plan_str(sb, "MPLBACKEND=Agg");
+    envp[n++] = plan_str(sb, "OPENBLAS_NUM_THREADS=1");
+    envp[n++] = plan_str(sb, "OMP_NUM_THREADS=1");
+    envp[n++] = plan_str(sb, "MKL_NUM_THREADS=1");
+    envp[n++] = plan_str(sb, "NUMEXPR_MAX_THREADS=1");
+    envp[n++] = plan_str(sb, "PYTHONDONTWRITEBYTECODE=1");
+    /* PYTHONHASHSEED stays unset: hash() is randomized per process. */
+    envp[n] = NULL;
+    for (size_t i = 0; i < n; i++)
+        PLAN(envp[i]);
+    return CI_OK;
+}
+
+void ci_sandbox_free(struct ci_sandbox *sb)
+{
+    if (!sb)
+        return;
+    for (size_t i = 0; i < sb->n_strs; i++)
+        free(sb->strs[i]);
+    free(sb->strs);
+    free(sb);
+}
+
+const char *ci_sandbox_isolation(const struct ci_sandbox *sb) { return sb->isolation; }
+
+static void isolation_string(unsigned long flags, char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < CI_LAYER_COUNT; i++) {
+        if (!(flags & layers[i].flag))
+            continue;
+        int n = snprintf(out + used, size - used, "%s%s", used ? "," : "", layers[i].name);
+        if (n < 0 || (size_t)n >= size - used)
+            break;
+        used += (size_t)n;
+    }
+    if (!used)
+        snprintf(out, size, "none");
+}
+
+/* Builds a sandbox plan without consulting a probe: the probe uses it too. */
+static ci_status sandbox_build(const struct ci_config *cfg, unsigned long clone_flags,
+                               bool with_proc, struct ci_sandbox **ret, struct ci_error *err)
+{
+    const char *python = cfg->local.python;
+    if (!python || python[0] != '/' || access(python, X_OK) != 0)
+        return ci_error_errno(err, CI_ERR_INVALID, errno,
+                              "local.python '%s' is not an executable absolute path",
+                              python ? python : "");
+    if (clone_flags && strncmp(python, "/usr/", 5) != 0)
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "local.python '%s' must live under /usr: only /usr is visible "
+                            "in the sandbox", python);
+
+    CI_AUTOFREE struct ci_sandbox *sb = calloc(1, sizeof(*sb));
+    if (!sb)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    sb->cfg = cfg;
+    sb->ns = clone_flags != 0;
+    sb->with_proc = with_proc;
+    sb->clone_flags = clone_flags;
+    sb->outside_root = geteuid() == 0;
+    sb->outside_uid = sb->outside_root ? cfg->local.sandbox_uid : geteuid();
+    sb->outside_gid = sb->outside_root ? cfg->local.sandbox_gid : getegid();
+    isolation_string(clone_flags, sb->isolation, sizeof(sb->isolation));
+
+    ci_status s = CI_OK;
+    if (sb->ns) {
+        sb->uid_map = plan_str(sb, "%d %u 1\n", SANDBOX_ID, (unsigned)sb->outside_uid);
+        sb->gid_map = plan_str(sb, "%d %u 1\n", SANDBOX_ID, (unsigned)sb->outside_gid);
+        if (!sb->uid_map || !sb->gid_map)
+            s = CI_ERR_NOMEM;
+        if (!s)
+            s = plan_root(sb);
+        if (!s)
+            s = plan_env(sb, sb->envp_ns, "/workspace", "/tmp");
+    }
+    if (!s) {
+        sb->argv_store[0] = plan_str(sb, "python3");
+        sb->argv_store[1] = plan_str(sb, "-I");
+        sb->argv_store[2] = plan_str(sb, "-B");
+        sb->argv_store[3] = plan_str(sb, "-c");
+        sb->argv_store[4] = plan_str(sb, "%s", ci_driver_py);
+        sb->argv_store[5] = NULL;
+        for (int i = 0; i < 5; i++)
+            if (!sb->argv_store[i])
+                s = CI_ERR_NOMEM;
+    }
+    if (s) {
+        struct ci_sandbox *tmp = CI_STEAL(&sb);
+        ci_sandbox_free(tmp);
+        return ci_error_set(err, s, "out of memory while preparing the sandbox");
+    }
+    *ret = CI_STEAL(&sb);
+    return CI_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3. The child side. Nothing here allocates or locks.                     */
+/* ---------------------------------------------------------------------- */
+
+enum step {
+    STEP_NONE,
+    STEP_FDS,
+    STEP_WAIT_MAPS,
+    STEP_SETGROUPS,
+    STEP_SETGID,
+    STEP_SETUID,
+    STEP_PRIVATE,
+    STEP_OP,
+    STEP_PIVOT,
+    STEP_DETACH,
+    STEP_REMOUNT_ROOT,
+    STEP_HOSTNAME,
+    STEP_WORKSPACE,
+    STEP_DROP_CAPS,
+    STEP_NO_NEW_PRIVS,
+    STEP_FORK,
+    STEP_SETSID,
+    STEP_RLIMIT,
+    STEP_CHDIR,
+    STEP_EXEC,
+    STEP_COUNT,
+};
+
+static const char *const step_names[STEP_COUNT] = {
+    [STEP_NONE] = "start",
+    [STEP_FDS] = "set up the file descriptors",
+    [STEP_WAIT_MAPS] = "wait for the uid map",
+    [STEP_SETGROUPS] = "drop the supplementary groups",
+    [STEP_SETGID] = "switch to the sandbox group",
+    [STEP_SETUID] = "switch to the sandbox user",
+    [STEP_PRIVATE] = "make all mounts private",
+    [STEP_OP] = "build the root",
+    [STEP_PIVOT] = "pivot_root into the new root",
+    [STEP_DETACH] = "detach the old root",
+    [STEP_REMOUNT_ROOT] = "remount the new root read-only",
+    [STEP_HOSTNAME] = "set the hostname",
+    [STEP_WORKSPACE] = "open /workspace",
+    [STEP_DROP_CAPS] = "drop all capabilities",
+    [STEP_NO_NEW_PRIVS] = "set no_new_privs",
+    [STEP_FORK] = "start the task process",
+    [STEP_SETSID] = "start a new session",
+    [STEP_RLIMIT] = "set the resource limits",
+    [STEP_CHDIR] = "enter the workspace",
+    [STEP_EXEC] = "execute python3",
+};
+
+enum msg_type { MSG_READY = 1, MSG_FAILED, MSG_DONE };
+
+struct msg {
+    int32_t type;
+    int32_t step; /* MSG_FAILED */
+    int32_t op;   /* MSG_FAILED at STEP_OP: index in ops */
+    int32_t err;  /* MSG_FAILED: errno */
+    int32_t status; /* MSG_DONE: the task's wait status */
+    int32_t pad;
+    int64_t utime_us, stime_us, maxrss_kb; /* MSG_DONE: every process init reaped */
+};
+
+/* fd numbers in the child after move_fds(). */
+enum { FD_CODE = 0, FD_OUT = 1, FD_ERR = 2, FD_REPORT = 3, FD_SOCK = 4, FD_COUNT = 5 };
+
+/* What one run hands to its child: all prepared before the clone. */
+struct child_args {
+    const struct ci_sandbox *sb;
+    int fds[FD_COUNT];        /* the child's ends, at parent numbers */
+    struct rlimit limits[RLIM_NLIMITS];
+    bool limit_set[RLIM_NLIMITS];
+    const char *workdir;      /* the task's cwd */
+    char *const *envp;
+    bool drop_to_sandbox_ids; /* bare mode as root */
+};
+
+static void child_send(int sock, const struct msg *m)
+{
+    ssize_t r;
+    do
+        r = send(sock, m, sizeof(*m), MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+}
+
+__attribute__((noreturn)) static void child_fail(int sock, enum step step, int op, int err)
+{
+    struct msg m = {.type = MSG_FAILED, .step = step, .op = op, .err = err};
+    child_send(sock, &m);
+    _exit(127);
+}
+
+/* Reads one byte from the parent; EOF means the parent is gone. */
+static bool child_wait_byte(int sock)
+{
+    char c;
+    ssize_t r;
+    do
+        r = recv(sock, &c, 1, 0);
+    while (r < 0 && errno == EINTR);
+    return r == 1;
+}
+
+/* Puts the child's fds at 0..4 and closes every other fd the worker had:
+ * O_CLOEXEC only helps at execve, and init never executes anything. */
+static int move_fds(const int *src)
+{
+    int base = FD_COUNT;
+    for (int i = 0; i < FD_COUNT; i++)
+        if (src[i] >= base)
+            base = src[i] + 1;
+    int tmp[FD_COUNT];
+    for (int i = 0; i < FD_COUNT; i++)
+        if ((tmp[i] = fcntl(src[i], F_DUPFD, base)) < 0)
+            return -1;
+    for (int i = 0; i < FD_COUNT; i++)
+        if (dup2(tmp[i], i) < 0)
+            return -1;
+    close_fds_from(FD_COUNT);
+    return 0;
+}
+
+/* Default dispositions and an empty mask: the worker's handlers must never
+ * run in a sandbox process, and ignored signals would survive execve. */
+static void reset_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++)
+        sigaction(sig, &sa, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+/* The mount flags statfs() reports that a bind remount must keep: in a
+ * user namespace the kernel refuses to clear locked ones. */
+static unsigned long kept_mount_flags(const char *path)
+{
+    struct statfs st;
+    if (statfs(path, &st) != 0)
+        return 0;
+    return (unsigned long)st.f_flags &
+           (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME | MS_RELATIME);
+}
+
+static int remount_with(const char *path, uint64_t attrs, unsigned long ms_flags)
+{
+    if (sys_mount_setattr(path, attrs) == 0)
+        return 0;
+    if (errno != ENOSYS)
+        return -1;
+    return mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | ms_flags | kept_mount_flags(path),
+                 NULL);
+}
+
+/* Creates an empty file or directory to mount on. */
+static int make_mountpoint(const char *path, bool dir)
+{
+    if (dir)
+        return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return 0;
+}
+
+static int write_file(const char *path, const char *data, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0)
+        return -1;
+    while (len) {
+        ssize_t w = write(fd, data, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            errno = e;
+            return -1;
+        }
+        data += w;
+        len -= (size_t)w;
+    }
+    return close(fd);
+}
+
+static int run_op(const struct op *op)
+{
+    switch (op->kind) {
+    case OP_TMPFS:
+        if (make_mountpoint(op->path, true) != 0)
+            return -1;
+        return mount("tmpfs", op->path, "tmpfs", op->flags, op->data);
+    case OP_DIR:
+        return make_mountpoint(op->path, true);
+    case OP_SYMLINK:
+        return symlink(op->src, op->path);
+    case OP_FILE:
+        return write_file(op->path, op->data, op->data_len);
+    case OP_BIND_RO:
+        if (make_mountpoint(op->path, op->dir) != 0 ||
+            mount(op->src, op->path, NULL, MS_BIND | MS_REC, NULL) != 0)
+            return -1;
+        return remount_with(op->path, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                            MS_RDONLY | MS_NOSUID | MS_NODEV);
+    case OP_BIND_DEV:
+        if (make_mountpoint(op->path, false) != 0 ||
+            mount(op->src, op->path, NULL, MS_BIND, NULL) != 0)
+            return -1;
+        return remount_with(op->path, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+                            MS_NOSUID | MS_NOEXEC);
+    case OP_PROC:
+        if (make_mountpoint(op->path, true) != 0)
+            return -1;
+        return mount("proc", op->path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    }
+    errno = EINVAL;
+    return -1;
+}
+
+/* Enters the new root and forgets the old one. */
+static enum step pivot_into_newroot(void)
+{
+    if (chdir(NEWROOT) != 0 || sys_pivot_root(".", ".") != 0)
+        return STEP_PIVOT;
+    if (umount2(".", MNT_DETACH) != 0 || chdir("/") != 0)
+        return STEP_DETACH;
+    if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL))
+        return STEP_REMOUNT_ROOT;
+    return STEP_NONE;
+}
+
+/* Drops every capability for good: bounding set, ambient, effective,
+ * permitted, inheritable; then no_new_privs. Not dumpable: the task (same
+ * uid) cannot ptrace init or read its /proc entries. */
+static enum step drop_privileges(void)
+{
+    for (int cap = 0; cap < 64; cap++)
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
+            return STEP_DROP_CAPS;
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    if (sys_capset_zero() != 0)
+        return STEP_DROP_CAPS;
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return STEP_NO_NEW_PRIVS;
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    return STEP_NONE;
+}
+
+/* The task process: rlimits, a new session, then python3. */
+__attribute__((noreturn)) static void task_exec(const struct child_args *a)
+{
+    const struct ci_sandbox *sb = a->sb;
+    if (setsid() < 0)
+        child_fail(FD_SOCK, STEP_SETSID, 0, errno);
+    if (a->drop_to_sandbox_ids) {
+        /* Bare mode as root: at least never run the code as root. */
+        if (sys_setgroups0() != 0)
+            child_fail(FD_SOCK, STEP_SETGROUPS, 0, errno);
+        if (sys_setresgid(sb->cfg->local.sandbox_gid) != 0)
+            child_fail(FD_SOCK, STEP_SETGID, 0, errno);
+        if (sys_setresuid(sb->cfg->local.sandbox_uid) != 0)
+            child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+    }
+    if (!sb->ns && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        child_fail(FD_SOCK, STEP_NO_NEW_PRIVS, 0, errno);
+    for (int r = 0; r < RLIM_NLIMITS; r++) {
+        if (!a->limit_set[r])
+            continue;
+        /* Never above the worker's own hard limit: that would need a capability. */
+        struct rlimit want = a->limits[r], have;
+        if (getrlimit((__rlimit_resource_t)r, &have) == 0 && have.rlim_max != RLIM_INFINITY) {
+            if (want.rlim_max > have.rlim_max)
+                want.rlim_max = have.rlim_max;
+            if (want.rlim_cur > want.rlim_max)
+                want.rlim_cur = want.rlim_max;
+        }
+        if (setrlimit((__rlimit_resource_t)r, &want) != 0)
+            child_fail(FD_SOCK, STEP_RLIMIT, r, errno);
+    }
+    if (chdir(a->workdir) != 0)
+        child_fail(FD_SOCK, STEP_CHDIR, 0, errno);
+    /* The socket stays open until execve succeeds, to report its failure. */
+    if (fcntl(FD_SOCK, F_SETFD, FD_CLOEXEC) != 0)
+        child_fail(FD_SOCK, STEP_FDS, 0, errno);
+    execve(sb->cfg->local.python, sb->argv_store, a->envp);
+    child_fail(FD_SOCK, STEP_EXEC, 0, errno);
+}
+
+static void add_rusage(struct msg *m, const struct rusage *ru)
+{
+    m->utime_us += (int64_t)ru->ru_utime.tv_sec * 1000000 + ru->ru_utime.tv_usec;
+    m->stime_us += (int64_t)ru->ru_stime.tv_sec * 1000000 + ru->ru_stime.tv_usec;
+    if (ru->ru_maxrss > m->maxrss_kb)
+        m->maxrss_kb = ru->ru_maxrss;
+}
+
+/* pid 1 of the sandbox: builds it, starts the task, reaps, reports. */
+__attribute__((noreturn)) static void init_main(const struct child_args *a)
+{
+    const struct ci_sandbox *sb = a->sb;
+    /* Dies with the worker thread that cloned it; if the worker is already
+     * gone, the read below sees EOF and init exits. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    reset_signals();
+    if (move_fds(a->fds) != 0)
+        child_fail(a->fds[FD_SOCK], STEP_FDS, 0, errno);
+    if (!child_wait_byte(FD_SOCK))
+        _exit(1);
+
+    /* The parent has written the maps. As root it left setgroups allowed,
+     * so that the worker's groups (gid 0) can be dropped here. */
+    if (sb->outside_root && sys_setgroups0() != 0)
+        child_fail(FD_SOCK, STEP_SETGROUPS, 0, errno);
+    /* Uid 0 is not mapped in this namespace, so switching ids keeps the
+     * namespace capabilities; every file init creates belongs to 1000. */
+    if (sys_setresgid(SANDBOX_ID) != 0)
+        child_fail(FD_SOCK, STEP_SETGID, 0, errno);
+    if (sys_setresuid(SANDBOX_ID) != 0)
+        child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+        child_fail(FD_SOCK, STEP_PRIVATE, 0, errno);
+    for (size_t i = 0; i < sb->n_ops; i++)
+        if (run_op(&sb->ops[i]) != 0)
+            child_fail(FD_SOCK, STEP_OP, (int)i, errno);
+    enum step failed = pivot_into_newroot();
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, errno);
+    if (sethostname("sandbox", 7) != 0 || setdomainname("sandbox", 7) != 0)
+        child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
+
+    /* READY, with /workspace: the parent writes the inputs through it now
+     * and reads the artifacts through it after everything here is dead. */
+    int ws = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (ws < 0)
+        child_fail(FD_SOCK, STEP_WORKSPACE, 0, errno);
+    struct msg ready = {.type = MSG_READY};
+    struct iovec iov = {.iov_base = &ready, .iov_len = sizeof(ready)};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    memset(&cm, 0, sizeof(cm));
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof(cm.buf)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &ws, sizeof(int));
+    if (sendmsg(FD_SOCK, &mh, MSG_NOSIGNAL) < 0)
+        _exit(1);
+    close(ws);
+
+    failed = drop_privileges();
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, errno);
+    if (!child_wait_byte(FD_SOCK)) /* GO: the inputs are in place */
+        _exit(1);
+
+    pid_t task = sys_clone(SIGCHLD);
+    if (task < 0)
+        child_fail(FD_SOCK, STEP_FORK, 0, errno);
+    if (task == 0)
+        task_exec(a);
+    /* Only the task holds the pipes now: the parent sees EOF when the
+     * task and everything it started are gone. */
+    for (int fd = 0; fd < FD_SOCK; fd++)
+        close(fd);
+
+    struct msg done = {.type = MSG_DONE};
+    for (;;) {
+        int st;
+        struct rusage ru;
+        pid_t r = wait4(-1, &st, __WALL, &ru);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            _exit(1); /* ECHILD before the task: cannot happen */
+        }
+        add_rusage(&done, &ru);
+        if (r == task) {
+            done.status = st;
+            break;
+        }
+    }
+    child_send(FD_SOCK, &done);
+    _exit(0); /* and the kernel kills whatever the task left behind */
+}
+
+/* The child of a run without namespaces: the task itself. */
+__attribute__((noreturn)) static void bare_main(const struct child_args *a)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    reset_signals();
+    if (move_fds(a->fds) != 0)
+        child_fail(a->fds[FD_SOCK], STEP_FDS, 0, errno);
+    task_exec(a);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 4. The parent side                                                      */
+/* ---------------------------------------------------------------------- */
+
+struct input_digest {
+    const char *name; /* borrowed from the job: only used during start... */
+    char *name_copy;  /* ...so we keep our own copy for the artifact walk */
+    char sha256[65];
+};
+
+struct ci_sandbox_run {
+    struct ci_sandbox *sb;
+    struct child_args args;
+    pid_t pid;          /* init (or the bare task); 0 once reaped */
+    int pidfd;
+    int sock;           /* our end of the control socket */
+    int code_fd;        /* our end of the code socket; -1 once all is written */
+    int out_fd, err_fd, rep_fd;
+    int wake_fd;        /* eventfd written by cancel() */
+    int ws_fd;          /* /workspace */
+    atomic_bool cancel_requested;
+    const char *code;
+    size_t code_len, code_off;
+    int64_t t_go, t_end, deadline;
+    uint32_t timeout_ms;
+    struct input_digest *inputs;
+    size_t n_inputs;
+    /* bare mode */
+    char *bare_dir;     /* the private 0700 directory, removed at the end */
+    int bare_dir_fd;
+    char *bare_env[MAX_ENV];
+    char *bare_strs[4];
+};
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+static void remove_tree_at(int dirfd, int depth);
+
+static void run_free(struct ci_sandbox_run *run)
+{
+    if (!run)
+        return;
+    close_fd(&run->pidfd);
+    close_fd(&run->sock);
+    close_fd(&run->code_fd);
+    close_fd(&run->out_fd);
+    close_fd(&run->err_fd);
+    close_fd(&run->rep_fd);
+    close_fd(&run->wake_fd);
+    close_fd(&run->ws_fd);
+    for (int i = 0; i < FD_COUNT; i++)
+        close_fd(&run->args.fds[i]);
+    if (run->bare_dir) {
+        if (run->bare_dir_fd >= 0)
+            remove_tree_at(run->bare_dir_fd, 0);
+        rmdir(run->bare_dir);
+        free(run->bare_dir);
+    }
+    close_fd(&run->bare_dir_fd);
+    for (size_t i = 0; i < sizeof(run->bare_strs) / sizeof(run->bare_strs[0]); i++)
+        free(run->bare_strs[i]);
+    for (size_t i = 0; i < MAX_ENV; i++)
+        free(run->bare_env[i]);
+    for (size_t i = 0; i < run->n_inputs; i++)
+        free(run->inputs[i].name_copy);
+    free(run->inputs);
+    free(run);
+}
+
+/* Kills what is left of a run that failed during start, and reaps it. */
+static void run_abort(struct ci_sandbox_run *run)
+{
+    if (run->pid > 0) {
+        kill(run->pid, SIGKILL);
+        if (!run->sb->ns)
+            kill(-run->pid, SIGKILL);
+        while (waitpid(run->pid, NULL, __WALL) < 0 && errno == EINTR)
+            ;
+        run->pid = 0;
+    }
+    run_free(run);
+}
+
+static void set_limit(struct child_args *a, int res, rlim_t soft, rlim_t hard)
+{
+    a->limits[res].rlim_cur = soft;
+    a->limits[res].rlim_max = hard;
+    a->limit_set[res] = true;
+}
+
+/* RLIMIT_AS is the memory limit until cgroups arrive: blunt (it counts
+ * address space, and numpy+pandas+matplotlib need ~384 MB of it just to
+ * import) but it turns an allocation past the limit into a MemoryError. */
+static void plan_limits(struct child_args *a, const struct ci_config *cfg,
+                        const struct ci_sandbox_job *job)
+{
+    const rlim_t MiB = 1024 * 1024;
+    rlim_t cpu_s = (job->timeout_ms + 999) / 1000 + 1;
+    uint32_t biggest_fs = cfg->local.workspace_mb > cfg->local.tmp_mb ? cfg->local.workspace_mb
+                                                                       : cfg->local.tmp_mb;
+    set_limit(a, RLIMIT_AS, (rlim_t)job->memory_mb * MiB, (rlim_t)job->memory_mb * MiB);
+    set_limit(a, RLIMIT_CPU, cpu_s, cpu_s + 1);
+    /* One file may fill a tmpfs; the artifact cap is applied when the files
+     * are collected (with a note), not as EFBIG on an intermediate file. */
+    set_limit(a, RLIMIT_FSIZE, (rlim_t)biggest_fs * MiB, (rlim_t)biggest_fs * MiB);
+    set_limit(a, RLIMIT_NPROC, cfg->local.max_processes, cfg->local.max_processes);
+    set_limit(a, RLIMIT_NOFILE, cfg->local.max_open_files, cfg->local.max_open_files);
+    set_limit(a, RLIMIT_CORE, 0, 0);
+    set_limit(a, RLIMIT_MEMLOCK, 64 * 1024, 64 * 1024);
+    set_limit(a, RLIMIT_MSGQUEUE, 1024, 1024);
+    set_limit(a, RLIMIT_RTPRIO, 0, 0);
+    set_limit(a, RLIMIT_STACK, 8 * MiB, 8 * MiB);
+}
+
+static bool plain_name(const char *name)
+{
+    size_t len = strlen(name);
+    return len > 0 && len < 256 && !strchr(name, '/') && strcmp(name, ".") != 0 &&
+           strcmp(name, "..") != 0;
+}
+
+/* Writes the inputs into the workspace through its fd. The files are
+ * created as the sandbox user (setfsuid is per thread): a root worker has
+ * no mapping in the sandbox's user namespace and could not create them
+ * itself, and the code must be able to overwrite its inputs. */
+static ci_status write_inputs(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                              struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    bool switch_fs = sb->outside_root;
+    if (switch_fs) {
+        sys_setfsgid(sb->outside_gid);
+        sys_setfsuid(sb->outside_uid);
+    }
+    ci_status s = CI_OK;
+    for (size_t i = 0; i < job->n_files && !s; i++) {
+        const struct ci_file *f = &job->files[i];
+        int fd = openat(run->ws_fd, f->name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                        0644);
+        if (fd < 0) {
+            s = errno == EEXIST
+                    ? ci_error_set(err, CI_ERR_INVALID, "input '%s' is listed twice", f->name)
+                    : ci_error_errno(err, CI_ERR_IO, errno, "cannot create input '%s'", f->name);
+            break;
+        }
+        if (ci_write_all(fd, f->data, f->len) != CI_OK) {
+            int e = errno;
+            s = e == ENOSPC || e == EFBIG
+                    ? ci_error_set(err, CI_ERR_LIMIT,
+                                   "the inputs do not fit in the workspace of %u MiB",
+                                   sb->cfg->local.workspace_mb)
+                    : ci_error_errno(err, CI_ERR_IO, e, "cannot write input '%s'", f->name);
+        }
+        close(fd);
+    }
+    if (switch_fs) {
+        sys_setfsuid(0);
+        sys_setfsgid(0);
+    }
+    return s;
+}
+
+static ci_status digest_inputs(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                               struct ci_error *err)
+{
+    if (!job->n_files)
+        return CI_OK;
+    run->inputs = calloc(job->n_files, sizeof(*run->inputs));
+    if (!run->inputs)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < job->n_files; i++) {
+        const struct ci_file *f = &job->files[i];
+        if (!f->name || !plain_name(f->name))
+            return ci_error_set(err, CI_ERR_INVALID, "input name '%s' is not a plain file name",
+                                f->name ? f->name : "");
+        run->inputs[i].name_copy = strdup(f->name);
+        if (!run->inputs[i].name_copy)
+            return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+        ci_sha256_hex(f->data, f->len, run->inputs[i].sha256);
+        run->n_inputs++;
+    }
+    return CI_OK;
+}
+
+/* Receives one message from the child within timeout_ms; a READY carries
+ * the workspace fd in *ret_fd. */
+static ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m,
+                          int *ret_fd)
+{
+    struct pollfd p = {.fd = run->sock, .events = POLLIN};
+    int r;
+    do
+        r = poll(&p, 1, timeout_ms);
+    while (r < 0 && errno == EINTR);
+    if (r == 0)
+        return CI_ERR_TIMEOUT;
+    if (r < 0)
+        return CI_ERR_SYS;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof(cm.buf)};
+    ssize_t n;
+    do
+        n = recvmsg(run->sock, &mh, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        return CI_ERR_IO; /* EOF: the child is gone */
+    int fd = -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    if (n != (ssize_t)sizeof(*m) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        if (fd >= 0)
+            close(fd);
+        return CI_ERR_INTEGRITY;
+    }
+    if (ret_fd)
+        *ret_fd = fd;
+    else if (fd >= 0)
+        close(fd);
+    return CI_OK;
+}
+
+/* Turns a MSG_FAILED into one sentence. */
+static void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out,
+                             size_t size)
+{
+    const char *what = m->step > 0 && m->step < STEP_COUNT ? step_names[m->step] : "set up";
+    if (m->step == STEP_OP && m->op >= 0 && (size_t)m->op < sb->n_ops)
+        what = sb->ops[m->op].what;
+    char ebuf[128];
+    snprintf(out, size, "%s: %s", what, strerror_r(m->err, ebuf, sizeof(ebuf)));
+}
+
+static ci_status write_proc_file(pid_t pid, const char *name, const char *text,
+                                 struct ci_error *err)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, name);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, errno,
+                              "user namespaces are not usable: open %s", path);
+    ssize_t w = write(fd, text, strlen(text));
+    int e = errno;
+    close(fd);
+    if (w != (ssize_t)strlen(text))
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, w < 0 ? e : EIO,
+                              "user namespaces are not usable: writing '%.*s' to %s",
+                              (int)strcspn(text, "\n"), text, path);
+    return CI_OK;
+}
+
+static ci_status open_channels(struct ci_sandbox_run *run, struct ci_error *err)
+{
+    int sv[2], code[2], out[2], errp[2], rep[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "socketpair");
+    run->sock = sv[0];
+    run->args.fds[FD_SOCK] = sv[1];
+    /* The code goes through a socket, not a pipe: send(MSG_NOSIGNAL) cannot
+     * raise SIGPIPE in the worker when the task dies without reading. */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, code) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "socketpair");
+    run->code_fd = code[0];
+    run->args.fds[FD_CODE] = code[1];
+    shutdown(code[0], SHUT_RD);
+    if (pipe2(out, O_CLOEXEC) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "pipe");
+    run->out_fd = out[0];
+    run->args.fds[FD_OUT] = out[1];
+    if (pipe2(errp, O_CLOEXEC) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "pipe");
+    run->err_fd = errp[0];
+    run->args.fds[FD_ERR] = errp[1];
+    if (pipe2(rep, O_CLOEXEC) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "pipe");
+    run->rep_fd = rep[0];
+    run->args.fds[FD_REPORT] = rep[1];
+    run->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (run->wake_fd < 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "eventfd");
+    return CI_OK;
+}
+
+static void close_child_ends(struct ci_sandbox_run *run)
+{
+    for (int i = 0; i < FD_COUNT; i++)
+        close_fd(&run->args.fds[i]);
+}
+
+static ci_status send_byte(struct ci_sandbox_run *run)
+{
+    char c = 1;
+    return send(run->sock, &c, 1, MSG_NOSIGNAL) == 1 ? CI_OK : CI_ERR_IO;
+}
+
+/* Namespace mode: clone init, map ids, wait for READY, inputs, GO. */
+static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                          struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    run->args.workdir = "/workspace";
+    run->args.envp = sb->envp_ns;
+
+    pid_t pid = sys_clone(sb->clone_flags | SIGCHLD);
+    if (pid < 0)
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "clone of the sandbox failed");
+    if (pid == 0)
+        init_main(&run->args);
+    run->pid = pid;
+    run->pidfd = sys_pidfd_open(pid);
+    close_child_ends(run);
+
+    ci_status s;
+    /* An unprivileged writer may only map its own id, after denying
+     * setgroups. Root keeps setgroups allowed so init can drop gid 0. */
+    if (!sb->outside_root && (s = write_proc_file(pid, "setgroups", "deny\n", err)))
+        return s;
+    if ((s = write_proc_file(pid, "uid_map", sb->uid_map, err)) ||
+        (s = write_proc_file(pid, "gid_map", sb->gid_map, err)))
+        return s;
+    if (send_byte(run) != CI_OK)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before its setup");
+
+    struct msg m;
+    int ws = -1;
+    s = recv_msg(run, READY_TIMEOUT_MS, &m, &ws);
+    if (s == CI_ERR_TIMEOUT)
+        return ci_error_set(err, CI_ERR_TIMEOUT, "the sandbox was not built within %d s",
+                            READY_TIMEOUT_MS / 1000);
+    if (s)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died during its setup");
+    if (m.type == MSG_FAILED) {
+        char what[256];
+        describe_failure(sb, &m, what, sizeof(what));
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox could not be set up: %s", what);
+    }
+    if (m.type != MSG_READY || ws < 0) {
+        if (ws >= 0)
+            close(ws);
+        return ci_error_set(err, CI_ERR_INTEGRITY, "the sandbox's init sent a bad message");
+    }
+    run->ws_fd = ws;
+    if ((s = write_inputs(run, job, err)))
+        return s;
+    if (send_byte(run) != CI_OK)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before the code started");
+    return CI_OK;
+}
+
+/* Bare mode: a private directory, the inputs, then fork and exec. */
+static ci_status start_bare(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                            struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    const char *base = getenv("TMPDIR");
+    if (!base || base[0] != '/')
+        base = "/tmp";
+    if (asprintf(&run->bare_dir, "%s/ci-task-XXXXXX", base) < 0) {
+        run->bare_dir = NULL;
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    }
+    if (!mkdtemp(run->bare_dir)) { /* mode 0700 */
+        int e = errno;
+        free(run->bare_dir);
+        run->bare_dir = NULL;
+        return ci_error_errno(err, CI_ERR_IO, e, "cannot create a task directory in %s", base);
+    }
+    run->bare_dir_fd = open(run->bare_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (run->bare_dir_fd < 0 || mkdirat(run->bare_dir_fd, "workspace", 0755) != 0 ||
+        mkdirat(run->bare_dir_fd, "tmp", 0700) != 0)
+        return ci_error_errno(err, CI_ERR_IO, errno, "cannot create the task directory");
+    run->ws_fd = openat(run->bare_dir_fd, "workspace", O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+                                                           O_CLOEXEC);
+    int tmp_fd = openat(run->bare_dir_fd, "tmp", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (run->ws_fd < 0 || tmp_fd < 0) {
+        if (tmp_fd >= 0)
+            close(tmp_fd);
+        return ci_error_errno(err, CI_ERR_IO, errno, "cannot open the task directory");
+    }
+    if (sb->outside_root) {
+        bool ok = fchown(run->bare_dir_fd, sb->outside_uid, sb->outside_gid) == 0 &&
+                  fchown(run->ws_fd, sb->outside_uid, sb->outside_gid) == 0 &&
+                  fchown(tmp_fd, sb->outside_uid, sb->outside_gid) == 0;
+        if (!ok) {
+            int e = errno;
+            close(tmp_fd);
+            return ci_error_errno(err, CI_ERR_IO, e, "cannot hand the task directory over");
+        }
+    }
+    close(tmp_fd);
+    ci_status s = write_inputs(run, job, err);
+    if (s)
+        return s;
+
+    char *ws = NULL, *tmp = NULL;
+    if (asprintf(&ws, "%s/workspace", run->bare_dir) < 0)
+        ws = NULL;
+    run->bare_strs[0] = ws;
+    if (asprintf(&tmp, "%s/tmp", run->bare_dir) < 0)
+        tmp = NULL;
+    run->bare_strs[1] = tmp;
+    if (!ws || !tmp)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    /* plan_env() keeps its strings in the sandbox; for a run we want them in
+     * the run: build them in a throwaway plan and move them over. */
+    struct ci_sandbox scratch = {0};
+    if (plan_env(&scratch, run->bare_env, ws, tmp) != CI_OK) {
+        for (size_t i = 0; i < scratch.n_strs; i++)
+            free(scratch.strs[i]);
+        free(scratch.strs);
+        memset(run->bare_env, 0, sizeof(run->bare_env));
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    }
+    free(scratch.strs); /* the strings now belong to run->bare_env */
+    run->args.workdir = ws;
+    run->args.envp = run->bare_env;
+    run->args.drop_to_sandbox_ids = sb->outside_root;
+
+    pid_t pid = sys_clone(SIGCHLD);
+    if (pid < 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "fork");
+    if (pid == 0)
+        bare_main(&run->args);
+    run->pid = pid;
+    run->pidfd = sys_pidfd_open(pid);
+    close_child_ends(run);
+    return CI_OK;
+}
+
+ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job,
+                           struct ci_sandbox_run **ret, struct ci_error *err)
+{
+    struct ci_sandbox_run *run = calloc(1, sizeof(*run));
+    if (!run)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    run->sb = sb;
+    run->pidfd = run->sock = run->code_fd = run->out_fd = run->err_fd = run->rep_fd = -1;
+    run->wake_fd = run->ws_fd = run->bare_dir_fd = -1;
+    for (int i = 0; i < FD_COUNT; i++)
+        run->args.fds[i] = -1;
+    run->args.sb = sb;
+    atomic_init(&run->cancel_requested, false);
+    run->code = job->code;
+    run->code_len = job->code_len;
+    run->timeout_ms = job->timeout_ms;
+    plan_limits(&run->args, sb->cfg, job);
+
+    ci_status s = digest_inputs(run, job, err);
+    if (!s)
+        s = open_channels(run, err);
+    if (!s)
+        s = sb->ns ? start_ns(run, job, err) : start_bare(run, job, err);
+    if (s) {
+        run_abort(run);
+        return s;
+    }
+    run->t_go = ci_mono_ms();
+    run->deadline = run->t_go + job->timeout_ms;
+    if (run->code_len == 0)
+        close_fd(&run->code_fd);
+    *ret = run;
+    return CI_OK;
+}
+
+void ci_sandbox_cancel(struct ci_sandbox_run *run)
+{
+    if (!run || atomic_exchange(&run->cancel_requested, true))
+        return;
+    uint64_t one = 1;
+    ssize_t w = write(run->wake_fd, &one, sizeof(one));
+    (void)w; /* the flag alone is enough: the loop also polls with a tick */
+}
+
+/* --- the I/O loop --- */
+
+struct capture {
+    struct ci_buf buf;
+    size_t cap;
+    uint64_t total;
+};
+
+/* Reads what fd has; keeps at most c->cap bytes and counts all of them.
+ * Returns false at EOF or error (the caller stops polling fd). */
+static bool drain(int fd, struct capture *c, uint8_t *scratch, size_t size, ci_status *s)
+{
+    ssize_t n = read(fd, scratch, size);
+    if (n < 0)
+        return errno == EINTR || errno == EAGAIN;
+    if (n == 0)
+        return false;
+    c->total += (uint64_t)n;
+    if (c->buf.len < c->cap) {
+        size_t keep = (size_t)n < c->cap - c->buf.len ? (size_t)n : c->cap - c->buf.len;
+        if (ci_buf_append(&c->buf, scratch, keep) != CI_OK)
+            *s = CI_ERR_NOMEM;
+    }
+    return true;
+}
+
+static void kill_run(struct ci_sandbox_run *run, enum ci_sandbox_end why,
+                     enum ci_sandbox_end *end)
+{
+    if (run->pid <= 0 || *end != CI_SANDBOX_EXITED)
+        return;
+    *end = why;
+    run->t_end = ci_mono_ms();
+    /* Init of a pid namespace: its death kills every process in it. In bare
+     * mode the process group is the best we have (plus the leader itself, in
+     * case it has not called setsid() yet). */
+    kill(run->pid, SIGKILL);
+    if (!run->sb->ns)
+        kill(-run->pid, SIGKILL);
+}
+
+static bool has_exited(struct ci_sandbox_run *run)
+{
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    if (waitid(P_PID, (id_t)run->pid, &si, WEXITED | WNOHANG | WNOWAIT | __WALL) != 0)
+        return errno == ECHILD;
+    return si.si_pid == run->pid;
+}
+
+/* Reaps init (or the bare task, after killing its group) and returns its
+ * rusage: everything it reaped is included. */
+static void reap(struct ci_sandbox_run *run, int *ret_status, struct rusage *ru)
+{
+    if (!run->sb->ns)
+        kill(-run->pid, SIGKILL); /* the leader is a zombie: the group id is still ours */
+    int st = 0;
+    memset(ru, 0, sizeof(*ru));
+    while (wait4(run->pid, &st, __WALL, ru) < 0 && errno == EINTR)
+        ;
+    *ret_status = st;
+    run->pid = 0;
+    close_fd(&run->pidfd);
+}
+
+static void take_capture(struct capture *c, char **data, size_t *len, uint64_t *total,
+                         ci_status *s)
+{
+    if (!c->buf.data && ci_buf_reserve(&c->buf, 0) != CI_OK) {
+        *s = CI_ERR_NOMEM;
+        return;
+    }
+    *total = c->total;
+    *data = (char *)ci_buf_steal(&c->buf, len);
+}
+
+static ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
+
+/* Adds fd (if open) to the poll set; returns its index or -1. */
+static int watch(struct pollfd *p, int *n, int fd, short events)
+{
+    if (fd < 0)
+        return -1;
+    p[*n] = (struct pollfd){.fd = fd, .events = events};
+    return (*n)++;
+}
+
+/* What the control socket told the parent during a run. */
+struct run_news {
+    bool have_done;
+    struct msg done;
+    bool exec_failed; /* python3 could not be executed */
+    bool broken;      /* another step failed after start */
+    char why[256];
+};
+
+/* Reads one message from the control socket; closes it at EOF. */
+static void read_news(struct ci_sandbox_run *run, struct run_news *news)
+{
+    struct msg m;
+    ci_status s = recv_msg(run, 0, &m, NULL);
+    if (s == CI_ERR_TIMEOUT)
+        return;
+    if (s != CI_OK) {
+        close_fd(&run->sock); /* EOF: init is gone (or the bare task exec'd) */
+        return;
+    }
+    if (m.type == MSG_DONE) {
+        news->done = m;
+        news->have_done = true;
+        if (!run->t_end)
+            run->t_end = ci_mono_ms();
+    } else if (m.type == MSG_FAILED) {
+        describe_failure(run->sb, &m, news->why, sizeof(news->why));
+        if (m.step == STEP_EXEC)
+            news->exec_failed = true;
+        else
+            news->broken = true;
+    }
+}
+
+ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *ret)
+{
+    const struct ci_sandbox *sb = run->sb;
+    const size_t scratch_size = 64 * 1024;
+    uint8_t *scratch = malloc(scratch_size);
+    if (!scratch) {
+        run_abort(run);
+        return CI_ERR_NOMEM;
+    }
+    struct capture out = {CI_BUF_INIT, sb->cfg->limits.max_output_bytes, 0};
+    struct capture errc = {CI_BUF_INIT, sb->cfg->limits.max_output_bytes, 0};
+    struct capture rep = {CI_BUF_INIT, REPORT_CAP, 0};
+    enum ci_sandbox_end end = CI_SANDBOX_EXITED;
+    struct run_news news = {0};
+    int init_status = 0;
+    struct rusage ru = {0};
+    int64_t drain_until = 0;
+    ci_status s = CI_OK;
+
+    for (;;) {
+        int64_t now = ci_mono_ms();
+        if (run->pid > 0) {
+            if (atomic_load(&run->cancel_requested) || s != CI_OK)
+                kill_run(run, CI_SANDBOX_CANCELLED, &end);
+            else if (now >= run->deadline)
+                kill_run(run, CI_SANDBOX_TIMED_OUT, &end);
+        }
+        /* Without a pidfd, and after a kill, look for the exit directly. */
+        if (run->pid > 0 && (run->pidfd < 0 || end != CI_SANDBOX_EXITED) && has_exited(run)) {
+            if (!run->t_end)
+                run->t_end = now;
+            reap(run, &init_status, &ru);
+            drain_until = now + DRAIN_MS;
+        }
+        bool pipes_open = run->out_fd >= 0 || run->err_fd >= 0 || run->rep_fd >= 0;
+        if (run->pid == 0 && (!pipes_open || now >= drain_until))
+            break;
+
+        struct pollfd p[7];
+        int n = 0;
+        int i_out = watch(p, &n, run->out_fd, POLLIN);
+        int i_err = watch(p, &n, run->err_fd, POLLIN);
+        int i_rep = watch(p, &n, run->rep_fd, POLLIN);
+        int i_code = watch(p, &n, run->code_fd, POLLOUT);
+        int i_pid = watch(p, &n, run->pid > 0 ? run->pidfd : -1, POLLIN);
+        int i_wake = watch(p, &n, run->wake_fd, POLLIN);
+        int i_sock = watch(p, &n, run->sock, POLLIN);
+        int64_t wait_ms = run->pid > 0 ? run->deadline - now : drain_until - now;
+        if (run->pid > 0 && run->pidfd < 0 && wait_ms > 50)
+            wait_ms = 50;
+        if (run->pid > 0 && end != CI_SANDBOX_EXITED && wait_ms > 20)
+            wait_ms = 20; /* killed: it is gone in a moment */
+        wait_ms = wait_ms < 0 ? 0 : wait_ms > 1000 ? 1000 : wait_ms;
+        int r = poll(p, (nfds_t)n, (int)wait_ms);
+        if (r < 0 && errno != EINTR) {
+            news.broken = true;
+            snprintf(news.why, sizeof(news.why), "poll failed: %s", strerror(errno));
+            kill_run(run, CI_SANDBOX_CANCELLED, &end);
+            continue;
+        }
+        if (r <= 0)
+            continue;
+        if (i_out >= 0 && p[i_out].revents && !drain(run->out_fd, &out, scratch, scratch_size, &s))
+            close_fd(&run->out_fd);
+        if (i_err >= 0 && p[i_err].revents && !drain(run->err_fd, &errc, scratch, scratch_size, &s))
+            close_fd(&run->err_fd);
+        if (i_rep >= 0 && p[i_rep].revents && !drain(run->rep_fd, &rep, scratch, scratch_size, &s))
+            close_fd(&run->rep_fd);
+        if (i_code >= 0 && p[i_code].revents) {
+            ssize_t w = send(run->code_fd, run->code + run->code_off,
+                             run->code_len - run->code_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0)
+                run->code_off += (size_t)w;
+            /* All sent (the close is the driver's EOF), or nobody reads any more. */
+            if ((w < 0 && errno != EAGAIN && errno != EINTR) || run->code_off == run->code_len)
+                close_fd(&run->code_fd);
+        }
+        if (i_wake >= 0 && p[i_wake].revents) {
+            uint64_t v;
+            ssize_t rd = read(run->wake_fd, &v, sizeof(v));
+            (void)rd; /* the flag is what counts */
+        }
+        if (i_sock >= 0 && p[i_sock].revents)
+            read_news(run, &news);
+        if (i_pid >= 0 && p[i_pid].revents && run->pid > 0) {
+            if (!run->t_end)
+                run->t_end = ci_mono_ms();
+            reap(run, &init_status, &ru);
+            drain_until = ci_mono_ms() + DRAIN_MS;
+        }
+    }
+    /* Every process of the sandbox is gone (bare mode: every one we can reach).
+     * A last message may still sit in the socket. */
+    while (run->sock >= 0 && !news.have_done) {
+        int before = run->sock;
+        bool had = news.have_done;
+        read_news(run, &news);
+        if (run->sock == before && news.have_done == had)
+            break;
+    }
+    close_fd(&run->code_fd);
+    free(scratch);
+
+    struct ci_sandbox_result r;
+    memset(&r, 0, sizeof(r));
+    r.end = end;
+    r.exec_failed = news.exec_failed;
+    if (sb->ns && news.have_done) {
+        /* init's own accounting of what it reaped: exact for the task. */
+        r.has_status = true;
+        r.status = news.done.status;
+        r.outcome.cpu_ms = (uint64_t)(news.done.utime_us + news.done.stime_us) / 1000;
+        r.outcome.memory_mb = (uint32_t)((news.done.maxrss_kb + 1023) / 1024);
+    } else {
+        if (!sb->ns && end == CI_SANDBOX_EXITED) {
+            r.has_status = true;
+            r.status = init_status;
+        }
+        r.outcome.cpu_ms = (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000 +
+                           (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
+        r.outcome.memory_mb = (uint32_t)((ru.ru_maxrss + 1023) / 1024);
+    }
+    if (end == CI_SANDBOX_EXITED && !r.has_status && !news.broken) {
+        news.broken = true;
+        snprintf(news.why, sizeof(news.why),
+                 "the sandbox's init ended without a report (wait status 0x%x)",
+                 (unsigned)init_status);
+    }
+    if (news.broken)
+        r.end = CI_SANDBOX_BROKEN;
+    int64_t t_end = run->t_end ? run->t_end : ci_mono_ms();
+    r.outcome.duration_ms = t_end > run->t_go ? (uint64_t)(t_end - run->t_go) : 0;
+    snprintf(r.outcome.isolation, sizeof(r.outcome.isolation), "%s", sb->isolation);
+    uint64_t rep_total = 0;
+    take_capture(&out, &r.outcome.out, &r.outcome.out_len, &r.outcome.out_total, &s);
+    take_capture(&errc, &r.outcome.err, &r.outcome.err_len, &r.outcome.err_total, &s);
+    take_capture(&rep, &r.report, &r.report_len, &rep_total, &s);
+    if (!s && (news.broken || news.exec_failed) && !(r.outcome.error = strdup(news.why)))
+        s = CI_ERR_NOMEM;
+    if (!s && run->ws_fd >= 0)
+        s = collect_artifacts(run, &r);
+    ci_buf_release(&out.buf);
+    ci_buf_release(&errc.buf);
+    ci_buf_release(&rep.buf);
+    run_free(run);
+    if (s) {
+        ci_sandbox_result_release(&r);
+        return s;
+    }
+    *ret = r;
+    return CI_OK;
+}
+
+void ci_sandbox_result_release(struct ci_sandbox_result *r)
+{
+    if (!r)
+        return;
+    ci_outcome_release(&r->outcome);
+    free(r->report);
+    free(r->artifact_note);
+    memset(r, 0, sizeof(*r));
+}
+
+/* --- artifacts --- */
+
+struct walk {
+    struct ci_sandbox_run *run;
+    struct ci_artifact *items;
+    size_t n, cap;
+    uint64_t used, limit;
+    unsigned entries;
+    dev_t dev;
+    struct ci_buf skipped; /* "'a.png', 'b.csv'" */
+    unsigned n_skipped;
+    bool too_many;
+    ci_status s;
+};
+
+/* Opens name in dirfd without leaving it: no symlink, no magic link, no
+ * other mount, no "..". openat2() where the kernel has it; names are single
+ * components, so O_NOFOLLOW plus the st_dev check is the same elsewhere. */
+static int open_beneath(int dirfd, const char *name, int flags)
+{
+    struct open_how how = {.flags = (uint64_t)flags,
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+                                      RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
+    int fd = sys_openat2(dirfd, name, &how);
+    if (fd < 0 && errno == ENOSYS)
+        fd = openat(dirfd, name, flags);
+    return fd;
+}
+
+/* Names we hand on: valid UTF-8 without control characters. */
+static bool artifact_name_ok(const char *name)
+{
+    const unsigned char *p = (const unsigned char *)name;
+    size_t len = strlen(name);
+    if (len == 0 || len > 255)
+        return false;
+    for (size_t i = 0; i < len;) {
+        unsigned char c = p[i];
+        if (c < 0x20 || c == 0x7f)
+            return false;
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+        if (n == 0 || i + n > len)
+            return false;
+        for (size_t k = 1; k < n; k++)
+            if ((p[i + k] & 0xc0) != 0x80)
+                return false;
+        i += n;
+    }
+    return true;
+}
+
+static bool ends_with_csv(const char *name)
+{
+    size_t len = strlen(name);
+    return len >= 4 && strcasecmp(name + len - 4, ".csv") == 0;
+}
+
+static void note_skipped(struct walk *w, const char *rel)
+{
+    w->n_skipped++;
+    if (w->n_skipped <= 5 &&
+        ci_buf_appendf(&w->skipped, "%s'%s'", w->skipped.len ? ", " : "", rel) != CI_OK)
+        w->s = CI_ERR_NOMEM;
+}
+
+static bool unchanged_input(const struct walk *w, const char *rel, const char *sha)
+{
+    for (size_t i = 0; i < w->run->n_inputs; i++)
+        if (strcmp(w->run->inputs[i].name_copy, rel) == 0)
+            return strcmp(w->run->inputs[i].sha256, sha) == 0;
+    return false;
+}
+
+static void consider_file(struct walk *w, int fd, const char *rel, const struct stat *st)
+{
+    static const uint8_t png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    uint8_t head[8];
+    ssize_t hn = pread(fd, head, sizeof(head), 0);
+    bool png = hn == (ssize_t)sizeof(head) && memcmp(head, png_magic, sizeof(head)) == 0;
+    bool csv = !png && ends_with_csv(rel);
+    if (!png && !csv)
+        return;
+    uint64_t size = (uint64_t)st->st_size;
+    if (size > w->limit - w->used) {
+        note_skipped(w, rel);
+        return;
+    }
+    uint8_t *data = malloc(size + 1);
+    if (!data) {
+        w->s = CI_ERR_NOMEM;
+        return;
+    }
+    size_t got = 0;
+    while (got <= size) { /* one byte more than expected: the file must not have grown */
+        ssize_t n = pread(fd, data + got, size + 1 - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    if (got != size || (csv && memchr(data, 0, size))) {
+        free(data);
+        return;
+    }
+    char sha[65];
+    ci_sha256_hex(data, size, sha);
+    if (!strchr(rel, '/') && unchanged_input(w, rel, sha)) {
+        free(data);
+        return;
+    }
+    if (w->n == w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 8;
+        struct ci_artifact *p = realloc(w->items, cap * sizeof(*p));
+        if (!p) {
+            free(data);
+            w->s = CI_ERR_NOMEM;
+            return;
+        }
+        w->items = p;
+        w->cap = cap;
+    }
+    struct ci_artifact *a = &w->items[w->n];
+    memset(a, 0, sizeof(*a));
+    a->name = strdup(rel);
+    a->mime_type = strdup(png ? "image/png" : "text/csv");
+    if (!a->name || !a->mime_type) {
+        free(a->name);
+        free(a->mime_type);
+        free(data);
+        w->s = CI_ERR_NOMEM;
+        return;
+    }
+    a->data = data;
+    a->len = size;
+    memcpy(a->sha256, sha, sizeof(sha));
+    w->n++;
+    w->used += size;
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Lists dirfd's names (sorted) without following anything. */
+static char **list_dir(int dirfd, size_t budget, size_t *ret_n, bool *truncated)
+{
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return NULL;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (n == budget) {
+            *truncated = true;
+            break;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **p = realloc(names, cap * sizeof(*p));
+            if (!p)
+                break;
+            names = p;
+        }
+        if (!(names[n] = strdup(e->d_name)))
+            break;
+        n++;
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof(*names), cmp_names);
+    *ret_n = n;
+    return names;
+}
+
+static void walk_dir(struct walk *w, int dirfd, const char *prefix, int depth)
+{
+    size_t n = 0;
+    bool truncated = false;
+    char **names = list_dir(dirfd, ARTIFACT_MAX_ENTRIES - w->entries, &n, &truncated);
+    if (truncated)
+        w->too_many = true;
+    w->entries += (unsigned)n;
+    for (size_t i = 0; i < n && !w->s; i++) {
+        const char *name = names[i];
+        if (!artifact_name_ok(name))
+            continue;
+        char *rel = NULL;
+        if (asprintf(&rel, "%s%s%s", prefix, *prefix ? "/" : "", name) < 0) {
+            w->s = CI_ERR_NOMEM;
+            break;
+        }
+        int fd = open_beneath(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY |
+                                               O_CLOEXEC);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == w->dev) {
+            if (S_ISDIR(st.st_mode) && depth < ARTIFACT_MAX_DEPTH)
+                walk_dir(w, fd, rel, depth + 1);
+            else if (S_ISREG(st.st_mode) && st.st_nlink == 1)
+                consider_file(w, fd, rel, &st);
+        }
+        if (fd >= 0)
+            close(fd);
+        free(rel);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+static ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r)
+{
+    struct walk w = {.run = run, .limit = run->sb->cfg->limits.max_artifact_bytes,
+                     .skipped = CI_BUF_INIT};
+    struct stat st;
+    if (fstat(run->ws_fd, &st) != 0)
+        return CI_OK;
+    w.dev = st.st_dev;
+    walk_dir(&w, run->ws_fd, "", 1);
+    struct ci_buf note = CI_BUF_INIT;
+    if (!w.s && w.n_skipped) {
+        double mib = (double)w.limit / (1024.0 * 1024.0);
+        if (ci_buf_appendf(&note, "artifacts exceed %.4g MiB in all; %s%s %s not kept", mib,
+                           (const char *)w.skipped.data,
+                           w.n_skipped > 5 ? " and others" : "",
+                           w.n_skipped > 1 ? "were" : "was") != CI_OK)
+            w.s = CI_ERR_NOMEM;
+    }
+    if (!w.s && w.too_many &&
+        ci_buf_appendf(&note, "%sthe workspace holds more than %d entries; only the first "
+                       "%d were looked at for artifacts", note.len ? "; " : "",
+                       ARTIFACT_MAX_ENTRIES, ARTIFACT_MAX_ENTRIES) != CI_OK)
+        w.s = CI_ERR_NOMEM;
+    ci_buf_release(&w.skipped);
+    if (w.s) {
+        for (size_t i = 0; i < w.n; i++)
+            ci_artifact_release(&w.items[i]);
+        free(w.items);
+        ci_buf_release(&note);
+        return w.s;
+    }
+    r->outcome.artifacts = w.items;
+    r->outcome.n_artifacts = w.n;
+    r->artifact_note = note.len ? (char *)ci_buf_steal(&note, NULL) : NULL;
+    ci_buf_release(&note);
+    return CI_OK;
+}
+
+/* Removes a bare-mode task directory's content, fd-relative, following
+ * nothing. Depth-limited: a deeper tree is left behind. */
+static void remove_tree_at(int dirfd, int depth)
+{
+    size_t n = 0;
+    bool truncated = false;
+    char **names = list_dir(dirfd, 100000, &n, &truncated);
+    for (size_t i = 0; i < n; i++) {
+        if (unlinkat(dirfd, names[i], 0) != 0 && (errno == EISDIR || errno == EPERM) &&
+            depth < 64) {
+            int fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (fd >= 0) {
+                remove_tree_at(fd, depth + 1);
+                close(fd);
+            }
+            unlinkat(dirfd, names[i], AT_REMOVEDIR);
+        }
+        free(names[i]);
+    }
+    free(names);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 5. The probe                                                            */
+/* ---------------------------------------------------------------------- */
+
+/* Can this machine clone with flags? The child exits at once. */
+static int try_clone(unsigned long flags)
+{
+    pid_t pid = sys_clone(flags | SIGCHLD);
+    if (pid == 0)
+        _exit(0);
+    if (pid < 0)
+        return errno;
+    int st;
+    while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR)
+        ;
+    return 0;
+}
+
+/* Runs `pass` through the whole machinery; returns CI_OK when it exited 0. */
+static ci_status probe_run(struct ci_sandbox *sb, struct ci_error *err)
+{
+    static const char code[] = "pass\n";
+    struct ci_sandbox_job job = {.code = code, .code_len = sizeof(code) - 1,
+                                 .timeout_ms = 20000, .memory_mb = 1024};
+    struct ci_sandbox_run *run;
+    ci_status s = ci_sandbox_start(sb, &job, &run, err);
+    if (s)
+        return s;
+    struct ci_sandbox_result r;
+    if ((s = ci_sandbox_wait(run, &r)))
+        return ci_error_set(err, s, "out of memory");
+    if (r.end != CI_SANDBOX_EXITED || !r.has_status || r.status != 0) {
+        size_t len = r.outcome.err_len > 200 ? 200 : r.outcome.err_len;
+        s = ci_error_set(err, CI_ERR_UNSUPPORTED,
+                         "%s could not run the driver: %s (wait status 0x%x, stderr: %.*s)",
+                         sb->cfg->local.python,
+                         r.outcome.error ? r.outcome.error : "it failed",
+                         (unsigned)r.status, (int)len, r.outcome.err ? r.outcome.err : "");
+    }
+    ci_sandbox_result_release(&r);
+    return s;
+}
+
+ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe *ret)
+{
+    struct ci_sandbox_probe p;
+    memset(&p, 0, sizeof(p));
+    p.requested = cfg->local.isolation;
+
+    /* One clone per layer (each with a user namespace, as the sandbox does). */
+    p.layer_errno[CI_LAYER_USER] = try_clone(CLONE_NEWUSER);
+    p.layer_ok[CI_LAYER_USER] = p.layer_errno[CI_LAYER_USER] == 0;
+    unsigned long flags = 0;
+    bool all_required = true;
+    char ebuf[128];
+    for (int i = 0; i < CI_LAYER_COUNT; i++) {
+        if (i != CI_LAYER_USER) {
+            p.layer_errno[i] = p.layer_ok[CI_LAYER_USER]
+                                   ? try_clone(CLONE_NEWUSER | layers[i].flag)
+                                   : p.layer_errno[CI_LAYER_USER];
+            p.layer_ok[i] = p.layer_errno[i] == 0;
+        }
+        if (p.layer_ok[i])
+            flags |= layers[i].flag;
+        else if (layers[i].required && all_required) {
+            all_required = false;
+            snprintf(p.failure, sizeof(p.failure),
+                     "%s namespaces are not available: clone(%s%s): %s", layers[i].noun,
+                     i == CI_LAYER_USER ? "" : "CLONE_NEWUSER|", layers[i].flag_name,
+                     strerror_r(p.layer_errno[i], ebuf, sizeof(ebuf)));
+        }
+    }
+
+    /* The whole sandbox, with /proc, then without it if /proc is what failed. */
+    struct ci_error err = {{0}};
+    if (all_required) {
+        p.proc_ok = true;
+        for (int attempt = 0; attempt < 2 && !p.setup_ok; attempt++) {
+            struct ci_sandbox *sb = NULL;
+            ci_status s = sandbox_build(cfg, flags, p.proc_ok, &sb, &err);
+            if (s == CI_ERR_NOMEM)
+                return s;
+            if (!s)
+                s = probe_run(sb, &err);
+            ci_sandbox_free(sb);
+            if (!s) {
+                p.setup_ok = p.python_ok = true;
+                break;
+            }
+            if (p.proc_ok && strstr(err.msg, "mount /proc")) {
+                p.proc_ok = false; /* try again without a fresh /proc */
+                continue;
+            }
+            snprintf(p.failure, sizeof(p.failure), "%s", err.msg);
+            break;
+        }
+        if (!p.setup_ok)
+            p.proc_ok = false;
+    }
+
+    p.sandboxed = p.setup_ok && p.requested != CI_ISOLATION_NONE;
+    if (p.sandboxed)
+        isolation_string(flags, p.isolation, sizeof(p.isolation));
+    else
+        snprintf(p.isolation, sizeof(p.isolation), "none");
+    if (!p.sandboxed && p.requested != CI_ISOLATION_REQUIRED) {
+        /* The fallback must at least run python. */
+        struct ci_sandbox *sb = NULL;
+        ci_status s = sandbox_build(cfg, 0, false, &sb, &err);
+        if (s == CI_ERR_NOMEM)
+            return s;
+        if (!s)
+            s = probe_run(sb, &err);
+        ci_sandbox_free(sb);
+        p.python_ok = s == CI_OK;
+        if (s && !p.failure[0])
+            snprintf(p.failure, sizeof(p.failure), "%s", err.msg);
+        if (p.requested == CI_ISOLATION_AUTO)
+            snprintf(p.warning, sizeof(p.warning),
+                     "tasks run WITHOUT a sandbox (isolation: auto): %.440s", p.failure);
+    }
+    *ret = p;
+    return CI_OK;
+}
+
+void ci_sandbox_probe_print(const struct ci_sandbox_probe *p, FILE *out)
+{
+    char ebuf[128];
+    for (int i = 0; i < CI_LAYER_COUNT; i++) {
+        if (p->layer_ok[i])
+            fprintf(out, "%s: ok\n", layers[i].name);
+        else
+            fprintf(out, "%s: FAILED (%s)%s\n", layers[i].name,
+                    strerror_r(p->layer_errno[i], ebuf, sizeof(ebuf)),
+                    layers[i].required ? "" : " - optional");
+    }
+    fprintf(out, "proc: %s\n", p->proc_ok ? "ok" : "unavailable (the sandbox's /proc stays empty)");
+    fprintf(out, "root (tmpfs, read-only binds, pivot_root): %s\n", p->setup_ok ? "ok" : "FAILED");
+    fprintf(out, "python: %s\n", p->python_ok ? "ok" : "FAILED");
+    static const char *const modes[] = {[CI_ISOLATION_AUTO] = "auto",
+                                        [CI_ISOLATION_REQUIRED] = "required",
+                                        [CI_ISOLATION_NONE] = "none"};
+    const char *req = (unsigned)p->requested < 3 ? modes[p->requested] : "?";
+    if (p->sandboxed)
+        fprintf(out, "mode: sandbox (%s), isolation %s\n", p->isolation, req);
+    else if (p->requested == CI_ISOLATION_REQUIRED)
+        fprintf(out, "mode: REFUSED - isolation is required: %s\n", p->failure);
+    else if (p->requested == CI_ISOLATION_NONE)
+        fprintf(out, "mode: NO SANDBOX (isolation: none)\n");
+    else
+        fprintf(out, "mode: NO SANDBOX - %s\n", p->warning);
+    if (p->failure[0] && p->sandboxed)
+        fprintf(out, "note: %s\n", p->failure);
+}
+
+ci_status ci_sandbox_new(const struct ci_config *cfg, const struct ci_sandbox_probe *probe,
+                         struct ci_sandbox **ret, struct ci_error *err)
+{
+    if (!probe->sandboxed && cfg->local.isolation == CI_ISOLATION_REQUIRED)
+        return ci_error_set(err, CI_ERR_UNSUPPORTED,
+                            "the sandbox is required (local.isolation: required) but %s",
+                            probe->failure[0] ? probe->failure : "it is unavailable");
+    if (!probe->python_ok)
+        return ci_error_set(err, CI_ERR_UNSUPPORTED, "python cannot run: %s", probe->failure);
+    unsigned long flags = 0;
+    if (probe->sandboxed)
+        for (int i = 0; i < CI_LAYER_COUNT; i++)
+            if (probe->layer_ok[i])
+                flags |= layers[i].flag;
+    return sandbox_build(cfg, flags, probe->proc_ok, ret, err);
+}

@@ -1,1 +1,153 @@
-/* placeholder: filled in by its module's author */
+/* sandbox.h - runs one Python task in a fresh Linux namespace sandbox.
+ *
+ * The mechanism only: namespaces, a new root filesystem, one unprivileged
+ * id, rlimits, the I/O loop and the artifact walk. What an outcome means for
+ * the agent (error and hint sentences) is decided in provider_local.c.
+ *
+ * Shape of a sandbox (read sandbox.c top to bottom for the details):
+ *
+ *   worker ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS[|NEWCGROUP])──▶ init (pid 1)
+ *     writes uid_map/gid_map, waits for READY + the /workspace fd, writes
+ *     the inputs through that fd, sends GO; then polls stdout, stderr, the
+ *     report pipe, the code socket, init's pidfd and a cancel eventfd.
+ *   init: builds a tmpfs root (read-only /usr, a few /etc files, a minimal
+ *     /dev, a fresh /proc, tmpfs /workspace and /tmp), pivot_root()s into it,
+ *     drops every privilege, forks the task and reaps every process until the
+ *     task exits. Killing init kills the whole pid namespace: that is how a
+ *     timeout or a cancel stops everything, orphans included.
+ *   task: setsid, rlimits, exec python3 -I -B -c <driver.py>; the code on
+ *     stdin, the driver's report on fd 3.
+ *
+ * When the machine cannot create the namespaces (and local.isolation is not
+ * `required`), or when local.isolation is `none`, a run is a plain fork with
+ * the same rlimits, its own process group and a private 0700 temp directory:
+ * no isolation at all, and every result says "none".
+ *
+ * Threads: the worker is multi-threaded, so nothing between clone() and
+ * execve() allocates, takes a lock or calls a glibc wrapper that signals
+ * other threads (set*id go through syscall()). Everything the child needs is
+ * prepared before the clone. */
+#ifndef CI_SANDBOX_H
+#define CI_SANDBOX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h"
+#include "provider.h"
+#include "status.h"
+
+/* The Python driver (runtime/driver.py), compiled in by cmake/embed.cmake. */
+extern const char ci_driver_py[];
+extern const size_t ci_driver_py_len;
+
+/* Namespace layers, in the order they are named in an isolation string. */
+enum ci_sandbox_layer {
+    CI_LAYER_USER,
+    CI_LAYER_PID,
+    CI_LAYER_NET,
+    CI_LAYER_MNT,
+    CI_LAYER_IPC,
+    CI_LAYER_UTS,
+    CI_LAYER_CGROUP, /* cgroup namespace: optional, used when it works */
+    CI_LAYER_COUNT,
+};
+
+/* What this machine allows, found by actually doing it once. */
+struct ci_sandbox_probe {
+    bool layer_ok[CI_LAYER_COUNT];
+    int layer_errno[CI_LAYER_COUNT]; /* why a layer failed (0 when ok) */
+    bool setup_ok;   /* the whole root (tmpfs, binds, pivot_root) could be built */
+    bool proc_ok;    /* a fresh /proc could be mounted; if not, /proc stays empty */
+    bool python_ok;  /* a real run of the driver with `pass` exited 0 */
+    bool sandboxed;  /* tasks will run in namespaces */
+    enum ci_isolation requested;
+    char isolation[128]; /* what a result will say: "user,pid,net,mnt,ipc,uts" or "none" */
+    char failure[512];   /* the first failure, one sentence; "" when none */
+    char warning[512];   /* for the log when `auto` fell back to no sandbox; "" otherwise */
+};
+
+/* Tries every layer the sandbox needs (clone with each namespace, the uid
+ * map, the tmpfs root with /proc and pivot_root, then python3 with the
+ * driver) and decides the mode for cfg->local.isolation. Returns CI_OK when
+ * the probe itself could run, whatever it found: ret->sandboxed says whether
+ * tasks will be sandboxed, ret->failure why not (with isolation `required`,
+ * ci_sandbox_new() then refuses). An error only when the probe could not run
+ * at all (out of memory). Takes ~0.1 s. */
+ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe *ret);
+
+/* Prints one line per layer ("user: ok", "net: FAILED (Operation not
+ * permitted)", ...) and the mode that will run. For `ci-worker --probe`. */
+void ci_sandbox_probe_print(const struct ci_sandbox_probe *p, FILE *out);
+
+/* A prepared sandbox: every path, mount option, argv and environment string
+ * a run needs, built once. Safe to use from several threads at once. */
+struct ci_sandbox;
+
+/* Prepares a sandbox for cfg (borrowed for the sandbox's life) in the mode
+ * the probe chose. Fails when probe says the sandbox is required but
+ * unavailable, or when local.python is missing or outside /usr. */
+ci_status ci_sandbox_new(const struct ci_config *cfg, const struct ci_sandbox_probe *probe,
+                         struct ci_sandbox **ret, struct ci_error *err);
+void ci_sandbox_free(struct ci_sandbox *sb);
+/* The isolation string every result of this sandbox carries. */
+const char *ci_sandbox_isolation(const struct ci_sandbox *sb);
+
+/* One task for the sandbox; borrowed until ci_sandbox_start() returns. */
+struct ci_sandbox_job {
+    const char *code;
+    size_t code_len;
+    const struct ci_file *files;
+    size_t n_files;
+    uint32_t timeout_ms;
+    uint32_t memory_mb;
+};
+
+enum ci_sandbox_end {
+    CI_SANDBOX_EXITED,    /* the task process ended by itself; see status */
+    CI_SANDBOX_TIMED_OUT, /* the deadline passed and everything was killed */
+    CI_SANDBOX_CANCELLED, /* ci_sandbox_cancel() was called and everything was killed */
+    CI_SANDBOX_BROKEN,    /* the sandbox failed after start; see outcome.error */
+};
+
+/* What a run produced, before interpretation. */
+struct ci_sandbox_result {
+    enum ci_sandbox_end end;
+    bool has_status;
+    int status;         /* the task process's raw wait status, when has_status */
+    bool exec_failed;   /* python3 could not be executed */
+    /* out/err/totals, artifacts, duration_ms, cpu_ms, memory_mb, isolation
+     * are filled; kind, exit_code, error and hint are left to the caller
+     * (error is set only for CI_SANDBOX_BROKEN). */
+    struct ci_outcome outcome;
+    char *report;       /* the driver's report (NUL-separated key, value pairs) */
+    size_t report_len;
+    char *artifact_note; /* "artifacts exceed 20 MiB; 'x.png' was not kept", or NULL */
+};
+
+void ci_sandbox_result_release(struct ci_sandbox_result *r);
+
+struct ci_sandbox_run;
+
+/* Builds a fresh sandbox, writes the inputs into /workspace and starts the
+ * code; returns as soon as the code runs. The deadline (job->timeout_ms)
+ * starts now. On failure nothing is left running and err says which setup
+ * step failed. The thread that calls this must outlive the run: init gets
+ * SIGKILL when it exits (PR_SET_PDEATHSIG is per thread). */
+ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job,
+                           struct ci_sandbox_run **ret, struct ci_error *err);
+
+/* Collects output until the task ends, the deadline passes or a cancel
+ * arrives; kills every process of the sandbox, reaps them, then reads the
+ * artifacts. Frees run. Returns CI_OK with ret filled (a broken run is
+ * CI_SANDBOX_BROKEN, not an error), or CI_ERR_NOMEM. */
+ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *ret);
+
+/* Asks the run to stop: wait() kills everything and returns
+ * CI_SANDBOX_CANCELLED within a second. Callable from any thread between
+ * start() and the end of wait(); never signals a process itself. */
+void ci_sandbox_cancel(struct ci_sandbox_run *run);
+
+#endif
