@@ -1,1 +1,668 @@
-int main(void) { return 77; }
+/* test_sandbox.c - runs the REAL sandbox (no mocks): namespaces, python3,
+ * the driver. Needs user namespaces; without them it exits 77 loudly. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "provider.h"
+#include "sandbox.h"
+#include "testutil.h"
+#include "util.h"
+
+static struct ci_config *cfg;
+static struct ci_provider *prov;
+
+static struct ci_config *make_config(enum ci_isolation isolation)
+{
+    struct ci_config *c = calloc(1, sizeof(*c));
+    c->worker.provider = "local";
+    c->limits.default_timeout_ms = 60000;
+    c->limits.max_timeout_ms = 60000;
+    c->limits.default_memory_mb = 1024;
+    c->limits.max_memory_mb = 4096;
+    c->limits.max_code_bytes = 1 << 20;
+    c->limits.max_input_bytes = 20 << 20;
+    c->limits.max_artifact_bytes = 20 << 20;
+    c->limits.max_output_bytes = 1 << 20;
+    c->local.isolation = isolation;
+    c->local.python = "/usr/bin/python3";
+    c->local.sandbox_uid = 65534;
+    c->local.sandbox_gid = 65534;
+    c->local.workspace_mb = 256;
+    c->local.tmp_mb = 64;
+    c->local.max_processes = 64;
+    c->local.max_open_files = 256;
+    return c;
+}
+
+static ci_status run_with(struct ci_provider *p, const char *code, const struct ci_file *files,
+                          size_t n_files, uint32_t timeout_ms, uint32_t memory_mb,
+                          struct ci_outcome *o)
+{
+    struct ci_task task = {.task_id = "t1", .runtime = "python-data-analysis-v1",
+                           .code = code, .code_len = strlen(code), .files = files,
+                           .n_files = n_files, .timeout_ms = timeout_ms,
+                           .memory_mb = memory_mb};
+    struct ci_run *run;
+    struct ci_error err = {{0}};
+    ci_status s = ci_provider_start(p, &task, &run, &err);
+    if (s) {
+        fprintf(stderr, "start failed: %s\n", err.msg);
+        return s;
+    }
+    s = ci_provider_wait(p, run, o);
+    if (!s && getenv("TEST_VERBOSE"))
+        fprintf(stderr, "--- kind %d exit %d mem %u MiB cpu %llu ms %llu ms\nout: %.300s\n"
+                "err: %.2000s\nerror: %s\nhint: %s\n",
+                o->kind, o->exit_code, o->memory_mb, (unsigned long long)o->cpu_ms,
+                (unsigned long long)o->duration_ms, o->out, o->err,
+                o->error ? o->error : "-", o->hint ? o->hint : "-");
+    return s;
+}
+
+static ci_status run_code(const char *code, struct ci_outcome *o)
+{
+    return run_with(prov, code, NULL, 0, 20000, 1024, o);
+}
+
+static const struct ci_artifact *find_artifact(const struct ci_outcome *o, const char *name)
+{
+    for (size_t i = 0; i < o->n_artifacts; i++)
+        if (strcmp(o->artifacts[i].name, name) == 0)
+            return &o->artifacts[i];
+    return NULL;
+}
+
+/* Is a process whose command line contains marker alive on the host? */
+static bool process_with_marker(const char *marker)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return false;
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        char path[300], buf[4096];
+        snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        for (ssize_t i = 0; i < n; i++)
+            if (buf[i] == '\0')
+                buf[i] = ' ';
+        buf[n] = '\0';
+        found = strstr(buf, marker) != NULL;
+    }
+    closedir(d);
+    return found;
+}
+
+static void t_print(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("print(1)", &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED);
+    CHECK(o.has_exit_code && o.exit_code == 0);
+    CHECK_STR(o.out, "1\n");
+    CHECK(o.out_total == 2);
+    CHECK(o.err_len == 0);
+    CHECK(o.error == NULL);
+    CHECK_CONTAINS(o.isolation, "user,pid,net,mnt,ipc,uts");
+    CHECK(o.memory_mb > 0 && o.memory_mb < 200);
+    CHECK(o.n_artifacts == 0);
+    ci_outcome_release(&o);
+}
+
+static void t_exception(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("def f():\n    raise ValueError('boom')\nf()\n", &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED);
+    CHECK(o.exit_code == 1);
+    CHECK_CONTAINS(o.err, "Traceback (most recent call last)");
+    CHECK_CONTAINS(o.err, "File \"main.py\", line 2, in f");
+    CHECK_CONTAINS(o.err, "raise ValueError('boom')"); /* the source line is shown */
+    CHECK(strstr(o.err, "<string>") == NULL);        /* no driver frames */
+    CHECK_STR(o.error, "ValueError: boom");
+    ci_outcome_release(&o);
+
+    REQUIRE(run_code("x = (\n", &o) == CI_OK);
+    CHECK(o.exit_code == 1);
+    CHECK_CONTAINS(o.error, "SyntaxError");
+    ci_outcome_release(&o);
+
+    REQUIRE(run_code("import sys\nprint('bye')\nsys.exit(3)\n", &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 3);
+    CHECK_STR(o.out, "bye\n");
+    CHECK_STR(o.error, "the code exited with code 3");
+    ci_outcome_release(&o);
+}
+
+static void t_hints(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("df = pd.DataFrame({'a': [1]})\n", &o) == CI_OK);
+    CHECK(o.exit_code == 1);
+    CHECK_STR(o.error, "NameError: name 'pd' is not defined");
+    CHECK_STR(o.hint, "pandas is imported as pd: add `import pandas as pd`");
+    ci_outcome_release(&o);
+
+    REQUIRE(run_code("import sklearn\n", &o) == CI_OK);
+    CHECK_CONTAINS(o.error, "sklearn");
+    CHECK_CONTAINS(o.hint, "pip is unavailable");
+    CHECK_CONTAINS(o.hint, "pandas");
+    ci_outcome_release(&o);
+
+    struct ci_file f = {.name = "present.csv", .data = (uint8_t *)"a\n1\n", .len = 4};
+    REQUIRE(run_with(prov, "open('missing.csv')\n", &f, 1, 20000, 1024, &o) == CI_OK);
+    CHECK_CONTAINS(o.error, "FileNotFoundError");
+    CHECK_CONTAINS(o.hint, "present.csv");
+    ci_outcome_release(&o);
+}
+
+static void t_inputs_with_pandas(void)
+{
+    static const char csv[] = "a,b\n1,2\n3,4\n";
+    struct ci_file files[] = {
+        {.name = "data.csv", .data = (uint8_t *)csv, .len = sizeof(csv) - 1},
+        {.name = "edit.csv", .data = (uint8_t *)csv, .len = sizeof(csv) - 1},
+    };
+    struct ci_outcome o;
+    REQUIRE(run_with(prov,
+                     "import pandas as pd\n"
+                     "df = pd.read_csv('data.csv')\n"
+                     "print(int(df.b.sum()))\n"
+                     "df.assign(c=df.a * 10).to_csv('edit.csv', index=False)\n",
+                     files, 2, 30000, 1024, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_STR(o.out, "6\n");
+    CHECK(find_artifact(&o, "data.csv") == NULL); /* unchanged input */
+    const struct ci_artifact *a = find_artifact(&o, "edit.csv");
+    CHECK(a != NULL);
+    if (a) {
+        CHECK_STR(a->mime_type, "text/csv");
+        CHECK(a->len == strlen("a,b,c\n1,2,10\n3,4,30\n"));
+        CHECK(a->len >= 6 && memcmp(a->data, "a,b,c\n", 6) == 0);
+        char sha[65];
+        ci_sha256_hex(a->data, a->len, sha);
+        CHECK_STR(a->sha256, sha);
+    }
+    ci_outcome_release(&o);
+}
+
+static void t_artifacts(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("import os\n"
+                     "import matplotlib.pyplot as plt\n"
+                     "open('out.csv', 'w').write('x,y\\n1,2\\n')\n"
+                     "os.makedirs('sub/dir')\n"
+                     "open('sub/dir/deep.CSV', 'w').write('z\\n')\n"
+                     "plt.plot([1, 2, 3])\n"
+                     "plt.savefig('figure-1.png')\n"   /* taken: the open figure becomes 2 */
+                     "plt.figure()\n"
+                     "plt.bar([1, 2], [3, 4])\n"
+                     "open('notes.txt', 'w').write('not an artifact')\n"
+                     "open('fake.png', 'w').write('not a png')\n",
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK(o.err_len == 0);
+    CHECK(find_artifact(&o, "out.csv") != NULL);
+    CHECK(find_artifact(&o, "sub/dir/deep.CSV") != NULL);
+    const struct ci_artifact *f1 = find_artifact(&o, "figure-1.png");
+    const struct ci_artifact *f2 = find_artifact(&o, "figure-2.png");
+    const struct ci_artifact *f3 = find_artifact(&o, "figure-3.png");
+    CHECK(f1 && f2 && f3);
+    if (f2) {
+        CHECK_STR(f2->mime_type, "image/png");
+        CHECK(f2->len > 8 && memcmp(f2->data, "\x89PNG\r\n\x1a\n", 8) == 0);
+    }
+    CHECK(find_artifact(&o, "figure-4.png") == NULL);
+    CHECK(find_artifact(&o, "notes.txt") == NULL);
+    CHECK(find_artifact(&o, "fake.png") == NULL);
+    CHECK(o.n_artifacts == 5);
+    ci_outcome_release(&o);
+}
+
+static void t_artifact_escapes(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("import os\n"
+                     "os.symlink('/etc/passwd', 'link.csv')\n"
+                     "os.symlink('/usr', 'usrlink')\n"
+                     "open('a.csv', 'w').write('a\\n')\n"
+                     "os.link('a.csv', 'hard.csv')\n"
+                     "os.mkfifo('fifo.csv')\n"
+                     "open('nul.csv', 'wb').write(b'a\\x00b\\n')\n"
+                     "open('ok.csv', 'w').write('ok\\n')\n"
+                     "open('bad\\nname.csv', 'w').write('x\\n')\n"
+                     "print('made')\n",
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_STR(o.out, "made\n");
+    CHECK(find_artifact(&o, "ok.csv") != NULL);
+    CHECK(find_artifact(&o, "link.csv") == NULL);
+    CHECK(find_artifact(&o, "a.csv") == NULL); /* nlink 2 */
+    CHECK(find_artifact(&o, "hard.csv") == NULL);
+    CHECK(find_artifact(&o, "fifo.csv") == NULL);
+    CHECK(find_artifact(&o, "nul.csv") == NULL);
+    CHECK(o.n_artifacts == 1);
+    ci_outcome_release(&o);
+}
+
+static void t_network(void)
+{
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    REQUIRE(l >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    REQUIRE(bind(l, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(l, 8) == 0);
+    socklen_t alen = sizeof(a);
+    REQUIRE(getsockname(l, (struct sockaddr *)&a, &alen) == 0);
+    char code[512];
+    snprintf(code, sizeof(code),
+             "import socket\n"
+             "s = socket.socket()\n"
+             "s.settimeout(2)\n"
+             "try:\n"
+             "    s.connect(('127.0.0.1', %d))\n"
+             "    print('connected')\n"
+             "except OSError as e:\n"
+             "    print('blocked', e.errno)\n",
+             ntohs(a.sin_port));
+    struct ci_outcome o;
+    REQUIRE(run_code(code, &o) == CI_OK);
+    CHECK_CONTAINS(o.out, "blocked");
+    CHECK(strstr(o.out ? o.out : "", "connected") == NULL);
+    int c = accept(l, NULL, NULL);
+    CHECK(c < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)); /* nobody came */
+    if (c >= 0)
+        close(c);
+    close(l);
+    ci_outcome_release(&o);
+
+    REQUIRE(run_code("import urllib.request\nurllib.request.urlopen('http://example.com', "
+                     "timeout=2)\n", &o) == CI_OK);
+    CHECK(o.exit_code == 1);
+    CHECK_CONTAINS(o.hint, "no network");
+    ci_outcome_release(&o);
+}
+
+static void t_host_invisible(void)
+{
+    char canary[] = "/tmp/ci-canary-XXXXXX";
+    int fd = mkstemp(canary);
+    REQUIRE(fd >= 0);
+    REQUIRE(write(fd, "secret", 6) == 6);
+    close(fd);
+    setenv("CI_TEST_SECRET_TOKEN", "hunter2", 1);
+    char code[2048];
+    snprintf(code, sizeof(code),
+             "import os, socket\n"
+             "def probe(path, mode='r'):\n"
+             "    try:\n"
+             "        with open(path, mode) as f:\n"
+             "            if 'w' in mode:\n"
+             "                f.write('x')\n"
+             "            else:\n"
+             "                f.read()\n"
+             "        return 'OPEN'\n"
+             "    except OSError as e:\n"
+             "        return 'denied'\n"
+             "print('shadow', probe('/etc/shadow'))\n"
+             "print('canary', probe('%s'))\n"
+             "print('usr', probe('/usr/evil', 'w'))\n"
+             "print('etc', probe('/etc/passwd', 'a'))\n"
+             "print('root', probe('/evil', 'w'))\n"
+             "print('uid', os.getuid(), os.getgid(), os.getgroups())\n"
+             "print('cwd', os.getcwd(), os.environ.get('HOME'))\n"
+             "print('host', socket.gethostname())\n"
+             "print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit())[:1])\n"
+             "print('secret', any('hunter2' in v for v in os.environ.values()))\n"
+             "print('env', sorted(os.environ))\n"
+             "open('/tmp/t.txt', 'w').write('tmp ok')\n"
+             "print('tmp', open('/tmp/t.txt').read())\n",
+             canary);
+    struct ci_outcome o;
+    REQUIRE(run_code(code, &o) == CI_OK);
+    CHECK(o.exit_code == 0);
+    CHECK_CONTAINS(o.out, "shadow denied\n");
+    CHECK_CONTAINS(o.out, "canary denied\n");
+    CHECK_CONTAINS(o.out, "usr denied\n");
+    CHECK_CONTAINS(o.out, "etc denied\n");
+    CHECK_CONTAINS(o.out, "root denied\n");
+    CHECK_CONTAINS(o.out, "uid 1000 1000 [");
+    CHECK_CONTAINS(o.out, "cwd /workspace /workspace\n");
+    CHECK_CONTAINS(o.out, "host sandbox\n");
+    CHECK_CONTAINS(o.out, "pids [1]\n");
+    CHECK_CONTAINS(o.out, "secret False\n");
+    CHECK_CONTAINS(o.out, "tmp tmp ok\n");
+    CHECK(strstr(o.out ? o.out : "", "CI_TEST") == NULL);
+    unsetenv("CI_TEST_SECRET_TOKEN");
+    unlink(canary);
+    ci_outcome_release(&o);
+}
+
+static void t_orphans_killed(void)
+{
+    char marker[64];
+    snprintf(marker, sizeof(marker), "ci-orphan-marker-%d-%ld", (int)getpid(), (long)time(NULL));
+    char code[1024];
+    snprintf(code, sizeof(code),
+             "import os, sys, time\n"
+             "if os.fork() == 0:\n"
+             "    os.setsid()\n"
+             "    if os.fork() == 0:\n"
+             "        os.execv(sys.executable, [sys.executable, '-c', "
+             "'import time; time.sleep(1000)', '%s'])\n"
+             "    os._exit(0)\n"
+             "time.sleep(0.5)\n"
+             "print('left an orphan')\n",
+             marker);
+    struct ci_outcome o;
+    REQUIRE(run_code(code, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_STR(o.out, "left an orphan\n");
+    CHECK(!process_with_marker(marker));
+    ci_outcome_release(&o);
+}
+
+static void t_timeout(void)
+{
+    struct ci_outcome o;
+    int64_t t0 = ci_mono_ms();
+    REQUIRE(run_with(prov, "import time\nprint('partial')\ntime.sleep(100)\n", NULL, 0, 1500,
+                     1024, &o) == CI_OK);
+    int64_t took = ci_mono_ms() - t0;
+    CHECK(o.kind == CI_OUTCOME_TIMED_OUT);
+    CHECK_STR(o.out, "partial\n");
+    CHECK_CONTAINS(o.error, "time limit of 1.5 s");
+    CHECK(o.duration_ms >= 1500 && o.duration_ms < 3000);
+    CHECK(took < 4000);
+    ci_outcome_release(&o);
+}
+
+struct cancel_arg {
+    struct ci_run *run;
+    int64_t at;
+};
+
+static void *cancel_later(void *p)
+{
+    struct cancel_arg *a = p;
+    struct timespec ts = {0, 700 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    a->at = ci_mono_ms();
+    ci_provider_cancel(prov, a->run);
+    return NULL;
+}
+
+static void t_cancel(void)
+{
+    static const char code[] = "import time\nprint('started', flush=True)\ntime.sleep(100)\n";
+    struct ci_task task = {.task_id = "c1", .code = code, .code_len = strlen(code),
+                           .timeout_ms = 20000, .memory_mb = 1024};
+    struct ci_error err = {{0}};
+    struct cancel_arg a = {0};
+    REQUIRE(ci_provider_start(prov, &task, &a.run, &err) == CI_OK);
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, cancel_later, &a) == 0);
+    struct ci_outcome o;
+    ci_status s = ci_provider_wait(prov, a.run, &o);
+    int64_t done = ci_mono_ms();
+    pthread_join(th, NULL);
+    REQUIRE(s == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_CANCELLED);
+    CHECK(done - a.at < 1000);
+    CHECK_STR(o.error, "the task was cancelled");
+    ci_outcome_release(&o);
+}
+
+static void t_output_cap(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("import sys\nsys.stdout.write('x' * (3 << 20))\n"
+                     "sys.stderr.write('e' * 10)\n", &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK(o.out_len == 1 << 20);
+    CHECK(o.out_total == 3 << 20);
+    CHECK(o.out[0] == 'x' && o.out[o.out_len - 1] == 'x' && o.out[o.out_len] == '\0');
+    CHECK(o.err_len == 10 && o.err_total == 10);
+    ci_outcome_release(&o);
+}
+
+static void t_memory(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_with(prov, "print('before')\nx = bytearray(2 << 30)\n", NULL, 0, 20000, 300,
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_MEMORY);
+    CHECK_STR(o.out, "before\n");
+    CHECK_STR(o.error, "the code exceeded the memory limit of 300 MiB");
+    CHECK(o.hint != NULL);
+    ci_outcome_release(&o);
+
+    /* Growing until it breaks, with numpy in the address space. */
+    REQUIRE(run_with(prov, "import numpy as np\nkeep = []\nwhile True:\n"
+                           "    keep.append(np.ones(8 << 20))\n", NULL, 0, 20000, 600,
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_MEMORY);
+    CHECK_CONTAINS(o.error, "memory limit of 600 MiB");
+    ci_outcome_release(&o);
+}
+
+static void t_process_limits(void)
+{
+    struct ci_outcome o;
+    /* A bounded number of processes: fork until refused. */
+    REQUIRE(run_code("import os, time\n"
+                     "n = 0\n"
+                     "try:\n"
+                     "    while n < 1000:\n"
+                     "        if os.fork() == 0:\n"
+                     "            time.sleep(30)\n"
+                     "            os._exit(0)\n"
+                     "        n += 1\n"
+                     "except OSError as e:\n"
+                     "    print('refused after', n, e.errno)\n",
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_CONTAINS(o.out, "refused after");
+    int n = -1;
+    if (o.out)
+        sscanf(o.out, "refused after %d", &n);
+    CHECK(n > 0 && n < 64);
+    ci_outcome_release(&o);
+
+    /* A real fork bomb is contained and the run ends. */
+    int64_t t0 = ci_mono_ms();
+    REQUIRE(run_with(prov, "import os\nwhile True:\n    try:\n        os.fork()\n"
+                           "    except OSError:\n        pass\n",
+                     NULL, 0, 3000, 1024, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_TIMED_OUT);
+    CHECK(ci_mono_ms() - t0 < 8000);
+    ci_outcome_release(&o);
+}
+
+struct par_arg {
+    int i;
+    bool ok;
+};
+
+static void *run_parallel(void *p)
+{
+    struct par_arg *a = p;
+    char code[64];
+    snprintf(code, sizeof(code), "print(%d * 7)\n", a->i);
+    struct ci_outcome o;
+    if (run_code(code, &o) != CI_OK)
+        return NULL;
+    char want[32];
+    snprintf(want, sizeof(want), "%d\n", a->i * 7);
+    a->ok = o.kind == CI_OUTCOME_EXITED && o.exit_code == 0 && o.out && strcmp(o.out, want) == 0;
+    ci_outcome_release(&o);
+    return NULL;
+}
+
+static void t_parallel(void)
+{
+    pthread_t th[6];
+    struct par_arg args[6];
+    for (int i = 0; i < 6; i++) {
+        args[i] = (struct par_arg){.i = i + 1};
+        REQUIRE(pthread_create(&th[i], NULL, run_parallel, &args[i]) == 0);
+    }
+    for (int i = 0; i < 6; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(args[i].ok);
+    }
+}
+
+static void t_artifact_cap(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->limits.max_artifact_bytes = 100000;
+    struct ci_provider *p = NULL;
+    struct ci_error err = {{0}};
+    REQUIRE(ci_provider_local_new(c, &p, &err) == CI_OK);
+    struct ci_outcome o;
+    REQUIRE(run_with(p, "open('a.csv', 'w').write('a' * 60000)\n"
+                        "open('b.csv', 'w').write('b' * 60000)\n", NULL, 0, 20000, 1024,
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK(o.n_artifacts == 1);
+    CHECK(find_artifact(&o, "a.csv") != NULL);
+    CHECK_CONTAINS(o.error, "'b.csv' was not kept");
+    ci_outcome_release(&o);
+    ci_provider_free(p);
+    free(c);
+}
+
+static void t_no_isolation_mode(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_NONE);
+    struct ci_provider *p = NULL;
+    struct ci_error err = {{0}};
+    REQUIRE(ci_provider_local_new(c, &p, &err) == CI_OK);
+    struct ci_outcome o;
+    struct ci_file f = {.name = "in.csv", .data = (uint8_t *)"q\n", .len = 2};
+    REQUIRE(run_with(p, "import os\nprint(open('in.csv').read().strip(), os.getuid())\n"
+                        "open('out.csv', 'w').write('x\\n')\n", &f, 1, 20000, 1024,
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    char want[64];
+    snprintf(want, sizeof(want), "q %u\n", geteuid() == 0 ? 65534u : (unsigned)geteuid());
+    CHECK_STR(o.out, want);
+    CHECK_STR(o.isolation, "none");
+    CHECK(find_artifact(&o, "out.csv") != NULL);
+    CHECK(find_artifact(&o, "in.csv") == NULL);
+    ci_outcome_release(&o);
+
+    char marker[64];
+    snprintf(marker, sizeof(marker), "ci-bare-marker-%d", (int)getpid());
+    char code[512];
+    snprintf(code, sizeof(code),
+             "import subprocess, sys, time\n"
+             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)', '%s'])\n"
+             "print('waiting', flush=True)\n"
+             "time.sleep(100)\n",
+             marker);
+    REQUIRE(run_with(p, code, NULL, 0, 1500, 1024, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_TIMED_OUT);
+    CHECK_STR(o.out, "waiting\n");
+    CHECK(!process_with_marker(marker)); /* same process group: killed */
+    ci_outcome_release(&o);
+    ci_provider_free(p);
+    free(c);
+}
+
+static void t_probe_print(void)
+{
+    struct ci_sandbox_probe pr;
+    REQUIRE(ci_sandbox_probe(cfg, &pr) == CI_OK);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    REQUIRE(f != NULL);
+    ci_sandbox_probe_print(&pr, f);
+    fclose(f);
+    CHECK_CONTAINS(buf, "user: ok\n");
+    CHECK_CONTAINS(buf, "net: ok\n");
+    CHECK_CONTAINS(buf, "mode: sandbox");
+    free(buf);
+}
+
+static void t_bad_python(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->local.python = "/opt/nowhere/python3";
+    struct ci_provider *p = NULL;
+    struct ci_error err = {{0}};
+    CHECK(ci_provider_local_new(c, &p, &err) != CI_OK);
+    CHECK_CONTAINS(err.msg, "/opt/nowhere/python3");
+    free(c);
+}
+
+int main(void)
+{
+    cfg = make_config(CI_ISOLATION_REQUIRED);
+    struct ci_sandbox_probe pr;
+    if (ci_sandbox_probe(cfg, &pr) != CI_OK) {
+        fprintf(stderr, "probe failed to run\n");
+        return 1;
+    }
+    if (!pr.sandboxed) {
+        fprintf(stderr,
+                "\n*** SKIPPED: this machine cannot build the namespace sandbox: %s\n"
+                "*** The sandbox tests did NOT run. Probe:\n",
+                pr.failure);
+        ci_sandbox_probe_print(&pr, stderr);
+        return 77;
+    }
+    struct ci_error err = {{0}};
+    if (ci_provider_local_new(cfg, &prov, &err) != CI_OK) {
+        fprintf(stderr, "provider: %s\n", err.msg);
+        return 1;
+    }
+    static const struct t_case cases[] = {
+        T(t_print),         T(t_exception),      T(t_hints),
+        T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
+        T(t_network),       T(t_host_invisible), T(t_orphans_killed),
+        T(t_timeout),       T(t_cancel),         T(t_output_cap),
+        T(t_memory),        T(t_process_limits), T(t_parallel),
+        T(t_artifact_cap),  T(t_no_isolation_mode), T(t_probe_print),
+        T(t_bad_python),
+    };
+    const char *only = getenv("TEST_ONLY");
+    int rc;
+    if (only) {
+        size_t k = 0;
+        struct t_case sel[32];
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+            if (strstr(cases[i].name, only))
+                sel[k++] = cases[i];
+        rc = t_run(sel, k);
+    } else {
+        rc = t_run(cases, sizeof(cases) / sizeof(cases[0]));
+    }
+    ci_provider_free(prov);
+    free(cfg);
+    return rc;
+}
