@@ -28,7 +28,8 @@ export CI_NATS_URL=${CI_NATS_URL:-nats://127.0.0.1:4222}
 alive() { [ -f "$work/$1.pid" ] && kill -0 "$(cat "$work/$1.pid")" 2>/dev/null; }
 
 if ! alive nats-server; then
-  nats-server -c config/nats-server.conf -sd "$work/nats" >"$work/nats-server.log" 2>&1 &
+  # config/nats-server.conf keeps its store in ./.work/nats of this folder
+  nats-server -c config/nats-server.conf >"$work/nats-server.log" 2>&1 &
   echo $! >"$work/nats-server.pid"
   for _ in $(seq 50); do
     grep -q "Server is ready" "$work/nats-server.log" && break
