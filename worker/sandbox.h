@@ -59,12 +59,16 @@ enum ci_sandbox_layer {
 struct ci_sandbox_probe {
     bool layer_ok[CI_LAYER_COUNT];
     int layer_errno[CI_LAYER_COUNT]; /* why a layer failed (0 when ok) */
+    bool seccomp_ok; /* the seccomp filter loads (used in both modes when it does) */
+    int seccomp_errno;
     bool setup_ok;   /* the whole root (tmpfs, binds, pivot_root) could be built */
     bool proc_ok;    /* a fresh /proc could be mounted; if not, /proc stays empty */
+    char proc_failure[256]; /* why not */
     bool python_ok;  /* a real run of the driver with `pass` exited 0 */
+    char python_failure[256]; /* why not, when the sandbox itself worked */
     bool sandboxed;  /* tasks will run in namespaces */
     enum ci_isolation requested;
-    char isolation[128]; /* what a result will say: "user,pid,net,mnt,ipc,uts" or "none" */
+    char isolation[128]; /* what a result will say: "user,pid,net,mnt,ipc,uts,..." or "none" */
     char failure[512];   /* the first failure, one sentence; "" when none */
     char warning[512];   /* for the log when `auto` fell back to no sandbox; "" otherwise */
 };

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -360,6 +362,33 @@ static void t_host_invisible(void)
     ci_outcome_release(&o);
 }
 
+static void t_seccomp(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("import ctypes, errno, os, socket\n"
+                     "libc = ctypes.CDLL(None, use_errno=True)\n"
+                     "r = libc.unshare(0x10000000)\n"  /* CLONE_NEWUSER */
+                     "print('unshare', r, errno.errorcode.get(ctypes.get_errno()))\n"
+                     "r = libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)\n"
+                     "print('mount', r, errno.errorcode.get(ctypes.get_errno()))\n"
+                     "try:\n"
+                     "    socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)\n"
+                     "    print('netlink open')\n"
+                     "except OSError as e:\n"
+                     "    print('netlink', errno.errorcode.get(e.errno))\n"
+                     "import threading\n"  /* clone3 -> ENOSYS -> clone: threads still work */
+                     "t = threading.Thread(target=print, args=('thread ok',))\n"
+                     "t.start(); t.join()\n",
+                     &o) == CI_OK);
+    CHECK(o.exit_code == 0);
+    CHECK_CONTAINS(o.out, "unshare -1 EPERM\n");
+    CHECK_CONTAINS(o.out, "mount -1 EPERM\n");
+    CHECK_CONTAINS(o.out, "netlink EAFNOSUPPORT\n");
+    CHECK_CONTAINS(o.out, "thread ok\n");
+    CHECK_CONTAINS(o.isolation, "seccomp");
+    ci_outcome_release(&o);
+}
+
 static void t_orphans_killed(void)
 {
     char marker[64];
@@ -541,7 +570,12 @@ static void t_artifact_cap(void)
     c->limits.max_artifact_bytes = 100000;
     struct ci_provider *p = NULL;
     struct ci_error err = {{0}};
-    REQUIRE(ci_provider_local_new(c, &p, &err) == CI_OK);
+    ci_status ps = ci_provider_local_new(c, &p, &err);
+    if (ps)
+        fprintf(stderr, "provider: %s\n", err.msg);
+    if (ps)
+        free(c);
+    REQUIRE(ps == CI_OK);
     struct ci_outcome o;
     REQUIRE(run_with(p, "open('a.csv', 'w').write('a' * 60000)\n"
                         "open('b.csv', 'w').write('b' * 60000)\n", NULL, 0, 20000, 1024,
@@ -560,7 +594,12 @@ static void t_no_isolation_mode(void)
     struct ci_config *c = make_config(CI_ISOLATION_NONE);
     struct ci_provider *p = NULL;
     struct ci_error err = {{0}};
-    REQUIRE(ci_provider_local_new(c, &p, &err) == CI_OK);
+    ci_status ps = ci_provider_local_new(c, &p, &err);
+    if (ps)
+        fprintf(stderr, "provider: %s\n", err.msg);
+    if (ps)
+        free(c);
+    REQUIRE(ps == CI_OK);
     struct ci_outcome o;
     struct ci_file f = {.name = "in.csv", .data = (uint8_t *)"q\n", .len = 2};
     REQUIRE(run_with(p, "import os\nprint(open('in.csv').read().strip(), os.getuid())\n"
@@ -593,6 +632,89 @@ static void t_no_isolation_mode(void)
     free(c);
 }
 
+/* Only meaningful where namespaces fail: `auto` must fall back, and say so. */
+static void t_auto_fallback(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_AUTO);
+    struct ci_provider *p = NULL;
+    struct ci_error err = {{0}};
+    ci_status ps = ci_provider_local_new(c, &p, &err);
+    if (ps)
+        fprintf(stderr, "provider: %s\n", err.msg);
+    if (ps)
+        free(c);
+    REQUIRE(ps == CI_OK);
+    CHECK_CONTAINS(err.msg, "WITHOUT a sandbox");
+    struct ci_outcome o;
+    REQUIRE(run_with(p, "print('bare')\n", NULL, 0, 20000, 1024, &o) == CI_OK);
+    CHECK_STR(o.out, "bare\n");
+    CHECK_STR(o.isolation, "none");
+    ci_outcome_release(&o);
+    ci_provider_free(p);
+    free(c);
+    /* And `required` refuses, naming the layer. */
+    c = make_config(CI_ISOLATION_REQUIRED);
+    CHECK(ci_provider_local_new(c, &p, &err) == CI_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "namespaces are not available");
+    free(c);
+}
+
+static bool write_text(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    bool ok = write(fd, text, strlen(text)) == (ssize_t)strlen(text);
+    close(fd);
+    return ok;
+}
+
+/* Runs this test again in a user namespace whose max_user_namespaces is 0:
+ * a machine without user namespaces. There main() runs t_no_isolation_mode
+ * and t_auto_fallback only. */
+static void t_fallback_without_userns(void)
+{
+    int to_parent[2], to_child[2];
+    REQUIRE(pipe2(to_parent, O_CLOEXEC) == 0 && pipe2(to_child, O_CLOEXEC) == 0);
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    fflush(NULL);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        char c = 0;
+        if (unshare(CLONE_NEWUSER) != 0 || write(to_parent[1], "x", 1) != 1 ||
+            read(to_child[0], &c, 1) != 1 || c != 'x')
+            _exit(2);
+        /* Still holding the new namespace's capabilities: before execve. */
+        if (!write_text("/proc/sys/user/max_user_namespaces", "0\n"))
+            _exit(3);
+        setenv("CI_TEST_NO_USERNS", "1", 1);
+        execl("/proc/self/exe", "test_sandbox", (char *)NULL);
+        _exit(4);
+    }
+    char c = 0, path[64], map[64];
+    bool ok = read(to_parent[0], &c, 1) == 1;
+    /* Root can map a whole range (so that 65534 exists); others only themselves. */
+    snprintf(path, sizeof(path), "/proc/%d/uid_map", (int)pid);
+    snprintf(map, sizeof(map), uid == 0 ? "0 0 65536\n" : "%u %u 1\n", uid, uid);
+    ok = ok && write_text(path, map);
+    snprintf(path, sizeof(path), "/proc/%d/setgroups", (int)pid);
+    ok = ok && (uid == 0 || write_text(path, "deny\n"));
+    snprintf(path, sizeof(path), "/proc/%d/gid_map", (int)pid);
+    snprintf(map, sizeof(map), uid == 0 ? "0 0 65536\n" : "%u %u 1\n", gid, gid);
+    ok = ok && write_text(path, map);
+    CHECK(ok);
+    CHECK(write(to_child[1], ok ? "x" : "n", 1) == 1);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    close(to_parent[0]);
+    close(to_parent[1]);
+    close(to_child[0]);
+    close(to_child[1]);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static void t_probe_print(void)
 {
     struct ci_sandbox_probe pr;
@@ -605,6 +727,7 @@ static void t_probe_print(void)
     fclose(f);
     CHECK_CONTAINS(buf, "user: ok\n");
     CHECK_CONTAINS(buf, "net: ok\n");
+    CHECK_CONTAINS(buf, "seccomp: ok\n");
     CHECK_CONTAINS(buf, "mode: sandbox");
     free(buf);
 }
@@ -623,18 +746,27 @@ static void t_bad_python(void)
 int main(void)
 {
     cfg = make_config(CI_ISOLATION_REQUIRED);
+    static const struct t_case fallback[] = {T(t_no_isolation_mode), T(t_auto_fallback)};
+    if (getenv("CI_TEST_NO_USERNS")) { /* the child of t_fallback_without_userns */
+        int rc = t_run(fallback, sizeof(fallback) / sizeof(fallback[0]));
+        free(cfg);
+        return rc;
+    }
     struct ci_sandbox_probe pr;
     if (ci_sandbox_probe(cfg, &pr) != CI_OK) {
         fprintf(stderr, "probe failed to run\n");
         return 1;
     }
     if (!pr.sandboxed) {
+        /* What still works: the no-isolation fallback, and `auto` choosing it. */
+        int rc = t_run(fallback, sizeof(fallback) / sizeof(fallback[0]));
         fprintf(stderr,
                 "\n*** SKIPPED: this machine cannot build the namespace sandbox: %s\n"
-                "*** The sandbox tests did NOT run. Probe:\n",
+                "*** The sandbox tests did NOT run (only the fallback ones). Probe:\n",
                 pr.failure);
         ci_sandbox_probe_print(&pr, stderr);
-        return 77;
+        free(cfg);
+        return rc ? rc : 77;
     }
     struct ci_error err = {{0}};
     if (ci_provider_local_new(cfg, &prov, &err) != CI_OK) {
@@ -644,10 +776,12 @@ int main(void)
     static const struct t_case cases[] = {
         T(t_print),         T(t_exception),      T(t_hints),
         T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
-        T(t_network),       T(t_host_invisible), T(t_orphans_killed),
+        T(t_network),       T(t_host_invisible), T(t_seccomp),
+        T(t_orphans_killed),
         T(t_timeout),       T(t_cancel),         T(t_output_cap),
         T(t_memory),        T(t_process_limits), T(t_parallel),
-        T(t_artifact_cap),  T(t_no_isolation_mode), T(t_probe_print),
+        T(t_artifact_cap),  T(t_no_isolation_mode), T(t_fallback_without_userns),
+        T(t_probe_print),
         T(t_bad_python),
     };
     const char *only = getenv("TEST_ONLY");
