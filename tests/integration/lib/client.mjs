@@ -218,6 +218,9 @@ export async function connectClient(url) {
   const objBucket = async () => (os ??= await new Objm(js).open(FILES_BUCKET));
 
   const client = {
+    // Called on every poll of the wait loops below; a test stack sets it to
+    // throw as soon as a worker crashed, rather than wait for a timeout.
+    check: () => {},
     nc,
     js,
     jsm,
@@ -273,6 +276,7 @@ export async function connectClient(url) {
           if (Date.now() > deadline) throw e;
         }
         if (last && TERMINAL.has(last.result.status)) return last;
+        client.check();
         if (Date.now() > deadline) throw new Error(`task ${taskId}: no terminal result within ${timeoutMs} ms (last status: ${last ? last.result.status : "none"})`);
         await sleep(100);
       }
@@ -289,6 +293,7 @@ export async function connectClient(url) {
           r = null;
         }
         if (r && r.result.status === status) return r;
+        client.check();
         if (Date.now() > deadline) throw new Error(`task ${taskId}: status ${status} not seen within ${timeoutMs} ms (last: ${r ? r.result.status : "none"})`);
         await sleep(50);
       }
@@ -319,6 +324,7 @@ export async function connectClient(url) {
             if (untilTerminal) throw new Error(`task ${taskId}: no terminal status event within ${timeoutMs} ms (got ${out.map((e) => e.event.status).join(", ") || "none"})`);
             break;
           }
+          client.check();
           const m = await consumer.next({ expires: 1000 });
           if (!m) {
             if (!untilTerminal) break;

@@ -37,6 +37,13 @@ export async function startStack({ workers = 1, worker = {}, serverConfig = SERV
   try {
     for (let i = 0; i < workers; i++) await stack.addWorker();
     stack.client = await connectClient(server.url);
+    stack.client.check = () => {
+      const dead = stack.workers.find((w) => w.crashed());
+      if (dead) {
+        const x = dead.exited();
+        throw new Error(`worker ${dead.id} died (exit code ${x.code}, signal ${x.signal}); log:\n${dead.logText().slice(-8000)}`);
+      }
+    };
   } catch (e) {
     await stack.stop();
     throw e;

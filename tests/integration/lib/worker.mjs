@@ -135,6 +135,7 @@ export async function startWorker(opts = {}) {
   };
   const lines = () => parseLogLines(logText());
 
+  let stopRequested = false;
   const handle = {
     id,
     pid: child.pid,
@@ -145,6 +146,8 @@ export async function startWorker(opts = {}) {
     logText,
     lines,
     exited: () => exited,
+    // Exited although nobody asked it to stop: a crash.
+    crashed: () => exited !== null && !stopRequested,
     exitPromise,
     // Log lines whose "event" is name.
     events: (name) => lines().filter((l) => l.event === name),
@@ -161,6 +164,7 @@ export async function startWorker(opts = {}) {
     // Sends signal (SIGTERM by default) and waits for the exit, at most
     // timeoutMs; then SIGKILLs and throws. Returns { code, signal }.
     async stop(signal = "SIGTERM", timeoutMs = 30000) {
+      stopRequested = true;
       if (!exited) {
         child.kill(signal);
         let timer;
@@ -179,6 +183,7 @@ export async function startWorker(opts = {}) {
     },
     // SIGKILL, no questions: for cleanup after failures.
     async kill() {
+      stopRequested = true;
       if (!exited) {
         child.kill("SIGKILL");
         await exitPromise;
