@@ -125,6 +125,8 @@ static ci_status interpret(const struct local *l, const struct ci_run *run,
     if (rep.peak_kb && res->end == CI_SANDBOX_EXITED)
         o->memory_mb = (uint32_t)((rep.peak_kb + 1023) / 1024);
 
+    /* The sandbox's own sentence, when it broke, becomes part of ours. */
+    CI_AUTOFREE char *why = CI_STEAL(&o->error);
     switch (res->end) {
     case CI_SANDBOX_TIMED_OUT:
         o->kind = CI_OUTCOME_TIMED_OUT;
@@ -145,13 +147,13 @@ static ci_status interpret(const struct local *l, const struct ci_run *run,
         break;
     case CI_SANDBOX_BROKEN:
         o->kind = CI_OUTCOME_ERROR;
-        o->error = fmt("the sandbox failed: %s", o->error ? o->error : "unknown error");
+        o->error = fmt("the sandbox failed: %s", why ? why : "unknown error");
         break;
     case CI_SANDBOX_EXITED: {
         if (res->exec_failed) {
             o->kind = CI_OUTCOME_ERROR;
             o->error = fmt("the Python runtime could not be started (%s)",
-                           o->error ? o->error : "exec failed");
+                           why ? why : "exec failed");
             break;
         }
         int st = res->status;
@@ -190,7 +192,7 @@ static ci_status interpret(const struct local *l, const struct ci_run *run,
     }
     }
     report_release(&rep);
-    if (!o->error && o->kind != CI_OUTCOME_EXITED)
+    if (!o->error && (o->kind != CI_OUTCOME_EXITED || o->exit_code != 0))
         return CI_ERR_NOMEM;
 
     if (res->artifact_note) {
@@ -286,8 +288,9 @@ ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider 
 {
     struct ci_sandbox_probe probe;
     ci_status s = ci_sandbox_probe(cfg, &probe);
-    if (s)
-        return ci_error_set(err, s, "the sandbox probe could not run: %s", ci_status_str(s));
+    if (s == CI_ERR_NOMEM)
+        return ci_error_set(err, s, "out of memory while probing the sandbox");
+    /* Any other failure: ci_sandbox_new() refuses with the probe's reason. */
     CI_AUTOFREE struct local *l = calloc(1, sizeof(*l));
     CI_AUTOFREE struct ci_provider *p = calloc(1, sizeof(*p));
     if (!l || !p)

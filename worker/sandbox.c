@@ -1047,9 +1047,9 @@ __attribute__((noreturn)) static void bare_main(const struct child_args *a)
 /* 4. The parent side                                                      */
 /* ---------------------------------------------------------------------- */
 
+/* An input as written, to tell an unchanged input from an artifact. */
 struct input_digest {
-    const char *name; /* borrowed from the job: only used during start... */
-    char *name_copy;  /* ...so we keep our own copy for the artifact walk */
+    char *name;
     char sha256[65];
 };
 
@@ -1064,7 +1064,7 @@ struct ci_sandbox_run {
     int wake_fd;        /* eventfd written by cancel() */
     int ws_fd;          /* /workspace */
     atomic_bool cancel_requested;
-    const char *code;
+    char *code;         /* our copy: the job is only borrowed during start */
     size_t code_len, code_off;
     int64_t t_go, t_end, deadline;
     uint32_t timeout_ms;
@@ -1112,8 +1112,9 @@ static void run_free(struct ci_sandbox_run *run)
     for (size_t i = 0; i < MAX_ENV; i++)
         free(run->bare_env[i]);
     for (size_t i = 0; i < run->n_inputs; i++)
-        free(run->inputs[i].name_copy);
+        free(run->inputs[i].name);
     free(run->inputs);
+    free(run->code);
     free(run);
 }
 
@@ -1141,9 +1142,10 @@ static void set_limit(struct child_args *a, int res, rlim_t soft, rlim_t hard)
 /* RLIMIT_AS is the memory limit until cgroups arrive: blunt (it counts
  * address space, and numpy+pandas+matplotlib need ~384 MB of it just to
  * import) but it turns an allocation past the limit into a MemoryError. */
-static void plan_limits(struct child_args *a, const struct ci_config *cfg,
+static void plan_limits(struct child_args *a, const struct ci_sandbox *sb,
                         const struct ci_sandbox_job *job)
 {
+    const struct ci_config *cfg = sb->cfg;
     const rlim_t MiB = 1024 * 1024;
     rlim_t cpu_s = (job->timeout_ms + 999) / 1000 + 1;
     uint32_t biggest_fs = cfg->local.workspace_mb > cfg->local.tmp_mb ? cfg->local.workspace_mb
@@ -1153,7 +1155,12 @@ static void plan_limits(struct child_args *a, const struct ci_config *cfg,
     /* One file may fill a tmpfs; the artifact cap is applied when the files
      * are collected (with a note), not as EFBIG on an intermediate file. */
     set_limit(a, RLIMIT_FSIZE, (rlim_t)biggest_fs * MiB, (rlim_t)biggest_fs * MiB);
-    set_limit(a, RLIMIT_NPROC, cfg->local.max_processes, cfg->local.max_processes);
+    /* NPROC counts the processes of a uid. In a user namespace that is the
+     * sandbox's own (per-namespace counts since Linux 5.14); bare, as root,
+     * the sandbox uid's. Bare and unprivileged it would count the worker's
+     * own threads and everything else of its user: not set. */
+    if (sb->ns || sb->outside_root)
+        set_limit(a, RLIMIT_NPROC, cfg->local.max_processes, cfg->local.max_processes);
     set_limit(a, RLIMIT_NOFILE, cfg->local.max_open_files, cfg->local.max_open_files);
     set_limit(a, RLIMIT_CORE, 0, 0);
     set_limit(a, RLIMIT_MEMLOCK, 64 * 1024, 64 * 1024);
@@ -1223,10 +1230,10 @@ static ci_status digest_inputs(struct ci_sandbox_run *run, const struct ci_sandb
         if (!f->name || !plain_name(f->name))
             return ci_error_set(err, CI_ERR_INVALID, "input name '%s' is not a plain file name",
                                 f->name ? f->name : "");
-        run->inputs[i].name_copy = strdup(f->name);
-        if (!run->inputs[i].name_copy)
+        run->inputs[i].name = strdup(f->name);
+        if (!run->inputs[i].name)
             return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-        ci_sha256_hex(f->data, f->len, run->inputs[i].sha256);
+        ci_sha256_hex(f->data ? f->data : (const uint8_t *)"", f->len, run->inputs[i].sha256);
         run->n_inputs++;
     }
     return CI_OK;
@@ -1496,12 +1503,18 @@ ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *j
         run->args.fds[i] = -1;
     run->args.sb = sb;
     atomic_init(&run->cancel_requested, false);
-    run->code = job->code;
     run->code_len = job->code_len;
     run->timeout_ms = job->timeout_ms;
-    plan_limits(&run->args, sb->cfg, job);
+    plan_limits(&run->args, sb, job);
 
-    ci_status s = digest_inputs(run, job, err);
+    ci_status s = CI_OK;
+    run->code = malloc(job->code_len + 1);
+    if (!run->code)
+        s = ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    else if (job->code_len)
+        memcpy(run->code, job->code, job->code_len);
+    if (!s)
+        s = digest_inputs(run, job, err);
     if (!s)
         s = open_channels(run, err);
     if (!s)
@@ -1879,7 +1892,7 @@ static void note_skipped(struct walk *w, const char *rel)
 static bool unchanged_input(const struct walk *w, const char *rel, const char *sha)
 {
     for (size_t i = 0; i < w->run->n_inputs; i++)
-        if (strcmp(w->run->inputs[i].name_copy, rel) == 0)
+        if (strcmp(w->run->inputs[i].name, rel) == 0)
             return strcmp(w->run->inputs[i].sha256, sha) == 0;
     return false;
 }
@@ -2182,9 +2195,12 @@ static const char *clone_errno_hint(int e)
 
 ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe *ret)
 {
+    /* ret is the explanation of a failure too: filled whatever happens. */
     struct ci_sandbox_probe p;
     memset(&p, 0, sizeof(p));
+    memset(ret, 0, sizeof(*ret));
     p.requested = cfg->local.isolation;
+    snprintf(p.isolation, sizeof(p.isolation), "none");
     char ebuf[128];
 
     /* One clone per layer (each with a user namespace, as the sandbox does). */
@@ -2221,8 +2237,11 @@ ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe 
         for (int attempt = 0; attempt < 2; attempt++) {
             struct ci_sandbox *sb = NULL;
             ci_status s = sandbox_build(cfg, &opts, &sb, &err);
-            if (s == CI_ERR_NOMEM)
+            if (s == CI_ERR_NOMEM) {
+                snprintf(p.failure, sizeof(p.failure), "out of memory");
+                *ret = p;
                 return s;
+            }
             if (!s)
                 s = probe_run(sb, &err);
             if (!s)
@@ -2251,8 +2270,11 @@ ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe 
         struct ci_sandbox *sb = NULL;
         struct build_opts bare = {.with_seccomp = p.seccomp_ok};
         ci_status s = sandbox_build(cfg, &bare, &sb, &err);
-        if (s == CI_ERR_NOMEM)
+        if (s == CI_ERR_NOMEM) {
+            snprintf(p.failure, sizeof(p.failure), "out of memory");
+            *ret = p;
             return s;
+        }
         if (!s)
             s = probe_run(sb, &err);
         ci_sandbox_free(sb);
@@ -2264,7 +2286,9 @@ ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe 
                      "tasks run WITHOUT a sandbox (isolation: auto): %.440s", p.failure);
     }
     *ret = p;
-    return CI_OK;
+    if (!p.sandboxed && p.requested == CI_ISOLATION_REQUIRED)
+        return CI_ERR_UNSUPPORTED;
+    return p.python_ok ? CI_OK : CI_ERR_UNSUPPORTED;
 }
 
 void ci_sandbox_probe_print(const struct ci_sandbox_probe *p, FILE *out)

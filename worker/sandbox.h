@@ -74,12 +74,14 @@ struct ci_sandbox_probe {
 };
 
 /* Tries every layer the sandbox needs (clone with each namespace, the uid
- * map, the tmpfs root with /proc and pivot_root, then python3 with the
- * driver) and decides the mode for cfg->local.isolation. Returns CI_OK when
- * the probe itself could run, whatever it found: ret->sandboxed says whether
- * tasks will be sandboxed, ret->failure why not (with isolation `required`,
- * ci_sandbox_new() then refuses). An error only when the probe could not run
- * at all (out of memory). Takes ~0.1 s. */
+ * map, seccomp, the tmpfs root with /proc and pivot_root, then python3 with
+ * the driver) and decides the mode for cfg->local.isolation. ret is always
+ * filled - it is the explanation when something fails. Returns CI_OK when
+ * tasks can run in the mode the config asks for (ret->sandboxed says
+ * whether that is the sandbox; ret->warning is set when `auto` fell back);
+ * CI_ERR_UNSUPPORTED when they cannot (isolation `required` and a layer
+ * failed, or python3 does not run; ret->failure says why); CI_ERR_NOMEM.
+ * Takes ~0.2 s. */
 ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe *ret);
 
 /* Prints one line per layer ("user: ok", "net: FAILED (Operation not
@@ -99,7 +101,8 @@ void ci_sandbox_free(struct ci_sandbox *sb);
 /* The isolation string every result of this sandbox carries. */
 const char *ci_sandbox_isolation(const struct ci_sandbox *sb);
 
-/* One task for the sandbox; borrowed until ci_sandbox_start() returns. */
+/* One task for the sandbox; borrowed until ci_sandbox_start() returns (the
+ * code is copied, the inputs are written before it returns). */
 struct ci_sandbox_job {
     const char *code;
     size_t code_len;
