@@ -210,6 +210,55 @@ static void t_inputs_with_pandas(void)
     ci_outcome_release(&o);
 }
 
+static void t_code_edges(void)
+{
+    /* 1 MiB of code goes through the non-blocking writes. */
+    struct ci_buf code = CI_BUF_INIT;
+    for (int i = 0; code.len < (1 << 20) - 64; i++)
+        REQUIRE(ci_buf_appendf(&code, "x%d = %d\n", i, i) == CI_OK);
+    REQUIRE(ci_buf_appendf(&code, "print(len(globals()) > 1000)\n") == CI_OK);
+    struct ci_outcome o;
+    REQUIRE(run_code((const char *)code.data, &o) == CI_OK);
+    CHECK(o.exit_code == 0);
+    CHECK_STR(o.out, "True\n");
+    ci_outcome_release(&o);
+    ci_buf_release(&code);
+
+    REQUIRE(run_code("print('caf\xe9')\n", &o) == CI_OK); /* Latin-1, not UTF-8 */
+    CHECK(o.exit_code == 1);
+    CHECK_CONTAINS(o.error, "not valid UTF-8");
+    ci_outcome_release(&o);
+
+    REQUIRE(run_code("print('\xc3\xa9t\xc3\xa9', input.__name__)\nimport sys\n"
+                     "print(repr(sys.stdin.read()), sys.argv, __name__, __file__)\n", &o) == CI_OK);
+    CHECK(o.exit_code == 0);
+    CHECK_STR(o.out, "\xc3\xa9t\xc3\xa9 input\n'' ['main.py'] __main__ main.py\n");
+    ci_outcome_release(&o);
+
+    struct ci_file files[] = {
+        {.name = "my data.csv", .data = (uint8_t *)"a\n1\n", .len = 4},
+        {.name = "empty.txt", .data = NULL, .len = 0},
+        {.name = "helper.py", .data = (uint8_t *)"K = 42\n", .len = 7},
+    };
+    REQUIRE(run_with(prov, "import os, helper\nprint(sorted(os.listdir('.')), helper.K)\n",
+                     files, 3, 20000, 1024, &o) == CI_OK);
+    CHECK_STR(o.out, "['empty.txt', 'helper.py', 'my data.csv'] 42\n");
+    CHECK(o.n_artifacts == 0);
+    ci_outcome_release(&o);
+
+    struct ci_run *run;
+    struct ci_error err = {{0}};
+    struct ci_file bad = {.name = "../escape.csv", .data = (uint8_t *)"x", .len = 1};
+    struct ci_task task = {.task_id = "b", .code = "pass", .code_len = 4, .files = &bad,
+                           .n_files = 1, .timeout_ms = 5000, .memory_mb = 512};
+    CHECK(ci_provider_start(prov, &task, &run, &err) == CI_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "not a plain file name");
+    task.runtime = "python-gpu-v9";
+    task.n_files = 0;
+    CHECK(ci_provider_start(prov, &task, &run, &err) == CI_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "python-gpu-v9");
+}
+
 static void t_artifacts(void)
 {
     struct ci_outcome o;
@@ -786,7 +835,7 @@ int main(void)
     }
     static const struct t_case cases[] = {
         T(t_print),         T(t_exception),      T(t_hints),
-        T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
+        T(t_code_edges),    T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
         T(t_network),       T(t_host_invisible), T(t_seccomp),
         T(t_orphans_killed),
         T(t_timeout),       T(t_cancel),         T(t_output_cap),
