@@ -128,6 +128,8 @@ static void close_fds_from(int from)
 #define MAX_ENV 24
 #define READY_TIMEOUT_MS 10000 /* longest wait for a sandbox to be built */
 #define DRAIN_MS 1000          /* after the task is gone, longest wait for pipes to close */
+#define STOP_GRACE_MS 300      /* init's time to kill and reap everything before SIGKILL */
+#define SIG_STOP SIGUSR1       /* parent -> init: kill everything, reap, report */
 #define REPORT_CAP (64 * 1024)
 #define ARTIFACT_MAX_DEPTH 8
 #define ARTIFACT_MAX_ENTRIES 1000
@@ -892,6 +894,9 @@ static enum step drop_privileges(void)
 __attribute__((noreturn)) static void task_exec(const struct child_args *a)
 {
     const struct ci_sandbox *sb = a->sb;
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL); /* init blocks some; the mask survives execve */
     if (setsid() < 0)
         child_fail(FD_SOCK, STEP_SETSID, 0, errno);
     if (a->drop_to_sandbox_ids) {
@@ -939,6 +944,8 @@ static void add_rusage(struct msg *m, const struct rusage *ru)
         m->maxrss_kb = ru->ru_maxrss;
 }
 
+__attribute__((noreturn)) static void reap_all(pid_t task);
+
 /* pid 1 of the sandbox: builds it, starts the task, reaps, reports. */
 __attribute__((noreturn)) static void init_main(const struct child_args *a)
 {
@@ -947,6 +954,13 @@ __attribute__((noreturn)) static void init_main(const struct child_args *a)
      * gone, the read below sees EOF and init exits. */
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     reset_signals();
+    /* Init takes SIGCHLD and SIG_STOP with sigwaitinfo(): blocked from the
+     * start, a stop request sent early is kept pending, never lost. */
+    sigset_t waited;
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, SIG_STOP);
+    sigprocmask(SIG_BLOCK, &waited, NULL);
     if (move_fds(a->fds) != 0)
         child_fail(a->fds[FD_SOCK], STEP_FDS, 0, errno);
     if (!child_wait_byte(FD_SOCK))
@@ -1012,25 +1026,56 @@ __attribute__((noreturn)) static void init_main(const struct child_args *a)
      * task and everything it started are gone. */
     for (int fd = 0; fd < FD_SOCK; fd++)
         close(fd);
+    reap_all(task);
+}
 
+/* Init's last duty. Reaps every process until the task has exited, or
+ * until the parent asks to stop (timeout, cancel); then kills what is
+ * left (orphans included), reaps it too and reports the task's status with
+ * the CPU time and peak memory of everything it reaped. Killing init
+ * instead would lose that accounting. Every sandbox process has init's uid
+ * and no capability, so kill(-1) reaches them all. */
+__attribute__((noreturn)) static void reap_all(pid_t task)
+{
+    sigset_t waited;
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, SIG_STOP);
     struct msg done = {.type = MSG_DONE};
+    bool task_done = false, stopping = false;
     for (;;) {
-        int st;
-        struct rusage ru;
-        pid_t r = wait4(-1, &st, __WALL, &ru);
-        if (r < 0) {
-            if (errno == EINTR)
+        for (;;) {
+            int st;
+            struct rusage ru;
+            pid_t r = wait4(-1, &st, __WALL | WNOHANG, &ru);
+            if (r < 0 && errno == EINTR)
                 continue;
-            _exit(1); /* ECHILD before the task: cannot happen */
+            if (r < 0) /* ECHILD: nothing left in the namespace */
+                goto report;
+            if (r == 0)
+                break;
+            add_rusage(&done, &ru);
+            if (r == task) {
+                done.status = st;
+                task_done = true;
+            }
         }
-        add_rusage(&done, &ru);
-        if (r == task) {
-            done.status = st;
-            break;
+        if (task_done || stopping) {
+            stopping = true;
+            kill(-1, SIGKILL); /* again each round: catches the last forks */
         }
+        siginfo_t si;
+        int sig = sigwaitinfo(&waited, &si);
+        /* si_pid is 0 for a sender outside the namespace: the parent. A
+         * process of the sandbox cannot stop init this way. */
+        if (sig == SIG_STOP && si.si_pid == 0)
+            stopping = true;
     }
+report:
+    if (!task_done)
+        _exit(1);
     child_send(FD_SOCK, &done);
-    _exit(0); /* and the kernel kills whatever the task left behind */
+    _exit(0);
 }
 
 /* The child of a run without namespaces: the task itself. */
@@ -1067,6 +1112,7 @@ struct ci_sandbox_run {
     char *code;         /* our copy: the job is only borrowed during start */
     size_t code_len, code_off;
     int64_t t_go, t_end, deadline;
+    int64_t kill_at;    /* when init gets SIGKILL if it has not stopped by itself */
     uint32_t timeout_ms;
     struct input_digest *inputs;
     size_t n_inputs;
@@ -1573,12 +1619,26 @@ static void kill_run(struct ci_sandbox_run *run, enum ci_sandbox_end why,
         return;
     *end = why;
     run->t_end = ci_mono_ms();
-    /* Init of a pid namespace: its death kills every process in it. In bare
-     * mode the process group is the best we have (plus the leader itself, in
-     * case it has not called setsid() yet). */
-    kill(run->pid, SIGKILL);
-    if (!run->sb->ns)
+    if (run->sb->ns) {
+        /* Init kills and reaps everything and reports; if it has not within
+         * the grace time, SIGKILL on init kills the whole pid namespace. */
+        kill(run->pid, SIG_STOP);
+        run->kill_at = run->t_end + STOP_GRACE_MS;
+    } else {
+        /* The process group is the best we have (and the leader itself, in
+         * case it has not called setsid() yet). */
+        kill(run->pid, SIGKILL);
         kill(-run->pid, SIGKILL);
+    }
+}
+
+/* The grace time is over and init is still there: kill it. */
+static void kill_hard(struct ci_sandbox_run *run, int64_t now)
+{
+    if (run->pid > 0 && run->kill_at && now >= run->kill_at) {
+        kill(run->pid, SIGKILL);
+        run->kill_at = 0;
+    }
 }
 
 static bool has_exited(struct ci_sandbox_run *run)
@@ -1687,6 +1747,7 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
                 kill_run(run, CI_SANDBOX_CANCELLED, &end);
             else if (now >= run->deadline)
                 kill_run(run, CI_SANDBOX_TIMED_OUT, &end);
+            kill_hard(run, now);
         }
         /* Without a pidfd, and after a kill, look for the exit directly. */
         if (run->pid > 0 && (run->pidfd < 0 || end != CI_SANDBOX_EXITED) && has_exited(run)) {

@@ -475,6 +475,30 @@ static void t_timeout(void)
     CHECK(o.duration_ms >= 1500 && o.duration_ms < 3000);
     CHECK(took < 4000);
     ci_outcome_release(&o);
+
+    /* The CPU time of a killed run is still counted. */
+    REQUIRE(run_with(prov, "while True:\n    pass\n", NULL, 0, 1000, 1024, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_TIMED_OUT);
+    CHECK(o.cpu_ms >= 700 && o.cpu_ms < 3000);
+    ci_outcome_release(&o);
+}
+
+/* init only takes orders from outside: the code cannot stop or kill it. */
+static void t_init_untouchable(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("import os, signal, time\n"
+                     "for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGKILL, signal.SIGCHLD):\n"
+                     "    try:\n"
+                     "        os.kill(1, sig)\n"
+                     "    except OSError as e:\n"
+                     "        print('refused', sig)\n"
+                     "time.sleep(0.3)\n"
+                     "print('still here')\n",
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_CONTAINS(o.out, "still here\n");
+    ci_outcome_release(&o);
 }
 
 struct cancel_arg {
@@ -838,7 +862,7 @@ int main(void)
         T(t_code_edges),    T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
         T(t_network),       T(t_host_invisible), T(t_seccomp),
         T(t_orphans_killed),
-        T(t_timeout),       T(t_cancel),         T(t_output_cap),
+        T(t_timeout),       T(t_init_untouchable),       T(t_cancel),         T(t_output_cap),
         T(t_memory),        T(t_process_limits), T(t_parallel),
         T(t_artifact_cap),  T(t_no_isolation_mode), T(t_fallback_without_userns),
         T(t_probe_print),
