@@ -102,7 +102,8 @@ def _hint(exc):
         if exc.errno == errno.EFBIG:
             return "a file grew past the size limit of the workspace; write less data"
         if exc.errno == errno.ENOSPC:
-            return "the workspace or /tmp is full; write less data or delete files you no longer need"
+            return ("the workspace or /tmp is full; write less data or delete files you no "
+                    "longer need")
         if exc.errno in (errno.ENETUNREACH, errno.ECONNREFUSED, errno.EHOSTUNREACH):
             return "there is no network access in this sandbox; send the data as input files"
     module = type(exc).__module__ or ""

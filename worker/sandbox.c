@@ -1914,7 +1914,38 @@ static int open_beneath(int dirfd, const char *name, int flags)
     return fd;
 }
 
-/* Names we hand on: valid UTF-8 without control characters. */
+/* Length of the well-formed UTF-8 sequence at p (no overlong forms, no
+ * surrogates, nothing past U+10FFFF), or 0. */
+static size_t utf8_char_len(const unsigned char *p, size_t left)
+{
+    unsigned char c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        lo = c == 0xe0 ? 0xa0 : 0x80;
+        hi = c == 0xed ? 0x9f : 0xbf;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        lo = c == 0xf0 ? 0x90 : 0x80;
+        hi = c == 0xf4 ? 0x8f : 0xbf;
+    } else {
+        return 0;
+    }
+    if (left < n || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t k = 2; k < n; k++)
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+    return n;
+}
+
+/* Names we hand on: well-formed UTF-8 (clients decode them as proto3
+ * strings) without control characters (C0, DEL, C1). */
 static bool artifact_name_ok(const char *name)
 {
     const unsigned char *p = (const unsigned char *)name;
@@ -1922,15 +1953,11 @@ static bool artifact_name_ok(const char *name)
     if (len == 0 || len > 255)
         return false;
     for (size_t i = 0; i < len;) {
-        unsigned char c = p[i];
-        if (c < 0x20 || c == 0x7f)
+        if (p[i] < 0x20 || p[i] == 0x7f || (p[i] == 0xc2 && i + 1 < len && p[i + 1] < 0xa0))
             return false;
-        size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-        if (n == 0 || i + n > len)
+        size_t n = utf8_char_len(p + i, len - i);
+        if (n == 0)
             return false;
-        for (size_t k = 1; k < n; k++)
-            if ((p[i + k] & 0xc0) != 0x80)
-                return false;
         i += n;
     }
     return true;
@@ -2406,7 +2433,8 @@ static void plan_font_cache(struct ci_sandbox *sb)
     static const char code[] =
         "import os, sys, matplotlib, matplotlib.font_manager as fm\n"
         "name = 'fontlist-v%s.json' % fm.FontManager.__version__\n"
-        "sys.stdout.write(name + '\\n' + open(os.path.join(matplotlib.get_cachedir(), name)).read())\n";
+        "path = os.path.join(matplotlib.get_cachedir(), name)\n"
+        "sys.stdout.write(name + '\\n' + open(path).read())\n";
     struct ci_sandbox_job job = {.code = code, .code_len = sizeof(code) - 1,
                                  .timeout_ms = 30000, .memory_mb = 1024};
     struct ci_sandbox_run *run;

@@ -6,17 +6,22 @@
  *
  * Shape of a sandbox (read sandbox.c top to bottom for the details):
  *
- *   worker ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS[|NEWCGROUP])──▶ init (pid 1)
- *     writes uid_map/gid_map, waits for READY + the /workspace fd, writes
- *     the inputs through that fd, sends GO; then polls stdout, stderr, the
- *     report pipe, the code socket, init's pidfd and a cancel eventfd.
+ *   worker ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS|NEWCGROUP)──▶ init (pid 1)
+ *     writes uid_map/gid_map (sandbox uid 1000 = one unprivileged id outside),
+ *     waits for READY + the /workspace fd, writes the inputs through that fd,
+ *     sends GO; then polls stdout, stderr, the report pipe, the code socket,
+ *     init's pidfd and a cancel eventfd until init reports DONE.
  *   init: builds a tmpfs root (read-only /usr, a few /etc files, a minimal
  *     /dev, a fresh /proc, tmpfs /workspace and /tmp), pivot_root()s into it,
- *     drops every privilege, forks the task and reaps every process until the
- *     task exits. Killing init kills the whole pid namespace: that is how a
- *     timeout or a cancel stops everything, orphans included.
- *   task: setsid, rlimits, exec python3 -I -B -c <driver.py>; the code on
- *     stdin, the driver's report on fd 3.
+ *     drops every capability, forks the task and reaps every process until
+ *     the task exits - or until the worker asks it to stop (timeout, cancel:
+ *     SIGUSR1, honoured only from outside the namespace); then it kills
+ *     everything left, reaps it and reports the task's wait status with the
+ *     CPU time and peak memory of all it reaped. If init does not stop in
+ *     time, SIGKILL on init kills the whole pid namespace.
+ *   task: setsid, rlimits, a seccomp filter (deny list), then
+ *     python3 -I -B -c <driver.py>; the code on stdin, the driver's report
+ *     on fd 3.
  *
  * When the machine cannot create the namespaces (and local.isolation is not
  * `required`), or when local.isolation is `none`, a run is a plain fork with

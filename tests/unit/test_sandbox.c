@@ -305,6 +305,8 @@ static void t_artifact_escapes(void)
                      "open('nul.csv', 'wb').write(b'a\\x00b\\n')\n"
                      "open('ok.csv', 'w').write('ok\\n')\n"
                      "open('bad\\nname.csv', 'w').write('x\\n')\n"
+                     "open(b'latin\\xe9.csv', 'w').write('x\\n')\n"
+                     "open('caf\\u00e9.csv', 'w').write('x\\n')\n"
                      "print('made')\n",
                      &o) == CI_OK);
     CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
@@ -315,7 +317,8 @@ static void t_artifact_escapes(void)
     CHECK(find_artifact(&o, "hard.csv") == NULL);
     CHECK(find_artifact(&o, "fifo.csv") == NULL);
     CHECK(find_artifact(&o, "nul.csv") == NULL);
-    CHECK(o.n_artifacts == 1);
+    CHECK(find_artifact(&o, "caf\xc3\xa9.csv") != NULL);
+    CHECK(o.n_artifacts == 2);
     ci_outcome_release(&o);
 }
 
@@ -488,7 +491,8 @@ static void t_init_untouchable(void)
 {
     struct ci_outcome o;
     REQUIRE(run_code("import os, signal, time\n"
-                     "for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGKILL, signal.SIGCHLD):\n"
+                     "for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGKILL,\n"
+                     "            signal.SIGCHLD):\n"
                      "    try:\n"
                      "        os.kill(1, sig)\n"
                      "    except OSError as e:\n"
