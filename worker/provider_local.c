@@ -239,14 +239,11 @@ static ci_status local_wait(void *ctx, struct ci_run *run, struct ci_outcome *re
     struct local *l = ctx;
     struct ci_sandbox_result res;
     ci_status s = ci_sandbox_wait(run->sb_run, &res);
-    if (s) {
-        free(run);
+    if (s)
         return s;
-    }
     struct ci_outcome o = res.outcome;
     memset(&res.outcome, 0, sizeof(res.outcome));
     s = interpret(l, run, &res, &o);
-    free(run);
     ci_sandbox_result_release(&res);
     if (s) {
         ci_outcome_release(&o);
@@ -263,6 +260,15 @@ static void local_cancel(void *ctx, struct ci_run *run)
         ci_sandbox_cancel(run->sb_run);
 }
 
+static void local_release(void *ctx, struct ci_run *run)
+{
+    (void)ctx;
+    if (!run)
+        return;
+    ci_sandbox_run_free(run->sb_run);
+    free(run);
+}
+
 static void local_destroy(void *ctx)
 {
     struct local *l = ctx;
@@ -277,6 +283,7 @@ static const struct ci_provider_ops local_ops = {
     .start = local_start,
     .wait = local_wait,
     .cancel = local_cancel,
+    .release = local_release,
     .destroy = local_destroy,
 };
 

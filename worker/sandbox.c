@@ -1132,18 +1132,31 @@ static void close_fd(int *fd)
 
 static void remove_tree_at(int dirfd, int depth);
 
-static void run_free(struct ci_sandbox_run *run)
+/* Kills and reaps whatever of the run is still alive (start failed, or the
+ * run is freed without a wait). */
+static void run_kill_now(struct ci_sandbox_run *run)
 {
-    if (!run)
+    if (run->pid <= 0)
         return;
+    kill(run->pid, SIGKILL);
+    if (!run->sb->ns)
+        kill(-run->pid, SIGKILL);
+    while (waitpid(run->pid, NULL, __WALL) < 0 && errno == EINTR)
+        ;
+    run->pid = 0;
+}
+
+/* The end of a run: every fd but the cancel eventfd (cancel() may still be
+ * called until the run is freed) and the bare-mode directory. */
+static void run_close(struct ci_sandbox_run *run)
+{
     close_fd(&run->pidfd);
     close_fd(&run->sock);
     close_fd(&run->code_fd);
     close_fd(&run->out_fd);
     close_fd(&run->err_fd);
     close_fd(&run->rep_fd);
-    close_fd(&run->wake_fd);
-    close_fd(&run->ws_fd);
+    close_fd(&run->ws_fd); /* the last reference to the workspace tmpfs */
     for (int i = 0; i < FD_COUNT; i++)
         close_fd(&run->args.fds[i]);
     if (run->bare_dir) {
@@ -1151,8 +1164,18 @@ static void run_free(struct ci_sandbox_run *run)
             remove_tree_at(run->bare_dir_fd, 0);
         rmdir(run->bare_dir);
         free(run->bare_dir);
+        run->bare_dir = NULL;
     }
     close_fd(&run->bare_dir_fd);
+}
+
+void ci_sandbox_run_free(struct ci_sandbox_run *run)
+{
+    if (!run)
+        return;
+    run_kill_now(run);
+    run_close(run);
+    close_fd(&run->wake_fd);
     for (size_t i = 0; i < sizeof(run->bare_strs) / sizeof(run->bare_strs[0]); i++)
         free(run->bare_strs[i]);
     for (size_t i = 0; i < MAX_ENV; i++)
@@ -1162,20 +1185,6 @@ static void run_free(struct ci_sandbox_run *run)
     free(run->inputs);
     free(run->code);
     free(run);
-}
-
-/* Kills what is left of a run that failed during start, and reaps it. */
-static void run_abort(struct ci_sandbox_run *run)
-{
-    if (run->pid > 0) {
-        kill(run->pid, SIGKILL);
-        if (!run->sb->ns)
-            kill(-run->pid, SIGKILL);
-        while (waitpid(run->pid, NULL, __WALL) < 0 && errno == EINTR)
-            ;
-        run->pid = 0;
-    }
-    run_free(run);
 }
 
 static void set_limit(struct child_args *a, int res, rlim_t soft, rlim_t hard)
@@ -1536,6 +1545,24 @@ static ci_status start_bare(struct ci_sandbox_run *run, const struct ci_sandbox_
     return CI_OK;
 }
 
+/* Sends what the code socket takes without blocking. Closing it when all
+ * is sent is the driver's EOF; a socket nobody reads any more is closed. */
+static void send_code(struct ci_sandbox_run *run)
+{
+    while (run->code_fd >= 0 && run->code_off < run->code_len) {
+        ssize_t w = send(run->code_fd, run->code + run->code_off, run->code_len - run->code_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN)
+            return;
+        if (w <= 0)
+            break;
+        run->code_off += (size_t)w;
+    }
+    close_fd(&run->code_fd);
+}
+
 ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job,
                            struct ci_sandbox_run **ret, struct ci_error *err)
 {
@@ -1566,19 +1593,19 @@ ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *j
     if (!s)
         s = sb->ns ? start_ns(run, job, err) : start_bare(run, job, err);
     if (s) {
-        run_abort(run);
+        ci_sandbox_run_free(run);
         return s;
     }
     run->t_go = ci_mono_ms();
     run->deadline = run->t_go + job->timeout_ms;
-    if (run->code_len == 0)
-        close_fd(&run->code_fd);
+    send_code(run); /* usually all of it fits in the socket buffer now */
     *ret = run;
     return CI_OK;
 }
 
 void ci_sandbox_cancel(struct ci_sandbox_run *run)
 {
+    /* After wait() the flag is never read again: harmless. */
     if (!run || atomic_exchange(&run->cancel_requested, true))
         return;
     uint64_t one = 1;
@@ -1727,7 +1754,8 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     const size_t scratch_size = 64 * 1024;
     uint8_t *scratch = malloc(scratch_size);
     if (!scratch) {
-        run_abort(run);
+        run_kill_now(run);
+        run_close(run);
         return CI_ERR_NOMEM;
     }
     struct capture out = {CI_BUF_INIT, sb->cfg->limits.max_output_bytes, 0};
@@ -1790,15 +1818,8 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
             close_fd(&run->err_fd);
         if (i_rep >= 0 && p[i_rep].revents && !drain(run->rep_fd, &rep, scratch, scratch_size, &s))
             close_fd(&run->rep_fd);
-        if (i_code >= 0 && p[i_code].revents) {
-            ssize_t w = send(run->code_fd, run->code + run->code_off,
-                             run->code_len - run->code_off, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (w > 0)
-                run->code_off += (size_t)w;
-            /* All sent (the close is the driver's EOF), or nobody reads any more. */
-            if ((w < 0 && errno != EAGAIN && errno != EINTR) || run->code_off == run->code_len)
-                close_fd(&run->code_fd);
-        }
+        if (i_code >= 0 && p[i_code].revents)
+            send_code(run);
         if (i_wake >= 0 && p[i_wake].revents) {
             uint64_t v;
             ssize_t rd = read(run->wake_fd, &v, sizeof(v));
@@ -1866,7 +1887,7 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     ci_buf_release(&out.buf);
     ci_buf_release(&errc.buf);
     ci_buf_release(&rep.buf);
-    run_free(run);
+    run_close(run);
     if (s) {
         ci_sandbox_result_release(&r);
         return s;
@@ -2223,7 +2244,9 @@ static ci_status probe_run(struct ci_sandbox *sb, struct ci_error *err)
     if (s)
         return s;
     struct ci_sandbox_result r;
-    if ((s = ci_sandbox_wait(run, &r)))
+    s = ci_sandbox_wait(run, &r);
+    ci_sandbox_run_free(run);
+    if (s)
         return ci_error_set(err, s, "out of memory");
     if (r.end != CI_SANDBOX_EXITED || !r.has_status || r.status != 0) {
         size_t len = r.outcome.err_len > 200 ? 200 : r.outcome.err_len;
@@ -2441,7 +2464,9 @@ static void plan_font_cache(struct ci_sandbox *sb)
     struct ci_sandbox_result r;
     if (ci_sandbox_start(sb, &job, &run, NULL) != CI_OK)
         return;
-    if (ci_sandbox_wait(run, &r) != CI_OK)
+    ci_status s = ci_sandbox_wait(run, &r);
+    ci_sandbox_run_free(run);
+    if (s)
         return;
     const char *out = r.outcome.out;
     const char *nl = out ? memchr(out, '\n', r.outcome.out_len) : NULL;

@@ -153,13 +153,19 @@ ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *j
 
 /* Collects output until the task ends, the deadline passes or a cancel
  * arrives; kills every process of the sandbox, reaps them, then reads the
- * artifacts. Frees run. Returns CI_OK with ret filled (a broken run is
- * CI_SANDBOX_BROKEN, not an error), or CI_ERR_NOMEM. */
+ * artifacts and closes the workspace. Call once. Returns CI_OK with ret
+ * filled (a broken run is CI_SANDBOX_BROKEN, not an error), or
+ * CI_ERR_NOMEM (everything is dead then too). The run stays allocated. */
 ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *ret);
 
 /* Asks the run to stop: wait() kills everything and returns
- * CI_SANDBOX_CANCELLED within a second. Callable from any thread between
- * start() and the end of wait(); never signals a process itself. */
+ * CI_SANDBOX_CANCELLED within a second. Callable from any thread from
+ * start() until ci_sandbox_run_free(); after wait() returned it does
+ * nothing. Never signals a process itself. */
 void ci_sandbox_cancel(struct ci_sandbox_run *run);
+
+/* Frees a run once no thread can call cancel() on it any more. A run that
+ * was never waited for is killed and reaped first. Accepts NULL. */
+void ci_sandbox_run_free(struct ci_sandbox_run *run);
 
 #endif

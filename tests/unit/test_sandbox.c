@@ -65,6 +65,8 @@ static ci_status run_with(struct ci_provider *p, const char *code, const struct 
         return s;
     }
     s = ci_provider_wait(p, run, o);
+    ci_provider_cancel(p, run); /* after wait(): does nothing */
+    ci_provider_release(p, run);
     if (!s && getenv("TEST_VERBOSE"))
         fprintf(stderr, "--- kind %d exit %d mem %u MiB cpu %llu ms %llu ms\nout: %.300s\n"
                 "err: %.2000s\nerror: %s\nhint: %s\n",
@@ -534,11 +536,37 @@ static void t_cancel(void)
     ci_status s = ci_provider_wait(prov, a.run, &o);
     int64_t done = ci_mono_ms();
     pthread_join(th, NULL);
+    ci_provider_release(prov, a.run);
     REQUIRE(s == CI_OK);
     CHECK(o.kind == CI_OUTCOME_CANCELLED);
     CHECK(done - a.at < 1000);
     CHECK_STR(o.error, "the task was cancelled");
     ci_outcome_release(&o);
+}
+
+/* A run released without wait() is killed and reaped, nothing left over. */
+static void t_release_without_wait(void)
+{
+    char marker[64], code[256];
+    snprintf(marker, sizeof(marker), "ci-release-marker-%d", (int)getpid());
+    snprintf(code, sizeof(code),
+             "import subprocess, sys\n"
+             "subprocess.run([sys.executable, '-c', 'import time; time.sleep(100)', '%s'])\n",
+             marker);
+    struct ci_task task = {.task_id = "r1", .code = code, .code_len = strlen(code),
+                           .timeout_ms = 20000, .memory_mb = 1024};
+    struct ci_error err = {{0}};
+    struct ci_run *run = NULL;
+    REQUIRE(ci_provider_start(prov, &task, &run, &err) == CI_OK);
+    bool seen = false;
+    for (int i = 0; i < 100 && !seen; i++) { /* up to 5 s for python to start it */
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        seen = process_with_marker(marker);
+    }
+    CHECK(seen);
+    ci_provider_release(prov, run);
+    CHECK(!process_with_marker(marker));
 }
 
 static void t_output_cap(void)
@@ -866,7 +894,7 @@ int main(void)
         T(t_code_edges),    T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
         T(t_network),       T(t_host_invisible), T(t_seccomp),
         T(t_orphans_killed),
-        T(t_timeout),       T(t_init_untouchable),       T(t_cancel),         T(t_output_cap),
+        T(t_timeout),       T(t_init_untouchable), T(t_release_without_wait),       T(t_cancel),         T(t_output_cap),
         T(t_memory),        T(t_process_limits), T(t_parallel),
         T(t_artifact_cap),  T(t_no_isolation_mode), T(t_fallback_without_userns),
         T(t_probe_print),
