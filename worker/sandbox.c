@@ -1692,12 +1692,35 @@ static void reap(struct ci_sandbox_run *run, int *ret_status, struct rusage *ru)
     close_fd(&run->pidfd);
 }
 
+/* A cut output must not end inside a UTF-8 character: the result carries it
+ * as a proto3 string, where the broken tail would turn into U+FFFD and grow
+ * past the cap. Returns len without an incomplete last sequence (bytes that
+ * are not UTF-8 at all are left as they are). */
+static size_t trim_partial_utf8(const uint8_t *p, size_t len)
+{
+    for (size_t back = 1; back <= 3 && back <= len; back++) {
+        uint8_t c = p[len - back];
+        if ((c & 0xc0) == 0x80)
+            continue; /* a continuation byte: the lead is further back */
+        size_t need = c >= 0xc2 && c <= 0xdf   ? 2
+                      : c >= 0xe0 && c <= 0xef ? 3
+                      : c >= 0xf0 && c <= 0xf4 ? 4
+                                               : 1;
+        return need > back ? len - back : len;
+    }
+    return len;
+}
+
 static void take_capture(struct capture *c, char **data, size_t *len, uint64_t *total,
                          ci_status *s)
 {
     if (!c->buf.data && ci_buf_reserve(&c->buf, 0) != CI_OK) {
         *s = CI_ERR_NOMEM;
         return;
+    }
+    if (c->total > c->buf.len) {
+        c->buf.len = trim_partial_utf8(c->buf.data, c->buf.len);
+        c->buf.data[c->buf.len] = '\0';
     }
     *total = c->total;
     *data = (char *)ci_buf_steal(&c->buf, len);

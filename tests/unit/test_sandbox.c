@@ -580,6 +580,17 @@ static void t_output_cap(void)
     CHECK(o.out[0] == 'x' && o.out[o.out_len - 1] == 'x' && o.out[o.out_len] == '\0');
     CHECK(o.err_len == 10 && o.err_total == 10);
     ci_outcome_release(&o);
+
+    /* The cut never splits a UTF-8 character (2 + 3k is never 1 MiB). */
+    REQUIRE(run_code("import sys\nsys.stdout.write('ab' + '\u20ac' * 400000)\n", &o) == CI_OK);
+    CHECK(o.out_total == 2 + 3 * 400000);
+    CHECK(o.out_len <= 1 << 20 && o.out_len >= (1 << 20) - 3);
+    CHECK((o.out_len - 2) % 3 == 0);
+    size_t clean_len = 0;
+    char *clean = ci_utf8_sanitize((const uint8_t *)o.out, o.out_len, &clean_len);
+    CHECK(clean && clean_len == o.out_len); /* nothing to replace */
+    free(clean);
+    ci_outcome_release(&o);
 }
 
 static void t_memory(void)
