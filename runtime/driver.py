@@ -249,7 +249,12 @@ class _Driver:
 def _main():
     driver = _Driver()
     source = driver.open_channels()
+    pid = os.getpid()
     code = driver.run(source)
+    if os.getpid() != pid:
+        # A child the code forked ran off the end of the script: the figures
+        # and the report belong to the main process only.
+        return code
     try:
         driver.save_figures()
     except BaseException as e:  # noqa: B036 - never lose the report
