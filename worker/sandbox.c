@@ -16,7 +16,12 @@
  * one byte after writing the uid map and one byte as GO; the child sends
  * READY (with the /workspace fd), FAILED (step + errno) or DONE (the task's
  * wait status and rusage). A failing setup step is therefore reported as
- * "mount /proc: Operation not permitted", never as a silent exit. */
+ * "mount /proc: Operation not permitted", never as a silent exit.
+ *
+ * Building the sandbox (init_main up to GO) is kept apart from running the
+ * task (task_exec, reap_all): a warm pool would replace task_exec() with
+ * "fork a child of a zygote that already imported pandas and matplotlib",
+ * and keep the rest. */
 #include "sandbox.h"
 
 #include <dirent.h>
