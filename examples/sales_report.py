@@ -18,3 +18,4 @@ ax.set_title("Revenue by region")
 ax.set_ylabel("revenue")
 fig.tight_layout()
 fig.savefig("revenue_by_region.png", dpi=100)
+plt.close(fig)  # a figure left open would also come back as figure-1.png

@@ -146,6 +146,8 @@ static int run_worker(const struct ci_config *cfg)
         ci_log(CI_LOG_ERROR, "worker.provider_failed", "error", e.msg, NULL);
         goto out;
     }
+    if (e.msg[0]) /* isolation: auto fell back to no sandbox: say it once */
+        ci_log(CI_LOG_WARN, "worker.no_isolation", "warning", e.msg, NULL);
     if (ci_broker_connect(cfg, &w.env.broker, &e) || ci_broker_setup(w.env.broker, true, &e)) {
         ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
         goto out;
