@@ -209,4 +209,30 @@ describe("worker basic", () => {
     assert.equal(a.sha256, sha256hex(bytes));
     assert.equal(a.size, bytes.length);
   });
+
+  test("artifacts in a subfolder of /workspace keep their relative name", async () => {
+    const c = stack.client;
+    const taskId = newTaskId("subdir");
+    const code = [
+      "import os",
+      "import matplotlib.pyplot as plt",
+      "os.makedirs('out/deep', exist_ok=True)",
+      "plt.plot([1, 2], [2, 1])",
+      "plt.savefig('out/deep/plot.png')",
+      "plt.close('all')",
+      "open('out/t.csv', 'w').write('a\\n1\\n')",
+    ].join("\n");
+    await c.submit({ taskId, language: "python", code });
+    const { result: r } = await c.waitResult(taskId, 30000);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    const byName = Object.fromEntries(r.artifacts.map((a) => [a.name, a]));
+    assert.deepEqual(Object.keys(byName).sort(), ["out/deep/plot.png", "out/t.csv"], show(r.artifacts));
+    for (const a of r.artifacts) {
+      assert.equal(a.object, `${taskId}/${a.name}`);
+      const bytes = await c.getObject(a.object);
+      assert.equal(sha256hex(bytes), a.sha256);
+    }
+    assert.equal(byName["out/t.csv"].mimeType, "text/csv");
+    assert.equal(byName["out/deep/plot.png"].mimeType, "image/png");
+  });
 });

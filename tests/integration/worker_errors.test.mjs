@@ -74,7 +74,7 @@ describe("worker errors", () => {
     assert.equal(encoding, "protobuf");
     checkResultBasics(r, { taskId });
     assert.equal(r.status, "TASK_STATUS_FAILED", show(r));
-    assert.match(r.error, /decod|pars|invalid|malformed/i, `error says the body could not be decoded: ${r.error}`);
+    assert.match(r.error, /decod|pars|not a valid|invalid|malformed/i, `error says the body could not be decoded: ${r.error}`);
     assert.equal(r.exitCode, undefined, "the code never ran");
     const evs = await c.events(taskId);
     assert.equal(evs[evs.length - 1].event.status, "TASK_STATUS_FAILED");
@@ -89,7 +89,7 @@ describe("worker errors", () => {
     assert.equal(encoding, "json", "the error result is in the encoding of the request");
     assert.deepEqual(problems, []);
     assert.equal(r.status, "TASK_STATUS_FAILED", show(r));
-    assert.match(r.error, /decod|pars|JSON|invalid|malformed/i, r.error);
+    assert.match(r.error, /decod|pars|JSON|not a valid|invalid|malformed/i, r.error);
     assert.equal(r.exitCode, undefined);
   });
 

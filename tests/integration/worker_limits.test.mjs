@@ -4,10 +4,26 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 
 import { startStack } from "./lib/stack.mjs";
+import protobuf from "protobufjs";
+
 import { runTask } from "./lib/client.mjs";
 import { checkEvents, checkResultBasics, show } from "./lib/checks.mjs";
 
 const MiB = 1024 * 1024;
+
+// The raw bytes of string field `field` of a protobuf message (the last
+// occurrence), without any UTF-8 decoding.
+function protoStringBytes(buf, field) {
+  const rd = protobuf.Reader.create(buf);
+  let out = null;
+  while (rd.pos < rd.len) {
+    const tag = rd.uint32();
+    if (tag >>> 3 === field && (tag & 7) === 2) out = Buffer.from(rd.bytes());
+    else rd.skipType(tag & 7);
+  }
+  return out;
+}
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true });
 
 describe("worker limits", () => {
   let stack;
@@ -133,6 +149,69 @@ describe("worker limits", () => {
     assert.match(r.error, /256/, "the error names the limit");
     assert.equal(r.stdout, "allocating\n");
     assert.ok(r.usage.memoryMb <= 256 + 64, `peak memory ${r.usage.memoryMb} MiB stayed near the 256 MiB limit`);
+  });
+
+  for (const json of [false, true]) {
+    test(`invalid UTF-8 in the output is replaced, never passed on (${json ? "JSON" : "protobuf"})`, async () => {
+      const { result: r, bytes, encoding } = await runTask(
+        stack.client,
+        { code: "import sys\nsys.stdout.buffer.write(b'ok \\xff\\xfe\\xc3 end\\n')\nsys.stderr.buffer.write(b'\\xe2\\x82 bad\\n')" },
+        { json },
+      );
+      assert.equal(encoding, json ? "json" : "protobuf");
+      assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+      assert.equal(r.stdoutTotalBytes, 11, "total counts the bytes the code wrote");
+      assert.match(r.stdout, /^ok \uFFFD+ end\n$/);
+      assert.match(r.stderr, /^\uFFFD+ bad\n$/);
+      // The stored bytes themselves are valid UTF-8 (a lenient decoder
+      // would hide invalid bytes, so check them strictly).
+      if (json) {
+        assert.doesNotThrow(() => strictUtf8.decode(bytes), "the JSON result is valid UTF-8");
+      } else {
+        for (const field of [3, 4]) assert.doesNotThrow(() => strictUtf8.decode(protoStringBytes(bytes, field)), `field ${field} is valid UTF-8`);
+      }
+    });
+  }
+
+  test("a JSON result whose output needs heavy escaping still fits and says what was cut", async () => {
+    // Control characters become \\u00XX in JSON: 6 bytes each, so 1 MiB of
+    // them on both streams is ~12 MiB of JSON, more than the server's 8 MB.
+    const { result: r, raw, encoding } = await runTask(
+      stack.client,
+      { code: "import sys\nsys.stdout.write('\\x01' * (1024 * 1024))\nsys.stderr.write('\\x02' * (1024 * 1024))" },
+      { json: true },
+    );
+    assert.equal(encoding, "json");
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.stdoutTotalBytes, MiB);
+    assert.equal(r.stderrTotalBytes, MiB);
+    assert.ok(/^\x01*$/.test(r.stdout) && /^\x02*$/.test(r.stderr));
+    // Whatever was kept: a shorter stream is flagged as cut.
+    assert.equal(r.stdoutTruncated, r.stdout.length < MiB, `stdout ${r.stdout.length} chars, truncated ${r.stdoutTruncated}`);
+    assert.equal(r.stderrTruncated, r.stderr.length < MiB, `stderr ${r.stderr.length} chars, truncated ${r.stderrTruncated}`);
+    assert.ok(r.stdoutTruncated || r.stderrTruncated, "12 MiB of JSON cannot fit in 8 MB: something was cut");
+    assert.equal(typeof raw.stdoutTotalBytes, "string");
+  });
+
+  test("artifacts are capped at 20 MiB in all; what is returned is intact", async () => {
+    const code = [
+      "for i in range(3):",
+      "    with open(f'part{i}.csv', 'w') as f:",
+      "        f.write('a,b\\n')",
+      "        f.write(('%d,%d\\n' % (i, i)) * (8 * 1024 * 1024 // 4))",
+      "print('written')",
+    ].join("\n");
+    const { result: r, taskId } = await runTask(stack.client, { code });
+    assert.match(r.stdout, /written/, show(r));
+    const total = r.artifacts.reduce((n, a) => n + a.size, 0);
+    assert.ok(total <= 20 * MiB, `artifacts total ${total} bytes, more than 20 MiB`);
+    assert.ok(r.artifacts.length < 3, "not all three 8 MiB files can be returned");
+    for (const a of r.artifacts) {
+      const bytes = await stack.client.getObject(a.object);
+      assert.equal(bytes.length, a.size);
+      assert.equal(a.object, `${taskId}/${a.name}`);
+    }
+    assert.match(r.error, /artifact|20/i, `the result says artifacts were left out: ${show(r)}`);
   });
 
   test("the worker is healthy after the limits were hit", async () => {

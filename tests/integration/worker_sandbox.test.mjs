@@ -58,7 +58,10 @@ describe("worker sandbox", () => {
   let worker;
   const markers = [];
   before(async () => {
-    stack = await startStack({ workers: 1, worker: { concurrency: 2, env: { CI_ITEST_SECRET: SECRET_ENV, CI_NATS_TOKEN: SECRET_ENV } } });
+    // CI_ITEST_ISOLATION=none|auto|required runs the worker with that
+    // local.isolation (none: to see the skip path and the ungated tests).
+    const local = process.env.CI_ITEST_ISOLATION ? { isolation: process.env.CI_ITEST_ISOLATION } : {};
+    stack = await startStack({ workers: 1, worker: { concurrency: 2, local, env: { CI_ITEST_SECRET: SECRET_ENV, CI_NATS_TOKEN: SECRET_ENV } } });
     worker = stack.workers[0];
     const { result: r } = await runTask(stack.client, { code: "print('probe')" });
     assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));

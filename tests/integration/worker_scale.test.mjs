@@ -2,6 +2,7 @@
 // to stop finishes what it runs and exits 0.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { readdirSync, readFileSync } from "node:fs";
 
 import { startStack } from "./lib/stack.mjs";
 import { newTaskId } from "./lib/client.mjs";
@@ -9,12 +10,31 @@ import { show } from "./lib/checks.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+// Pids of processes whose command line contains marker.
+function processesWith(marker) {
+  const pids = [];
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d) || Number(d) === process.pid) continue;
+    try {
+      if (readFileSync(`/proc/${d}/cmdline`).toString().includes(marker)) pids.push(Number(d));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return pids;
+}
+
 describe("worker scale", () => {
   let stack;
+  const markers = [];
   before(async () => {
-    stack = await startStack({ workers: 2, worker: { concurrency: 1 } });
+    // A short ack wait (the smallest allowed) makes redelivery after a
+    // worker's death quick, and makes the in-progress acks that keep a long
+    // task alive necessary.
+    stack = await startStack({ workers: 2, worker: { concurrency: 1, jetstream: { ack_wait_s: 5 } } });
   });
   after(async () => {
+    for (const m of markers) for (const pid of processesWith(m)) try { process.kill(pid, "SIGKILL"); } catch { /* gone */ }
     await stack?.stop();
   });
 
@@ -44,11 +64,65 @@ describe("worker scale", () => {
     }
   });
 
+  test("a task running longer than the ack wait is kept alive: never redelivered", async () => {
+    const c = stack.client;
+    const taskId = newTaskId("long");
+    await c.submit({ taskId, language: "python", code: "import time\ntime.sleep(12)\nprint('long done')" });
+    const { result: r } = await c.waitResult(taskId, 40000);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.attempt, 1);
+    const evs = await c.events(taskId);
+    assert.deepEqual(evs.map((e) => e.event.status), ["TASK_STATUS_RUNNING", "TASK_STATUS_SUCCEEDED"], "one run only, although it ran over twice the 5 s ack wait");
+    const ci = await c.jsm.consumers.info("CI_TASKS", "ci-workers");
+    assert.equal(ci.num_redelivered, 0, "the server redelivered nothing");
+  });
+
+  test("a worker killed (SIGKILL) mid-task: its task's processes die, another worker runs it again (attempt 2)", async () => {
+    const c = stack.client;
+    const marker = `ci-itest-killed-${process.pid}-${Date.now()}`;
+    markers.push(marker);
+    const taskId = newTaskId("killed");
+    const code = [
+      "import subprocess, sys, time",
+      // A child with the marker in its command line, to find it from the host.
+      `p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '${marker}'])`,
+      "print('attempt running', flush=True)",
+      "time.sleep(4)",
+      "p.kill()",
+      "print('finished')",
+    ].join("\n");
+    await c.submit({ taskId, language: "python", code });
+    const running = await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
+    const victim = stack.workers.find((w) => w.id === running.result.worker);
+    assert.ok(victim, `the RUNNING record names a worker of ours: ${running.result.worker}`);
+    // Wait until the child exists, then kill the worker outright.
+    const deadline = Date.now() + 10000;
+    while (processesWith(marker).length === 0) {
+      assert.ok(Date.now() < deadline, "the task's child process never appeared");
+      await sleep(50);
+    }
+    await victim.kill();
+    let left = processesWith(marker);
+    for (let i = 0; i < 20 && left.length; i++) {
+      await sleep(100);
+      left = processesWith(marker);
+    }
+    // The redelivery first (so that a failure below leaves no task behind).
+    const { result: r } = await c.waitResult(taskId, 40000);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.attempt, 2, "JetStream's delivery count");
+    assert.notEqual(r.worker, victim.id);
+    assert.equal(r.stdout, "attempt running\nfinished\n");
+    assert.deepEqual(left, [], "the task's processes die with their worker (they were still there 2 s after its SIGKILL)");
+  });
+
   test("SIGTERM while a task runs: the task finishes SUCCEEDED, the worker takes no new task and exits 0", async () => {
     const c = stack.client;
-    const [a, b] = stack.workers;
+    const live = stack.workers.filter((w) => !w.exited());
+    assert.ok(live.length >= 1);
+    const a = live[live.length - 1];
     // Only worker a may take the task.
-    assert.equal((await b.stop("SIGTERM", 30000)).code, 0, "an idle worker exits 0 on SIGTERM");
+    for (const b of live.slice(0, -1)) assert.equal((await b.stop("SIGTERM", 30000)).code, 0, "an idle worker exits 0 on SIGTERM");
 
     const taskId = newTaskId("drain");
     await c.submit({ taskId, language: "python", code: "import time\nprint('start', flush=True)\ntime.sleep(3)\nprint('end')" });
