@@ -235,4 +235,68 @@ describe("worker basic", () => {
     assert.equal(byName["out/t.csv"].mimeType, "text/csv");
     assert.equal(byName["out/deep/plot.png"].mimeType, "image/png");
   });
+
+  test("the NATS resources are those of the contract table", async () => {
+    const { jsm, nc } = stack.client;
+    const H = 3600e9; // 1 h in ns
+    const tasks = (await jsm.streams.info("CI_TASKS")).config;
+    assert.deepEqual(tasks.subjects, ["ci.submit"]);
+    assert.equal(tasks.retention, "workqueue");
+    assert.equal(tasks.storage, "file");
+    assert.equal(tasks.max_age, H);
+    assert.equal(tasks.duplicate_window, 120e9);
+    assert.equal(tasks.max_msg_size, nc.info.max_payload, "max message size = the server's max_payload");
+    const cons = (await jsm.consumers.info("CI_TASKS", "ci-workers")).config;
+    assert.equal(cons.durable_name, "ci-workers");
+    assert.equal(cons.ack_policy, "explicit");
+    assert.equal(cons.ack_wait, 30e9);
+    assert.equal(cons.max_deliver, 5);
+    const status = (await jsm.streams.info("CI_STATUS")).config;
+    assert.deepEqual(status.subjects, ["ci.status.>"]);
+    assert.equal(status.retention, "limits");
+    assert.equal(status.max_age, H);
+    const cancel = (await jsm.streams.info("CI_CANCEL")).config;
+    assert.deepEqual(cancel.subjects, ["ci.cancel.>"]);
+    assert.equal(cancel.retention, "limits");
+    assert.equal(cancel.max_age, H);
+    const kv = (await jsm.streams.info("KV_ci-results")).config;
+    assert.equal(kv.max_msgs_per_subject, 1, "history 1");
+    assert.equal(kv.max_age, H, "TTL 1 h");
+    const kvStatus = await (await stack.client.kvBucket()).status();
+    assert.equal(kvStatus.history, 1);
+    const obj = (await jsm.streams.info("OBJ_ci-files")).config;
+    assert.deepEqual([...obj.subjects].sort(), ["$O.ci-files.C.>", "$O.ci-files.M.>"]);
+    assert.equal(obj.max_age, H, "TTL 1 h");
+    assert.equal(obj.allow_rollup_hdrs, true);
+  });
+
+  test("a QUEUED record written first by the client is taken over by the worker", async () => {
+    const c = stack.client;
+    const kv = await c.kvBucket();
+    for (const json of [false, true]) {
+      const taskId = newTaskId(`queued-${json ? "json" : "pb"}`);
+      // The client's own record, in the other encoding than its request.
+      const queued = { taskId, status: "TASK_STATUS_QUEUED" };
+      const bytes = json ? proto().ExecutionResult.encode(proto().ExecutionResult.fromObject({ taskId, status: 1 })).finish() : Buffer.from(JSON.stringify(queued));
+      await kv.create(taskId, bytes);
+      await c.submit({ taskId, language: "python", code: "print('taken over')" }, { json });
+      const { result: r, encoding } = await c.waitResult(taskId, 30000);
+      assert.equal(encoding, json ? "json" : "protobuf");
+      assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+      assert.equal(r.stdout, "taken over\n");
+    }
+  });
+
+  test("CI_NATS_URL in the environment overrides nats.url of the config", async () => {
+    // nats.url points at a closed port; only the environment is right.
+    const w = await stack.addWorker({ id: `env-url-${process.pid}`, nats: { url: "nats://127.0.0.1:1" }, env: { CI_NATS_URL: stack.server.url } });
+    const { code } = await worker.stop("SIGTERM", 30000);
+    assert.equal(code, 0);
+    const c = stack.client;
+    const taskId = newTaskId("envurl");
+    await c.submit({ taskId, language: "python", code: "print('via env')" });
+    const { result: r } = await c.waitResult(taskId, 30000);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.worker, w.id);
+  });
 });

@@ -285,6 +285,53 @@ describe("worker errors", () => {
     assert.match(text, /costs 2024\.csv/, show(r));
   });
 
+  test("no odd body crashes or stalls the worker: each gets a terminal result", async () => {
+    const c = stack.client;
+    const J = "application/json";
+    const P = "application/protobuf";
+    const deep = '{"language":"python","code":"print(1)","labels":' + '{"a":'.repeat(20000) + '"x"' + "}".repeat(20001);
+    // [body, content type, must be FAILED]
+    const bodies = [
+      ["[]", J, true],
+      ["null", J, true],
+      ['"just a string"', J, true],
+      ['{"language": "python", "code": 5}', J, true],
+      ['{"language":"python","code":"print(1)","files":[{"name":"a.csv","content":"!!!not base64"}]}', J, true],
+      ['{"language":"python","code":"print(1)","limits":{"timeoutMs":-5}}', J, true],
+      ['{"language":"python","code":"print(1)","limits":{"timeoutMs":1e20}}', J, true],
+      ['{"language":"python","code":"print(1)","limits":{"timeoutMs":1.5}}', J, true],
+      ['{"language":"python","code":"print(1)","files":[{"name":"a.csv","content":"YQ==","object":"x"}]}', J, true],
+      [deep, J, true],
+      ['{"language":"python","code":"print(1)","status":"TASK_STATUS_SUCCEEDED"}', J, false],
+      ['{"language":"python","code":"print(\'\\u0000\')"}', J, false],
+      ["", P, true], // decodes as an empty request: no language
+      [Buffer.from([0x12, 0x06, 0x70, 0x79, 0x74, 0x68, 0x6f, 0x6e, 0x1a, 0x03, 0xff, 0xfe, 0x31]), P, false], // code not UTF-8
+      [Buffer.from([0x1a, 0xff, 0xff, 0xff, 0xff, 0x0f]), P, true], // length past the end
+      ['{"language":"python","code":"print(1)"}', "text/plain", true],
+    ];
+    const ids = [];
+    for (const [body, ct] of bodies) {
+      const taskId = newTaskId("odd");
+      ids.push(taskId);
+      await c.submit(null, { body, msgId: taskId, contentType: ct });
+    }
+    const problems = [];
+    for (let i = 0; i < bodies.length; i++) {
+      let r;
+      try {
+        ({ result: r } = await c.waitResult(ids[i], 30000));
+      } catch (e) {
+        problems.push(`body ${i}: ${e.message}`);
+        continue;
+      }
+      if (bodies[i][2] && r.status !== "TASK_STATUS_FAILED") problems.push(`body ${i}: ${r.status}, expected FAILED`);
+      if (r.status === "TASK_STATUS_FAILED" && !r.error) problems.push(`body ${i}: FAILED without an error`);
+    }
+    assert.deepEqual(problems, []);
+    assert.equal(worker.exited(), null, "the worker is still running");
+    await tasksStreamDrains();
+  });
+
   test("the worker is still healthy and its log never shows task payloads", async () => {
     const secret = `payload-marker-${Date.now()}`;
     const { result: r } = await runTask(stack.client, { code: `x = '${secret}'\nprint(x)` });
