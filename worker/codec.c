@@ -969,7 +969,7 @@ static ci_status dec_value(struct dec *d, const ProtobufCFieldDescriptor *f, jso
         *(protobuf_c_boolean *)member = json_is_true(v);
         return CI_OK;
     case PROTOBUF_C_TYPE_ENUM: {
-        int32_t e;
+        int32_t e = 0;
         if ((s = dec_enum(d, f->descriptor, v, &e)))
             return s;
         *(int32_t *)member = e;
@@ -1413,8 +1413,8 @@ ci_status ci_message_encode(enum ci_encoding enc, const ProtobufCMessage *msg, u
             return pb_pack(msg, ret, ret_len, err);
         /* Round-trip through a copy we own and mend its strings: a protobuf
          * reader in another language refuses a string that is not UTF-8. */
-        uint8_t *raw;
-        size_t raw_len;
+        uint8_t *raw = NULL;
+        size_t raw_len = 0;
         ci_status s = pb_pack(msg, &raw, &raw_len, err);
         if (s)
             return s;
