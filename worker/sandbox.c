@@ -912,6 +912,7 @@ __attribute__((noreturn)) static void task_exec(const struct child_args *a)
             child_fail(FD_SOCK, STEP_SETGID, 0, errno);
         if (sys_setresuid(sb->cfg->local.sandbox_uid) != 0)
             child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0); /* cleared by the id change */
     }
     if (!sb->ns && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         child_fail(FD_SOCK, STEP_NO_NEW_PRIVS, 0, errno);
@@ -981,6 +982,9 @@ __attribute__((noreturn)) static void init_main(const struct child_args *a)
         child_fail(FD_SOCK, STEP_SETGID, 0, errno);
     if (sys_setresuid(SANDBOX_ID) != 0)
         child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+    /* Changing ids clears the parent-death signal: arm it again, or a
+     * worker killed with SIGKILL would leave the task running. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
 
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
         child_fail(FD_SOCK, STEP_PRIVATE, 0, errno);
