@@ -18,5 +18,14 @@ SANITIZE=1 bash scripts/build.sh
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# The libFuzzer targets need clang: their own build, only those targets.
+fuzz_dir=${FUZZ_BUILD_DIR:-$root/build-fuzz}
+CC=clang cmake -S "$root" -B "$fuzz_dir" -DCI_FUZZ=ON -DCI_FUZZ_SECONDS=${CI_FUZZ_SECONDS:-30} >/dev/null
+cmake --build "$fuzz_dir" -j"$(nproc)" --target fuzz_config fuzz_objmeta fuzz_request
+
 cd "$BUILD_DIR"
-ctest --output-on-failure --timeout 600 -j2 "$@"
+status=0
+ctest --output-on-failure --timeout 600 -j2 "$@" || status=$?
+echo "== fuzzing each parser for ${CI_FUZZ_SECONDS:-30} s"
+(cd "$fuzz_dir" && ctest --output-on-failure -j2 -R '^fuzz\.') || status=$?
+exit $status
