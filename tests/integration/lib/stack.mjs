@@ -28,7 +28,25 @@ export async function startStack({ workers = 1, worker = {}, serverConfig = SERV
     async stop() {
       if (stack.client) await stack.client.close().catch(() => {});
       for (const w of stack.workers) {
-        if (process.env.CI_SHOW_WORKER_LOG) process.stderr.write(`--- log of ${w.id} ---\n${w.logText()}\n`);
+        // A worker still running must drain on SIGTERM and exit 0, and no
+        // worker may have printed a sanitizer report (ASan, LSan at exit,
+        // UBSan): that is how "no input leaks or corrupts memory" is checked.
+        // stop() must not throw, so a failure marks the test file failed.
+        let problem = null;
+        if (!w.exited()) {
+          const x = await w.stop("SIGTERM", 90000).catch((e) => ({ error: e }));
+          if (x.error) problem = x.error.message;
+          else if (x.code !== 0) problem = `exit code ${x.code}, signal ${x.signal} after SIGTERM`;
+        }
+        const log = w.logText();
+        if (/ERROR: (Address|Leak)Sanitizer|runtime error: |SUMMARY: UndefinedBehaviorSanitizer/.test(log))
+          problem = "a sanitizer report in its log";
+        if (problem) {
+          process.stderr.write(`worker ${w.id}: ${problem}; log:\n${log.slice(-20000)}\n`);
+          process.exitCode = 1;
+        } else if (process.env.CI_SHOW_WORKER_LOG) {
+          process.stderr.write(`--- log of ${w.id} ---\n${log}\n`);
+        }
         await w.cleanup().catch(() => {});
       }
       await server.stop().catch(() => {});
