@@ -152,6 +152,21 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("local.tmp_mb", local.tmp_mb, 64, 1, 65536),
     KEY_U32("local.max_processes", local.max_processes, 64, 1, 65536),
     KEY_U32("local.max_open_files", local.max_open_files, 256, 32, 65536),
+
+    KEY_STR("cloudrun.service_url", cloudrun.service_url, "", CS_ANY),
+    KEY_STR("cloudrun.audience", cloudrun.audience, "", CS_ANY),
+    KEY_STR("cloudrun.metadata_url", cloudrun.metadata_url,
+            "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/"
+            "default/identity",
+            CS_NONEMPTY),
+    KEY_STR("cloudrun.token_file", cloudrun.token_file, "", CS_ANY),
+    KEY_U32("cloudrun.token_refresh_margin_s", cloudrun.token_refresh_margin_s, 300, 0, 3600),
+    KEY_U32("cloudrun.timeout_margin_ms", cloudrun.timeout_margin_ms, 30000, 0, 600000),
+    KEY_U32("cloudrun.max_attempts", cloudrun.max_attempts, 5, 1, 100),
+    KEY_U32("cloudrun.backoff_initial_ms", cloudrun.backoff_initial_ms, 200, 1, 60000),
+    KEY_U32("cloudrun.backoff_max_ms", cloudrun.backoff_max_ms, 5000, 1, 600000),
+    KEY_STR("cloudrun.ca_file", cloudrun.ca_file, "", CS_ANY),
+    KEY_U32("cloudrun.connect_timeout_ms", cloudrun.connect_timeout_ms, 5000, 100, 600000),
 };
 
 #define CI_N_KEYS (sizeof(ci_config_keys) / sizeof(ci_config_keys[0]))
@@ -172,6 +187,7 @@ static const struct ci_config_rule {
     {RULE_LE, "limits.default_timeout_ms", "limits.max_timeout_ms"},
     {RULE_LE, "limits.default_memory_mb", "limits.max_memory_mb"},
     {RULE_LE, "jetstream.duplicate_window_s", "jetstream.max_age_s"},
+    {RULE_LE, "cloudrun.backoff_initial_ms", "cloudrun.backoff_max_ms"},
     {RULE_DIFFERENT, "jetstream.tasks_stream", "jetstream.status_stream"},
     {RULE_DIFFERENT, "jetstream.tasks_stream", "jetstream.cancel_stream"},
     {RULE_DIFFERENT, "jetstream.status_stream", "jetstream.cancel_stream"},

@@ -131,6 +131,18 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK(c->local.tmp_mb == 64);
     CHECK(c->local.max_processes == 64);
     CHECK(c->local.max_open_files == 256);
+    CHECK_STR(c->cloudrun.service_url, "");
+    CHECK_STR(c->cloudrun.audience, "");
+    CHECK_STR(c->cloudrun.metadata_url, "http://metadata.google.internal/computeMetadata/v1/"
+                                        "instance/service-accounts/default/identity");
+    CHECK_STR(c->cloudrun.token_file, "");
+    CHECK(c->cloudrun.token_refresh_margin_s == 300);
+    CHECK(c->cloudrun.timeout_margin_ms == 30000);
+    CHECK(c->cloudrun.max_attempts == 5);
+    CHECK(c->cloudrun.backoff_initial_ms == 200);
+    CHECK(c->cloudrun.backoff_max_ms == 5000);
+    CHECK_STR(c->cloudrun.ca_file, "");
+    CHECK(c->cloudrun.connect_timeout_ms == 5000);
 }
 
 static void test_empty_file_gives_defaults(void)
@@ -295,7 +307,10 @@ static void test_key_errors(void)
 {
     static const struct error_case cases[] = {
         {"nats:\n  url: nats://x\n  bogus: 1\n", "worker.yaml:3: key 'nats.bogus': unknown key"},
-        {"cloudrun:\n  region: x\n", "worker.yaml:1: key 'cloudrun': unknown key"},
+        {"cloud:\n  region: x\n", "worker.yaml:1: key 'cloud': unknown key"},
+        {"cloudrun:\n  region: x\n", "worker.yaml:2: key 'cloudrun.region': unknown key"},
+        {"cloudrun:\n  backoff_max_ms: 100\n  backoff_initial_ms: 500\n",
+         "worker.yaml:3: key 'cloudrun.backoff_initial_ms': 500 is above cloudrun.backoff_max_ms (100)"},
         {"# c\n\nnats: {}\nNATS: {}\n", "worker.yaml:4: key 'NATS': unknown key"},
         {"limits:\n  max_timeout_ms: 1000\n  max_timeout_ms: 2000\n",
          "worker.yaml:3: key 'limits.max_timeout_ms': duplicate key"},
@@ -425,10 +440,10 @@ static void test_document_errors(void)
         {"nats: {}\n\xff\n", "worker.yaml:2: YAML syntax error: invalid leading UTF-8 octet"},
         {"hello\n",
          "worker.yaml:1: expected a mapping with the sections nats, jetstream, worker, limits, "
-         "local"},
+         "local, cloudrun"},
         {"- nats\n",
          "worker.yaml:1: expected a mapping with the sections nats, jetstream, worker, limits, "
-         "local"},
+         "local, cloudrun"},
         {"nats: {}\n---\nlimits: {}\n", "worker.yaml:2: only one YAML document is allowed"},
     };
     check_errors(cases, sizeof(cases) / sizeof(cases[0]));
