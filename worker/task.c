@@ -43,7 +43,8 @@ struct result {
     Ci__V1__Usage usage;
     Ci__V1__Artifact *arts;
     Ci__V1__Artifact **art_ptrs;
-    char **art_objects;
+    char **art_objects; /* n_art_objects of them, even when the list is dropped */
+    size_t n_art_objects;
     Ci__V1__ExecutionResult__LabelsEntry *labels;
     Ci__V1__ExecutionResult__LabelsEntry **label_ptrs;
     char *out, *err_text; /* sanitized UTF-8 */
@@ -85,7 +86,7 @@ static void result_init(struct result *r, const struct task *t, Ci__V1__TaskStat
 
 static void result_release(struct result *r)
 {
-    for (size_t i = 0; r->art_objects && i < r->msg.n_artifacts; i++)
+    for (size_t i = 0; i < r->n_art_objects; i++)
         free(r->art_objects[i]);
     free(r->art_objects);
     free(r->arts);
@@ -317,7 +318,7 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
             return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
         snprintf(obj, n, "%s/%s", t->id, a->name);
         r->art_objects[i] = obj;
-        r->msg.n_artifacts = i + 1;
+        r->n_art_objects = i + 1;
         ci_status s = ci_objstore_put(ci_broker_objstore(t->env->broker), obj, a->data, a->len, err);
         if (s)
             return s;
@@ -329,6 +330,7 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
         pa->sha256 = a->sha256;
         pa->object = obj;
         r->art_ptrs[i] = pa;
+        r->msg.n_artifacts = i + 1; /* only entries that are filled in */
     }
     return CI_OK;
 }
