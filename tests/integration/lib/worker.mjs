@@ -13,6 +13,7 @@
 //   nats, jetstream, worker, limits, local: objects merged into that section
 //                  (e.g. local: { isolation: "required" })
 //   env            extra environment variables for the worker
+//   extraYaml      text appended to the generated YAML as is (e.g. comments)
 //   readyTimeoutMs how long to wait for the "worker.ready" log line (default 30000)
 //   bin            the binary (default $CI_BUILD_DIR/ci-worker, CI_BUILD_DIR
 //                  defaulting to /work/main/build)
@@ -97,7 +98,7 @@ export async function startWorker(opts = {}) {
     worker: { id, concurrency, ...opts.worker },
     limits: { ...opts.limits },
     local: { ...opts.local },
-  });
+  }) + (opts.extraYaml ?? "");
   writeFileSync(configPath, yaml);
 
   const logFd = openSync(logPath, "a");
