@@ -112,6 +112,43 @@ static void set_exit_code(Ci__V1__ExecutionResult *m, int32_t code)
     m->exit_code = code;
 }
 
+/* Makes what is not stdout or stderr fit in max bytes on its own: echoed
+ * labels (a request refused for its labels may carry megabytes of them)
+ * go first, then the list of artifacts (they stay in the bucket). A result
+ * that cannot be stored would leave the task without an end. */
+static ci_status fit_fixed_part(const struct task *t, struct result *r, int64_t max,
+                                struct ci_error *err)
+{
+    for (;;) {
+        char *out = r->msg.stdout, *errs = r->msg.stderr;
+        r->msg.stdout = (char *)"";
+        r->msg.stderr = (char *)"";
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        ci_status s = ci_message_encode(t->enc, &r->msg.base, &buf, &len, err);
+        r->msg.stdout = out;
+        r->msg.stderr = errs;
+        free(buf);
+        if (s)
+            return s;
+        if ((int64_t)len <= max)
+            return CI_OK;
+        if (r->msg.n_labels) {
+            r->msg.n_labels = 0;
+        } else if (r->msg.n_artifacts) {
+            size_t used = strlen(r->error);
+            snprintf(r->error + used, sizeof(r->error) - used,
+                     "%sthe %zu artifacts are too many to list in the result; they are in bucket '%s' under '%s/'",
+                     used ? "; " : "", r->msg.n_artifacts, t->env->cfg->jetstream.files_bucket,
+                     t->id);
+            r->msg.n_artifacts = 0;
+        } else {
+            return ci_error_set(err, CI_ERR_LIMIT, "the result does not fit in %" PRId64 " bytes",
+                                max);
+        }
+    }
+}
+
 /* Encodes the result so that it fits in one message: when stdout and stderr
  * make it too large (JSON escaping can multiply their size), they are cut
  * further and marked truncated. */
@@ -119,6 +156,9 @@ static ci_status encode_result(const struct task *t, struct result *r, uint8_t *
                                size_t *ret_len, struct ci_error *err)
 {
     int64_t max = ci_broker_max_payload(t->env->broker) - PAYLOAD_SLACK;
+    ci_status fs = fit_fixed_part(t, r, max, err);
+    if (fs)
+        return fs;
     for (;;) {
         uint8_t *buf = NULL;
         size_t len = 0;
