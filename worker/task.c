@@ -263,6 +263,16 @@ static void slot_set(struct ci_slot *slot, const char *id, struct ci_delivery *d
     pthread_mutex_unlock(&slot->lock);
 }
 
+/* Takes the message away from the in-progress ticker just before it is
+ * acked, termed or nak'ed, so that no in-progress ack races with that on
+ * the same natsMsg from another thread, or follows it. */
+static void slot_detach(struct ci_slot *slot)
+{
+    pthread_mutex_lock(&slot->lock);
+    slot->delivery = NULL;
+    pthread_mutex_unlock(&slot->lock);
+}
+
 static bool slot_cancelled(struct ci_slot *slot)
 {
     pthread_mutex_lock(&slot->lock);
@@ -446,6 +456,7 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
 {
     ci_log(CI_LOG_ERROR, "task.infra_error", "task_id", t->id, "step", what, "error", e->msg, NULL);
     if (!ci_delivery_last_attempt(t->d)) {
+        slot_detach(t->slot);
         ci_delivery_nak(t->d, 2000);
         return CI_TASK_END_RETRY;
     }
@@ -456,6 +467,7 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
     struct ci_error e2 = {{0}};
     if (store_result(t, r, &e2))
         ci_log(CI_LOG_ERROR, "task.store_failed", "task_id", t->id, "error", e2.msg, NULL);
+    slot_detach(t->slot);
     ci_delivery_term(t->d);
     return CI_TASK_END_DONE;
 }
@@ -466,6 +478,7 @@ static enum ci_task_end finish(struct task *t, struct result *r)
     struct ci_error e = {{0}};
     if (store_result(t, r, &e))
         return give_up_or_retry(t, r, "store the result", &e);
+    slot_detach(t->slot);
     ci_delivery_ack(t->d);
     ci_log(CI_LOG_INFO, "task.done", "task_id", t->id, "status",
            ci_task_status_short(r->msg.status), "error", r->error, NULL);
@@ -611,6 +624,7 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
     Ci__V1__TaskStatus prev;
     if (existing_status(&t, &prev) && ci_task_status_terminal(prev)) {
         /* Redelivered after it ended (a worker died before its ack). */
+        slot_detach(slot);
         ci_delivery_ack(d);
         ci_log(CI_LOG_INFO, "task.duplicate", "task_id", t.id, "status", ci_task_status_short(prev),
                NULL);
