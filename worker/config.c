@@ -152,6 +152,8 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("local.tmp_mb", local.tmp_mb, 64, 1, 65536),
     KEY_U32("local.max_processes", local.max_processes, 64, 1, 65536),
     KEY_U32("local.max_open_files", local.max_open_files, 256, 32, 65536),
+    KEY_U32("local.cpus", local.cpus, 1, 1, 1024),
+    KEY_BOOL("local.require_cgroup", local.require_cgroup, false),
 
     KEY_STR("cloudrun.service_url", cloudrun.service_url, "", CS_ANY),
     KEY_STR("cloudrun.audience", cloudrun.audience, "", CS_ANY),

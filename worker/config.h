@@ -78,6 +78,8 @@ struct ci_config {
         uint32_t tmp_mb;       /* 64: tmpfs size of /tmp */
         uint32_t max_processes; /* 64 */
         uint32_t max_open_files; /* 256 */
+        uint32_t cpus;          /* 1: CPUs of time a task may use at once (cgroup cpu.max) */
+        bool require_cgroup;    /* false: refuse to start without per-task cgroups */
     } local;
     struct {
         char *service_url;    /* "" = not set; the executor's base URL (https://...run.app) */
