@@ -508,7 +508,8 @@ ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t
 
 ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
                                   const char *status_short, const char *content_type,
-                                  const void *data, size_t len, struct ci_error *err)
+                                  const char *msg_id, const void *data, size_t len,
+                                  struct ci_error *err)
 {
     char subj[SUBJECT_MAX];
     snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.status_prefix, task_id);
@@ -520,6 +521,8 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
         s = natsMsgHeader_Set(m, "Ci-Status", status_short);
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Content-Type", content_type);
+    if (s == NATS_OK && msg_id)
+        s = natsMsgHeader_Set(m, "Nats-Msg-Id", msg_id);
     jsErrCode jerr = 0;
     jsPubAck *pa = NULL;
     if (s == NATS_OK)
@@ -528,6 +531,27 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
     natsMsg_Destroy(m);
     if (s != NATS_OK)
         return nats_fail(err, s, jerr, "cannot publish the status event");
+    return CI_OK;
+}
+
+ci_status ci_broker_event_last_status(struct ci_broker *b, const char *task_id, char *ret,
+                                      size_t ret_size, struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.status_prefix, task_id);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&m, b->js, b->cfg->jetstream.status_stream, subj, NULL, &jerr);
+    /* Not JSStreamNotFoundErr: a missing stream says nothing of the task. */
+    if (jerr == JSNoMessageFoundErr || (s == NATS_NOT_FOUND && jerr == 0))
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "task '%s' has no status event", task_id);
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot read the status stream");
+    const char *v = NULL;
+    if (natsMsgHeader_Get(m, "Ci-Status", &v) != NATS_OK || !v)
+        v = "";
+    snprintf(ret, ret_size, "%s", v);
+    natsMsg_Destroy(m);
     return CI_OK;
 }
 

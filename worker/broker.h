@@ -76,10 +76,17 @@ ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t
                                size_t *ret_len, struct ci_error *err);
 
 /* Publishes an encoded StatusEvent on <status_prefix>.<task_id> through
- * JetStream, with the Ci-Task-Id, Ci-Status and Content-Type headers. */
+ * JetStream, with the Ci-Task-Id, Ci-Status and Content-Type headers. With
+ * msg_id (Nats-Msg-Id), the stream keeps one event per id within its
+ * duplicate window: a retried publish whose ack was lost is not doubled. */
 ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
                                   const char *status_short, const char *content_type,
-                                  const void *data, size_t len, struct ci_error *err);
+                                  const char *msg_id, const void *data, size_t len,
+                                  struct ci_error *err);
+/* The Ci-Status header of the task's last status event, copied into ret
+ * (size ret_size). CI_ERR_NOT_FOUND when the task has no event. */
+ci_status ci_broker_event_last_status(struct ci_broker *b, const char *task_id, char *ret,
+                                      size_t ret_size, struct ci_error *err);
 
 /* Whether a cancel for task_id is on the cancel stream. */
 ci_status ci_broker_cancel_requested(struct ci_broker *b, const char *task_id, bool *ret,

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "codec.h"
 #include "log.h"
@@ -188,6 +189,9 @@ static ci_status encode_result(const struct task *t, struct result *r, uint8_t *
     }
 }
 
+/* Publishes the event of a transition. Its Nats-Msg-Id lets the stream
+ * drop a second copy: one per attempt for RUNNING, one per task for the
+ * terminal event, so a retried or repaired publish never makes two. */
 static ci_status publish_event(const struct task *t, Ci__V1__TaskStatus status,
                                const char *message, const Ci__V1__ExecutionResult *res,
                                struct ci_error *err)
@@ -196,7 +200,7 @@ static ci_status publish_event(const struct task *t, Ci__V1__TaskStatus status,
     ev.task_id = (char *)t->id;
     ev.status = status;
     ev.at_ms = ci_now_ms();
-    ev.worker = (char *)t->env->worker_id;
+    ev.worker = (char *)(res && res->worker && res->worker[0] ? res->worker : t->env->worker_id);
     ev.message = (char *)(message ? message : "");
     if (res && res->_exit_code_case == CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE) {
         ev._exit_code_case = CI__V1__STATUS_EVENT___EXIT_CODE_EXIT_CODE;
@@ -207,8 +211,14 @@ static ci_status publish_event(const struct task *t, Ci__V1__TaskStatus status,
     ci_status s = ci_message_encode(t->enc, &ev.base, &buf, &len, err);
     if (s)
         return s;
+    char msg_id[96];
+    if (ci_task_status_terminal(status))
+        snprintf(msg_id, sizeof(msg_id), "%s.end", t->id);
+    else
+        snprintf(msg_id, sizeof(msg_id), "%s.%s.%u", t->id, ci_task_status_short(status),
+                 ci_delivery_attempt(t->d));
     s = ci_broker_event_publish(t->env->broker, t->id, ci_task_status_short(status),
-                                ci_encoding_content_type(t->enc), buf, len, err);
+                                ci_encoding_content_type(t->enc), msg_id, buf, len, err);
     free(buf);
     return s;
 }
@@ -231,8 +241,8 @@ static ci_status store_result(const struct task *t, struct result *r, struct ci_
     return publish_event(t, r->msg.status, msg, &r->msg, err);
 }
 
-/* Whether the task already has a result, and its status. */
-static bool existing_status(const struct task *t, Ci__V1__TaskStatus *ret)
+/* The task's stored result, if it has one that decodes. */
+static Ci__V1__ExecutionResult *existing_result(const struct task *t)
 {
     uint8_t *buf = NULL;
     size_t len = 0;
@@ -244,12 +254,64 @@ static bool existing_status(const struct task *t, Ci__V1__TaskStatus *ret)
         ci_message_decode(t->enc == CI_ENC_JSON ? CI_ENC_PROTOBUF : CI_ENC_JSON,
                           &ci__v1__execution_result__descriptor, buf, len, &m, NULL)) {
         free(buf);
-        return false;
+        return NULL;
     }
     free(buf);
-    *ret = ((Ci__V1__ExecutionResult *)m)->status;
-    ci_message_free(m);
+    return (Ci__V1__ExecutionResult *)m;
+}
+
+/* Stores a terminal result, trying again for a few seconds when NATS
+ * fails: a reconnect in progress should not throw away a run (a nak would
+ * run the code again). The event's Nats-Msg-Id keeps a retry from doubling
+ * an event whose ack was lost. */
+static ci_status store_final(const struct task *t, struct result *r, struct ci_error *err)
+{
+    ci_status s = CI_OK;
+    for (int i = 0; i < 4; i++) {
+        if (i) {
+            struct timespec ts = {(time_t)1 << (i - 1), 0}; /* 1, 2, 4 s */
+            nanosleep(&ts, NULL);
+        }
+        s = store_result(t, r, err);
+        if (s != CI_ERR_NATS && s != CI_ERR_TIMEOUT)
+            return s;
+    }
+    return s;
+}
+
+/* Whether the task already has a result, and its status. */
+static bool existing_status(const struct task *t, Ci__V1__TaskStatus *ret)
+{
+    Ci__V1__ExecutionResult *m = existing_result(t);
+    if (!m)
+        return false;
+    *ret = m->status;
+    ci_message_free(&m->base);
     return true;
+}
+
+/* A redelivered task that already ended: a worker may have stored the
+ * result, then failed to publish its terminal event (and nak'ed). Publish
+ * it now unless the last event is terminal, so that watchers see the end. */
+static void ensure_terminal_event(const struct task *t, const Ci__V1__ExecutionResult *res)
+{
+    struct ci_error e = {{0}};
+    char last[32];
+    ci_status s = ci_broker_event_last_status(t->env->broker, t->id, last, sizeof(last), &e);
+    if (s == CI_OK) {
+        for (int st = CI__V1__TASK_STATUS__TASK_STATUS_SUCCEEDED;
+             st <= CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED; st++)
+            if (strcmp(last, ci_task_status_short((Ci__V1__TaskStatus)st)) == 0)
+                return;
+    } else if (s != CI_ERR_NOT_FOUND) {
+        ci_log(CI_LOG_WARN, "task.event_check_failed", "task_id", t->id, "error", e.msg, NULL);
+        return;
+    }
+    if (publish_event(t, res->status, res->error, res, &e))
+        ci_log(CI_LOG_WARN, "task.event_failed", "task_id", t->id, "error", e.msg, NULL);
+    else
+        ci_log(CI_LOG_INFO, "task.event_repaired", "task_id", t->id, "status",
+               ci_task_status_short(res->status), NULL);
 }
 
 static void slot_set(struct ci_slot *slot, const char *id, struct ci_delivery *d)
@@ -465,7 +527,7 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
     result_fail(r, "the worker could not %s after %u attempts: %s", what,
                 ci_delivery_attempt(t->d), e->msg);
     struct ci_error e2 = {{0}};
-    if (store_result(t, r, &e2))
+    if (store_final(t, r, &e2))
         ci_log(CI_LOG_ERROR, "task.store_failed", "task_id", t->id, "error", e2.msg, NULL);
     slot_detach(t->slot);
     ci_delivery_term(t->d);
@@ -476,7 +538,7 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
 static enum ci_task_end finish(struct task *t, struct result *r)
 {
     struct ci_error e = {{0}};
-    if (store_result(t, r, &e))
+    if (store_final(t, r, &e))
         return give_up_or_retry(t, r, "store the result", &e);
     slot_detach(t->slot);
     ci_delivery_ack(t->d);
@@ -621,16 +683,20 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
     }
     slot_set(slot, t.id, d);
 
-    Ci__V1__TaskStatus prev;
-    if (existing_status(&t, &prev) && ci_task_status_terminal(prev)) {
-        /* Redelivered after it ended (a worker died before its ack). */
+    Ci__V1__ExecutionResult *prev = existing_result(&t);
+    if (prev && ci_task_status_terminal(prev->status)) {
+        /* Redelivered after it ended (a worker died before its ack, or
+         * could not publish the terminal event and nak'ed). */
+        ensure_terminal_event(&t, prev);
         slot_detach(slot);
         ci_delivery_ack(d);
-        ci_log(CI_LOG_INFO, "task.duplicate", "task_id", t.id, "status", ci_task_status_short(prev),
-               NULL);
+        ci_log(CI_LOG_INFO, "task.duplicate", "task_id", t.id, "status",
+               ci_task_status_short(prev->status), NULL);
+        ci_message_free(&prev->base);
         end = CI_TASK_END_DUPLICATE;
         goto out;
     }
+    ci_message_free(prev ? &prev->base : NULL);
 
     ci_log_num(CI_LOG_INFO, "task.start", "attempt", ci_delivery_attempt(d), "task_id", t.id, NULL);
     struct result r;
