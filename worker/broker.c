@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nkey.h"
 #include "util.h"
@@ -22,6 +23,7 @@ struct ci_broker {
     natsSubscription *cancel_sub;
     ci_cancel_fn cancel_fn;
     void *cancel_closure;
+    atomic_bool cancel_done; /* the cancel handler has returned for good */
     atomic_uint_fast64_t reconnects;
 };
 
@@ -302,7 +304,17 @@ void ci_broker_free(struct ci_broker *b)
 {
     if (!b)
         return;
-    natsSubscription_Destroy(b->cancel_sub);
+    if (b->cancel_sub) {
+        /* The cancel handler runs on a NATS thread and uses what the
+         * caller frees next (slots, provider): wait until the library says
+         * it has returned for good (at most 2 s). */
+        natsSubscription_Unsubscribe(b->cancel_sub);
+        for (int i = 0; i < 200 && !atomic_load(&b->cancel_done); i++) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        natsSubscription_Destroy(b->cancel_sub);
+    }
     ci_objstore_free(b->os);
     kvStore_Destroy(b->kv);
     jsCtx_Destroy(b->js);
@@ -598,6 +610,12 @@ static void on_cancel_msg(natsConnection *nc, natsSubscription *sub, natsMsg *ms
     natsMsg_Destroy(msg);
 }
 
+static void on_cancel_done(void *closure)
+{
+    struct ci_broker *b = closure;
+    atomic_store(&b->cancel_done, true);
+}
+
 ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,
                               struct ci_error *err)
 {
@@ -606,8 +624,13 @@ ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closur
     b->cancel_fn = fn;
     b->cancel_closure = closure;
     natsStatus s = natsConnection_Subscribe(&b->cancel_sub, b->nc, subj, on_cancel_msg, b);
-    if (s != NATS_OK)
+    if (s == NATS_OK)
+        s = natsSubscription_SetOnCompleteCB(b->cancel_sub, on_cancel_done, b);
+    if (s != NATS_OK) {
+        natsSubscription_Destroy(b->cancel_sub);
+        b->cancel_sub = NULL;
         return nats_fail(err, s, 0, "cannot subscribe to cancel requests");
+    }
     return CI_OK;
 }
 

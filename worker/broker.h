@@ -27,7 +27,8 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
  * this at once). Without: binds to what a worker created. */
 ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err);
 
-/* Drains the connection (waiting at most timeout_ms) and frees everything. */
+/* Stops the cancel handler (returns once it can no longer run), flushes
+ * what is buffered (acks, events; at most 2 s), closes and frees all. */
 void ci_broker_free(struct ci_broker *b);
 
 /* Releases the NATS library's own threads and memory; call once at exit. */
