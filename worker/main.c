@@ -65,6 +65,13 @@ static void *slot_main(void *p)
             nanosleep(&ts, NULL);
             continue;
         }
+        if (g_stop) {
+            /* Came in after SIGTERM: a draining worker takes no new task, so
+             * hand it back at once for another worker. */
+            ci_delivery_nak(d, 0);
+            ci_delivery_free(d);
+            break;
+        }
         ci_task_process(&w->env, a->slot, d);
     }
 out:
