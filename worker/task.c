@@ -354,7 +354,10 @@ void ci_slot_cancel(const struct ci_worker_env *env, struct ci_slot *slot, const
     pthread_mutex_unlock(&slot->lock);
 }
 
-static ci_status fetch_inputs(struct task *t, struct result *r)
+/* Fetches the inputs. A failure of the request's making fills r->error;
+ * a NATS failure (CI_ERR_NATS, CI_ERR_TIMEOUT) fills err only: a later
+ * try may succeed. */
+static ci_status fetch_inputs(struct task *t, struct result *r, struct ci_error *err)
 {
     const Ci__V1__ExecutionRequest *req = t->req;
     uint64_t cap = t->env->cfg->limits.max_input_bytes, total = 0;
@@ -390,6 +393,10 @@ static ci_status fetch_inputs(struct task *t, struct result *r)
         size_t left = total < cap ? (size_t)(cap - total) : 0;
         ci_status s = ci_objstore_get(ci_broker_objstore(t->env->broker), f->object, left,
                                       &dst->data, &dst->len, &e);
+        if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT) {
+            *err = e;
+            return s;
+        }
         if (s == CI_ERR_NOT_FOUND) {
             result_fail(r, "input '%s' names object '%s', which is not in bucket '%s' (objects expire after %u s)",
                         f->name, f->object, t->env->cfg->jetstream.files_bucket,
@@ -597,7 +604,10 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     if (s)
         return give_up_or_retry(t, r, "record the task as running", &e);
 
-    if (fetch_inputs(t, r))
+    s = fetch_inputs(t, r, &e);
+    if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT)
+        return give_up_or_retry(t, r, "read the inputs", &e);
+    if (s)
         return finish(t, r);
 
     struct ci_task task = {
