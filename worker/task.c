@@ -609,6 +609,11 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         return give_up_or_retry(t, r, "read the inputs", &e);
     if (s)
         return finish(t, r);
+    if (slot_cancelled(t->slot)) { /* while RUNNING was stored or inputs read */
+        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED;
+        result_fail(r, "the task was cancelled before it ran");
+        return finish(t, r);
+    }
 
     struct ci_task task = {
         .task_id = t->id,
