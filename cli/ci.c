@@ -142,14 +142,10 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
     Ci__V1__ExecutionRequest__LabelsEntry labels[MAX_LABELS], *label_ptrs[MAX_LABELS];
     char *label_copies[MAX_LABELS] = {0};
 
-    if (o->id)
+    if (o->id) /* checked by main() */
         snprintf(task_id, 65, "%s", o->id);
     else
         random_id(task_id);
-    if (!ci_task_id_valid(task_id)) {
-        fprintf(stderr, "ci: task id '%s' is not [A-Za-z0-9_-]{1,64}\n", task_id);
-        return EXIT_USAGE;
-    }
     if (read_file(script, cfg->limits.max_code_bytes, &code, &code_len, &e)) {
         fprintf(stderr, "ci: %s\n", e.msg);
         rc = EXIT_USAGE;
@@ -582,6 +578,12 @@ int main(int argc, char **argv)
     }
     if (!is_run && !is_submit && !ci_task_id_valid(arg)) {
         fprintf(stderr, "ci: '%s' is not a task id ([A-Za-z0-9_-]{1,64})\n", arg);
+        return EXIT_USAGE;
+    }
+    /* Checked whole: copied into 65 bytes, a longer id would be cut to a
+     * valid one and the task submitted under another id. */
+    if (o.id && !ci_task_id_valid(o.id)) {
+        fprintf(stderr, "ci: task id '%s' is not [A-Za-z0-9_-]{1,64}\n", o.id);
         return EXIT_USAGE;
     }
 
