@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -297,22 +298,86 @@ static void print_json(const ProtobufCMessage *m)
     free(buf);
 }
 
-/* Whether an artifact name is safe to create under the current folder. */
-static bool safe_relative(const char *name)
+/* Whether an artifact may be saved under the current folder by its name.
+ * The name is chosen by untrusted code, and any file that starts like a
+ * PNG is an artifact: so no hidden component (".bashrc",
+ * ".ssh/authorized_keys"), no "..", no control character (terminal
+ * escapes), and the extension must be that of its type. */
+static bool artifact_name_safe(const Ci__V1__Artifact *a)
 {
-    if (!name[0] || name[0] == '/')
+    const char *name = a->name;
+    size_t len = strlen(name);
+    if (len == 0 || len > 4096 || name[0] == '/')
         return false;
-    const char *p = name;
-    while (*p) {
+    for (const char *p = name; *p;) {
         const char *slash = strchr(p, '/');
         size_t n = slash ? (size_t)(slash - p) : strlen(p);
-        if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
+        if (n == 0 || n > 255 || p[0] == '.')
             return false;
         p += n;
         if (*p == '/')
             p++;
     }
-    return true;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return false;
+    const char *ext = !strcmp(a->mime_type, "text/csv")    ? ".csv"
+                      : !strcmp(a->mime_type, "image/png") ? ".png"
+                                                           : NULL;
+    return ext && len > 4 && strcasecmp(name + len - 4, ext) == 0;
+}
+
+/* The name with control characters shown as '?', cut to fit out. */
+static const char *printable(const char *name, char *out, size_t size)
+{
+    size_t i = 0;
+    for (; name[i] && i + 1 < size; i++)
+        out[i] = ((unsigned char)name[i] < 0x20 || name[i] == 0x7f) ? '?' : name[i];
+    out[i] = '\0';
+    return out;
+}
+
+/* Opens name for writing under the current folder, creating its folders,
+ * without following a symlink at any step; only a regular file is
+ * replaced. -1 with errno on failure. */
+static int open_artifact(const char *name)
+{
+    char *copy = strdup(name);
+    if (!copy)
+        return -1;
+    int dir = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    char *p = copy;
+    for (char *slash; dir >= 0 && (slash = strchr(p, '/')) != NULL; p = slash + 1) {
+        *slash = '\0';
+        int sub = -1;
+        if (mkdirat(dir, p, 0755) == 0 || errno == EEXIST)
+            sub = openat(dir, p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int e = errno;
+        close(dir);
+        errno = e;
+        dir = sub;
+    }
+    int fd = -1;
+    if (dir >= 0) {
+        /* O_NONBLOCK: a FIFO of that name fails instead of blocking. */
+        fd = openat(dir, p, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+        struct stat st;
+        int bad = fd < 0                     ? 0
+                  : fstat(fd, &st) != 0      ? errno
+                  : !S_ISREG(st.st_mode)     ? EINVAL
+                  : ftruncate(fd, 0) != 0    ? errno
+                                             : 0;
+        if (bad) {
+            close(fd);
+            fd = -1;
+            errno = bad;
+        }
+        int e = errno;
+        close(dir);
+        errno = e;
+    }
+    free(copy);
+    return fd;
 }
 
 static int save_artifacts(struct ci_broker *b, const Ci__V1__ExecutionResult *r)
@@ -321,8 +386,14 @@ static int save_artifacts(struct ci_broker *b, const Ci__V1__ExecutionResult *r)
     for (size_t i = 0; i < r->n_artifacts; i++) {
         const Ci__V1__Artifact *a = r->artifacts[i];
         struct ci_error e = {{0}};
-        if (!safe_relative(a->name)) {
-            fprintf(stderr, "ci: not saving artifact with unsafe name '%s'\n", a->name);
+        char shown[256], shown_obj[256];
+        if (!artifact_name_safe(a)) {
+            fprintf(stderr,
+                    "ci: not saving artifact '%s' here: its name is unsafe (hidden, '..', control "
+                    "characters, or not ending in .csv/.png); it is object '%s' in the files "
+                    "bucket\n",
+                    printable(a->name, shown, sizeof(shown)),
+                    printable(a->object, shown_obj, sizeof(shown_obj)));
             failures++;
             continue;
         }
@@ -333,20 +404,12 @@ static int save_artifacts(struct ci_broker *b, const Ci__V1__ExecutionResult *r)
             failures++;
             continue;
         }
-        /* Make the folders of "sub/x.csv". */
-        char path[4096];
-        snprintf(path, sizeof(path), "%s", a->name);
-        for (char *s = strchr(path, '/'); s; s = strchr(s + 1, '/')) {
-            *s = '\0';
-            mkdir(path, 0755);
-            *s = '/';
-        }
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+        int fd = open_artifact(a->name);
         if (fd < 0 || ci_write_all(fd, data, len)) {
-            fprintf(stderr, "ci: cannot write '%s': %s\n", path, strerror(errno));
+            fprintf(stderr, "ci: cannot write '%s': %s\n", a->name, strerror(errno));
             failures++;
         } else {
-            fprintf(stderr, "ci: saved %s (%zu bytes)\n", path, len);
+            fprintf(stderr, "ci: saved %s (%zu bytes)\n", a->name, len);
         }
         if (fd >= 0)
             close(fd);
