@@ -593,7 +593,7 @@ int main(int argc, char **argv)
         case 'w': {
             errno = 0;
             unsigned long long v = strtoull(optarg, &end, 10);
-            if (errno || *end || optarg[0] == '-' || v > UINT32_MAX) {
+            if (errno || end == optarg || *end || optarg[0] == '-' || v > UINT32_MAX) {
                 fprintf(stderr, "ci: '%s' is not a valid number of %s\n", optarg,
                         c == 'm' ? "MiB" : "ms");
                 return EXIT_USAGE;
