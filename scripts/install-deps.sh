@@ -9,7 +9,7 @@ packages=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
   # libraries (see README "Why these libraries")
   libnats-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev
-  libjansson-dev libssl-dev libseccomp-dev libcurl4-openssl-dev
+  libjansson-dev libssl-dev libseccomp-dev libcurl4-openssl-dev libmicrohttpd-dev
   # runtime python-data-analysis-v1
   python3 python3-numpy python3-pandas python3-matplotlib python3-openpyxl
   # broker and test tools

@@ -112,5 +112,9 @@ void ci_provider_release(struct ci_provider *p, struct ci_run *run);
 /* Constructors of the providers (provider_local.c, provider_cloudrun.c). */
 ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,
                                 struct ci_error *err);
+/* The `cloudrun` provider: tasks run on a ci-executor service at
+ * cfg->cloudrun.service_url (CI_ERR_INVALID when it is not set). */
+ci_status ci_provider_cloudrun_new(const struct ci_config *cfg, struct ci_provider **ret,
+                                   struct ci_error *err);
 
 #endif
