@@ -152,6 +152,12 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
         rc = EXIT_USAGE;
         goto out;
     }
+    /* The code travels as a C string: a NUL would silently cut it. */
+    if (memchr(code, 0, code_len)) {
+        fprintf(stderr, "ci: '%s' holds a NUL byte, so it is not Python source\n", script);
+        rc = EXIT_USAGE;
+        goto out;
+    }
     Ci__V1__ExecutionRequest req = CI__V1__EXECUTION_REQUEST__INIT;
     Ci__V1__Limits limits = CI__V1__LIMITS__INIT;
     req.task_id = task_id;
