@@ -120,9 +120,11 @@ static ci_status interpret(const struct local *l, const struct ci_run *run,
     char limit[32], max[32];
     fmt_seconds(run->timeout_ms, limit, sizeof(limit));
     fmt_seconds(cfg->limits.max_timeout_ms, max, sizeof(max));
-    /* Peak memory: python's own high-water mark when it reported one (the
-     * rusage also counts what the worker had mapped before execve). */
-    if (rep.peak_kb && res->end == CI_SANDBOX_EXITED)
+    /* Peak memory: the cgroup's when it has one (every process, and what
+     * the code wrote to its tmpfs); else python's own high-water mark when
+     * it reported one (the rusage also counts what the worker had mapped
+     * before execve). */
+    if (!res->cgroup_peak && rep.peak_kb && res->end == CI_SANDBOX_EXITED)
         o->memory_mb = (uint32_t)((rep.peak_kb + 1023) / 1024);
 
     /* The sandbox's own sentence, when it broke, becomes part of ours. */
@@ -160,8 +162,12 @@ static ci_status interpret(const struct local *l, const struct ci_run *run,
         int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
         o->has_exit_code = true;
         o->exit_code = sig ? 128 + sig : WEXITSTATUS(st);
+        /* With a cgroup its OOM killer says it (whichever process it took);
+         * without one, a deadly signal near the limit is the best guess. */
         bool near_limit = (uint64_t)o->memory_mb * 2 >= run->memory_mb;
-        if ((rep.kind && strcmp(rep.kind, "memory") == 0) || (memory_signal(sig) && near_limit)) {
+        bool memory = (rep.kind && strcmp(rep.kind, "memory") == 0) || res->oom_killed ||
+                      (!res->cgroup && memory_signal(sig) && near_limit);
+        if (memory) {
             o->kind = CI_OUTCOME_MEMORY;
             o->error = fmt("the code exceeded the memory limit of %u MiB", run->memory_mb);
             o->hint = run->memory_mb < cfg->limits.max_memory_mb

@@ -72,6 +72,13 @@ struct ci_sandbox_probe {
     bool python_ok;  /* a real run of the driver with `pass` exited 0 */
     char python_failure[256]; /* why not, when the sandbox itself worked */
     bool sandboxed;  /* tasks will run in namespaces */
+    /* Per-task cgroups (memory, pids, cpu), tried only with the namespaces:
+     * 2 or 1 when a run in one worked, 0 when unavailable (then memory is
+     * limited by RLIMIT_AS alone). */
+    int cgroup_version;
+    bool cgroup_required;     /* local.require_cgroup: no cgroup, no tasks */
+    char cgroup_dir[256];     /* where the tasks' cgroups go (the memory one for v1) */
+    char cgroup_failure[512]; /* why not; "" when it worked or was not tried */
     enum ci_isolation requested;
     char isolation[128]; /* what a result will say: "user,pid,net,mnt,ipc,uts,..." or "none" */
     char failure[512];   /* the first failure, one sentence; "" when none */
@@ -130,6 +137,9 @@ struct ci_sandbox_result {
     bool has_status;
     int status;         /* the task process's raw wait status, when has_status */
     bool exec_failed;   /* python3 could not be executed */
+    bool cgroup;        /* the run had its cgroup: its limits applied, oom_killed is known */
+    bool cgroup_peak;   /* outcome.memory_mb is the cgroup's peak (tmpfs pages included) */
+    bool oom_killed;    /* the cgroup's OOM killer killed a process of the task */
     /* out/err/totals, artifacts, duration_ms, cpu_ms, memory_mb, isolation
      * are filled; kind, exit_code, error and hint are left to the caller
      * (error is set only for CI_SANDBOX_BROKEN). */

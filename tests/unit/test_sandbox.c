@@ -46,6 +46,7 @@ static struct ci_config *make_config(enum ci_isolation isolation)
     c->local.tmp_mb = 64;
     c->local.max_processes = 64;
     c->local.max_open_files = 256;
+    c->local.cpus = 1;
     return c;
 }
 
