@@ -424,7 +424,44 @@ static int save_artifacts(struct ci_broker *b, const Ci__V1__ExecutionResult *r)
     return failures;
 }
 
-/* Waits for the task's terminal event; CI_ERR_TIMEOUT past wait_ms. */
+static void print_event(const Ci__V1__StatusEvent *ev, bool json)
+{
+    if (json)
+        print_json(&ev->base);
+    else
+        printf("%" PRId64 " %s %s%s%s\n", ev->at_ms, ci_task_status_short(ev->status), ev->worker,
+               ev->message[0] ? " " : "", ev->message);
+    fflush(stdout);
+}
+
+/* Whether the stored result is terminal; then it is printed as the event
+ * that was missed. A safety net for a terminal event that never came. */
+static bool result_says_ended(struct ci_broker *b, const char *id, bool print, bool json)
+{
+    Ci__V1__ExecutionResult *r = NULL;
+    if (get_result(b, id, &r, NULL))
+        return false;
+    bool done = ci_task_status_terminal(r->status);
+    if (done && print) {
+        Ci__V1__StatusEvent ev = CI__V1__STATUS_EVENT__INIT;
+        ev.task_id = r->task_id;
+        ev.status = r->status;
+        ev.at_ms = r->finished_at_ms;
+        ev.worker = r->worker;
+        ev.message = r->error;
+        if (r->_exit_code_case == CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE) {
+            ev._exit_code_case = CI__V1__STATUS_EVENT___EXIT_CODE_EXIT_CODE;
+            ev.exit_code = r->exit_code;
+        }
+        print_event(&ev, json);
+    }
+    ci_message_free(&r->base);
+    return done;
+}
+
+/* Waits for the task's terminal event; CI_ERR_TIMEOUT past wait_ms. The
+ * ordered consumer replays the task's events from the first, so it may
+ * start after the submit. */
 static ci_status wait_terminal(struct ci_broker *b, const char *id, int64_t wait_ms, bool print,
                                bool json, struct ci_error *err)
 {
@@ -433,8 +470,8 @@ static ci_status wait_terminal(struct ci_broker *b, const char *id, int64_t wait
     if (s)
         return s;
     int64_t deadline = ci_mono_ms() + wait_ms;
-    bool warned = false;
-    int64_t started = ci_mono_ms();
+    bool warned = false, seen = false;
+    int64_t started = ci_mono_ms(), last_check = started;
     for (;;) {
         int64_t left = deadline - ci_mono_ms();
         if (left <= 0) {
@@ -447,9 +484,17 @@ static ci_status wait_terminal(struct ci_broker *b, const char *id, int64_t wait
         const char *ct;
         s = ci_watch_next(w, left < 1000 ? (int)left : 1000, &data, &len, &ct, err);
         if (s == CI_ERR_TIMEOUT) {
-            if (!warned && ci_mono_ms() - started > 10000) {
+            int64_t now = ci_mono_ms();
+            if (!warned && !seen && now - started > 10000) {
                 fprintf(stderr, "ci: task %s has not started yet; is a worker running?\n", id);
                 warned = true;
+            }
+            if (now - last_check >= 5000) {
+                last_check = now;
+                if (result_says_ended(b, id, print, json)) {
+                    s = CI_OK;
+                    break;
+                }
             }
             continue;
         }
@@ -461,14 +506,9 @@ static ci_status wait_terminal(struct ci_broker *b, const char *id, int64_t wait
         if (ci_message_decode(enc, &ci__v1__status_event__descriptor, data, len, &m, NULL))
             continue;
         Ci__V1__StatusEvent *ev = (Ci__V1__StatusEvent *)m;
-        if (print) {
-            if (json)
-                print_json(m);
-            else
-                printf("%" PRId64 " %s %s%s%s\n", ev->at_ms, ci_task_status_short(ev->status),
-                       ev->worker, ev->message[0] ? " " : "", ev->message);
-            fflush(stdout);
-        }
+        seen = true;
+        if (print)
+            print_event(ev, json);
         bool done = ci_task_status_terminal(ev->status);
         ci_message_free(m);
         if (done) {
@@ -521,8 +561,6 @@ static int cmd_run(struct ci_broker *b, const struct ci_config *cfg, const struc
 {
     char id[65];
     struct ci_error e = {{0}};
-    /* Watch before submitting: the ordered consumer replays from the start
-     * anyway, so no event can be missed. */
     int rc = submit(b, cfg, o, script, id);
     if (rc)
         return rc;
