@@ -141,6 +141,7 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
     uint8_t *file_data[MAX_FILES] = {0};
     char *object_names[MAX_FILES] = {0};
     Ci__V1__ExecutionRequest__LabelsEntry labels[MAX_LABELS], *label_ptrs[MAX_LABELS];
+    Ci__V1__ExecutionResult__LabelsEntry qlabels[MAX_LABELS], *qlabel_ptrs[MAX_LABELS];
     char *label_copies[MAX_LABELS] = {0};
 
     if (o->id) /* checked by main() */
@@ -218,6 +219,10 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
         labels[i].key = label_copies[i];
         labels[i].value = eq + 1;
         label_ptrs[i] = &labels[i];
+        ci__v1__execution_result__labels_entry__init(&qlabels[i]);
+        qlabels[i].key = labels[i].key;
+        qlabels[i].value = labels[i].value;
+        qlabel_ptrs[i] = &qlabels[i];
     }
     req.labels = label_ptrs;
     req.n_labels = o->n_labels;
@@ -232,7 +237,9 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
     Ci__V1__ExecutionResult queued = CI__V1__EXECUTION_RESULT__INIT;
     queued.task_id = task_id;
     queued.status = CI__V1__TASK_STATUS__TASK_STATUS_QUEUED;
-    queued.labels = (Ci__V1__ExecutionResult__LabelsEntry **)req.labels;
+    /* Entries of the result's own map type: the request's carry another
+     * descriptor, which the encoders may follow. */
+    queued.labels = qlabel_ptrs;
     queued.n_labels = req.n_labels;
     uint8_t *qbuf = NULL;
     size_t qlen = 0;
