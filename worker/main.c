@@ -34,6 +34,7 @@ struct worker {
     size_t n_slots;
     atomic_int running_threads;
     atomic_bool ticker_stop;
+    atomic_bool failed; /* a slot could not bind: stop, and exit 1 */
     char id[128];
 };
 
@@ -50,6 +51,7 @@ static void *slot_main(void *p)
     struct ci_error e = {{0}};
     if (ci_puller_new(w->env.broker, &puller, &e)) {
         ci_log(CI_LOG_ERROR, "slot.bind_failed", "error", e.msg, NULL);
+        atomic_store(&w->failed, true);
         g_stop = 1;
         goto out;
     }
@@ -174,12 +176,21 @@ static int run_worker(const struct ci_config *cfg)
         ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
         goto out;
     }
-    if (pthread_create(&ticker, NULL, ticker_main, &w) == 0)
-        ticker_started = true;
+    /* Without the ticker a task longer than the ack wait would be
+     * redelivered, and run twice, while it runs. */
+    if (pthread_create(&ticker, NULL, ticker_main, &w) != 0) {
+        ci_log(CI_LOG_ERROR, "worker.thread_failed", "thread", "ticker", NULL);
+        goto out;
+    }
+    ticker_started = true;
     for (size_t i = 0; i < w.n_slots; i++) {
         struct slot_arg *a = malloc(sizeof(*a));
-        if (!a)
+        if (!a) {
+            ci_log(CI_LOG_ERROR, "worker.thread_failed", "thread", "slot", NULL);
+            atomic_store(&w.failed, true);
+            g_stop = 1;
             break;
+        }
         a->w = &w;
         a->slot = &w.slots[i];
         atomic_fetch_add(&w.running_threads, 1);
@@ -187,6 +198,10 @@ static int run_worker(const struct ci_config *cfg)
             atomic_fetch_sub(&w.running_threads, 1);
             free(a);
             w.threads[i] = 0;
+            ci_log(CI_LOG_ERROR, "worker.thread_failed", "thread", "slot", NULL);
+            atomic_store(&w.failed, true);
+            g_stop = 1;
+            break;
         }
     }
     ci_log_num(CI_LOG_INFO, "worker.ready", "slots", (int64_t)w.n_slots, "provider",
@@ -212,7 +227,7 @@ static int run_worker(const struct ci_config *cfg)
     for (size_t i = 0; i < w.n_slots; i++)
         if (w.threads[i])
             pthread_join(w.threads[i], NULL);
-    rc = 0;
+    rc = atomic_load(&w.failed) ? 1 : 0;
 out:
     atomic_store(&w.ticker_stop, true);
     if (ticker_started)
