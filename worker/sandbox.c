@@ -451,6 +451,12 @@ static const char *const denied_syscalls[] = {
     "ptrace", "query_module", "quotactl", "quotactl_fd", "reboot", "request_key", "setns",
     "settimeofday", "swapoff", "swapon", "_sysctl", "sysfs", "syslog", "umount", "umount2",
     "unshare", "uselib", "userfaultfd", "ustat", "vhangup",
+    /* Memory that RLIMIT_AS does not count and no tmpfs size bounds, so
+     * that without a memory cgroup a task could hold gigabytes: memfds
+     * (256 MiB each, as many as fds), SysV shared memory and message queues
+     * (they outlive every mapping). The runtime uses none of them; /dev/shm
+     * and /tmp are bounded tmpfs (tests/security/resources.test.mjs). */
+    "memfd_create", "msgget", "shmget",
 };
 
 #define DENY(nr, ...)                                                               \
