@@ -240,6 +240,16 @@ static ci_status local_start(void *ctx, const struct ci_task *task, struct ci_ru
     return CI_OK;
 }
 
+/* stdout and stderr travel as proto3 strings, which the C encoders end at
+ * the first NUL byte: whatever the code printed after one was lost without
+ * a word. A NUL becomes an invalid byte, shown as U+FFFD like any other. */
+static void mask_nul(char *p, size_t len)
+{
+    for (size_t i = 0; p && i < len; i++)
+        if (p[i] == '\0')
+            p[i] = (char)0xff;
+}
+
 static ci_status local_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
 {
     struct local *l = ctx;
@@ -249,6 +259,8 @@ static ci_status local_wait(void *ctx, struct ci_run *run, struct ci_outcome *re
         return s;
     struct ci_outcome o = res.outcome;
     memset(&res.outcome, 0, sizeof(res.outcome));
+    mask_nul(o.out, o.out_len);
+    mask_nul(o.err, o.err_len);
     s = interpret(l, run, &res, &o);
     ci_sandbox_result_release(&res);
     if (s) {
