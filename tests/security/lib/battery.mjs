@@ -155,6 +155,19 @@ export async function startBattery(group, { worker = {}, concurrency = 2 } = {})
       return m;
     },
 
+    // A marker that is also a number (for `sleep 120 <marker>`, which sums
+    // its arguments): exec'ing sleep is far cheaper than exec'ing python.
+    numericMarker() {
+      const m = `0.000${BigInt("0x" + rand(6)).toString().padStart(15, "0")}`;
+      markers.push(m);
+      return m;
+    },
+
+    // Whether tasks run in a memory cgroup (v2 "cgroup" or v1 "cgroup1").
+    get cgroups() {
+      return b.layers.has("cgroup") || b.layers.has("cgroup1");
+    },
+
     // The last test: the worker lived through every case, and stack.stop()
     // (in after) checks that it drains to exit 0 with no sanitizer report.
     finish() {
