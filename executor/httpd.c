@@ -121,6 +121,13 @@ static void size_text(char *out, size_t n, uint64_t bytes)
         snprintf(out, n, "%llu bytes", (unsigned long long)bytes);
 }
 
+static void edge_reject(const struct ci_httpd *h, const char *method, const char *url,
+                        unsigned status)
+{
+    if (h->opts.on_edge_reject)
+        h->opts.on_edge_reject(h->opts.ctx, method, url, status);
+}
+
 static enum MHD_Result too_large(struct MHD_Connection *c, uint64_t got, size_t limit)
 {
     char a[32], b[32];
@@ -155,10 +162,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             unsigned long long n = strtoull(cl, &end, 10);
             if (end == cl || *end != '\0') {
                 st->answered = true;
+                edge_reject(h, method, url, MHD_HTTP_BAD_REQUEST);
                 return send_error(c, MHD_HTTP_BAD_REQUEST, "the Content-Length header is not a number");
             }
             if (n > st->limit) {
                 st->answered = true;
+                edge_reject(h, method, url, MHD_HTTP_CONTENT_TOO_LARGE);
                 return too_large(c, n, st->limit);
             }
         }
@@ -188,8 +197,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                           "the executor ran out of memory reading the request");
     if (st->answered)
         return MHD_YES;
-    if (st->too_large)
+    if (st->too_large) {
+        edge_reject(h, method, url, MHD_HTTP_CONTENT_TOO_LARGE);
         return too_large(c, st->received, st->limit);
+    }
 
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);

@@ -53,6 +53,9 @@ struct ci_httpd_options {
                                 * request, or while reading the answer, is closed */
     ci_httpd_handler handler;
     ci_httpd_body_limit body_limit;
+    /* Told of every request answered here, at the edge, without reaching
+     * the handler (413, 400); may be NULL. */
+    void (*on_edge_reject)(void *ctx, const char *method, const char *path, unsigned status);
     void *ctx;
 };
 

@@ -151,6 +151,7 @@ int main(int argc, char **argv)
         .idle_timeout_s = IDLE_TIMEOUT_S,
         .handler = ci_service_handle,
         .body_limit = ci_service_body_limit,
+        .on_edge_reject = ci_service_edge_reject,
         .ctx = service,
     };
     if (ci_httpd_start(&ho, &httpd, &e)) {

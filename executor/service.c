@@ -623,6 +623,21 @@ size_t ci_service_body_limit(void *ctx, const char *method, const char *path,
     return limit > SIZE_MAX ? SIZE_MAX : (size_t)limit;
 }
 
+void ci_service_edge_reject(void *ctx, const char *method, const char *path, unsigned status)
+{
+    struct ci_service *s = ctx;
+    atomic_fetch_add(&s->c_requests, 1);
+    atomic_fetch_add(&s->c_rejected, 1);
+    /* The path is whatever the client sent: only a known route is named. */
+    const char *route = strcmp(path, "/execute") == 0        ? "/execute"
+                        : strncmp(path, "/cancel/", 8) == 0 ? "/cancel/{taskId}"
+                        : strcmp(path, "/healthz") == 0     ? "/healthz"
+                                                            : "other";
+    ci_log_num(CI_LOG_INFO, "execute.rejected", "http_status", status, "method",
+               strcmp(method, "POST") == 0 || strcmp(method, "GET") == 0 ? method : "other",
+               "route", route, NULL);
+}
+
 ci_status ci_service_new(const struct ci_service_options *o, struct ci_service **ret,
                          struct ci_error *err)
 {

@@ -45,6 +45,7 @@ void ci_service_handle(void *ctx, const struct ci_httpd_request *req,
                        struct ci_httpd_response *resp);
 size_t ci_service_body_limit(void *ctx, const char *method, const char *path,
                              const char *content_type);
+void ci_service_edge_reject(void *ctx, const char *method, const char *path, unsigned status);
 
 /* Tasks running now. */
 uint32_t ci_service_running(struct ci_service *s);

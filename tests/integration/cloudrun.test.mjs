@@ -1,0 +1,367 @@
+// The `cloudrun` provider end to end, on loopback: a real nats-server, a
+// real ci-worker with worker.provider = cloudrun, a real ci-executor, a
+// stand-in metadata server that issues JWT-shaped ID tokens with an expiry,
+// and, where a test needs one, a proxy in front of the executor that counts
+// requests or injects failures. Nothing of ours is mocked.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+
+import { startStack } from "./lib/stack.mjs";
+import { newTaskId } from "./lib/client.mjs";
+import { checkEvents, checkResultBasics, PNG_MAGIC, sha256hex, show } from "./lib/checks.mjs";
+import { closedPort, cloudrunYaml, startExecutor, startMetadataServer, startProxy } from "./lib/executor.mjs";
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const MiB = 1024 * 1024;
+
+const CSV = "region,amount\nnorth,4\neast,20\nwest,7\nnorth,6\neast,15\n";
+const MORE = "region,amount\nsouth,9\n";
+const CODE = `
+import pandas as pd
+import matplotlib.pyplot as plt
+
+df = pd.concat([pd.read_csv("sales.csv"), pd.read_csv("more.csv")])
+totals = df.groupby("region")["amount"].sum().sort_index()
+for region, total in totals.items():
+    print(f"{region}:{total}")
+totals.to_csv("totals.csv")
+
+fig, ax = plt.subplots()
+totals.plot.bar(ax=ax)
+plt.savefig("chart.png")
+plt.close(fig)
+
+# Left open on purpose: the runtime saves it as figure-1.png.
+plt.figure()
+plt.plot([1, 2, 3], [3, 1, 2])
+`;
+
+// The executor's limits are smaller than the worker's, so that a request the
+// worker accepts can be refused at the executor's edge (413).
+const EXECUTOR_LIMITS = { max_input_bytes: MiB };
+
+describe("cloudrun provider", () => {
+  let stack, executor, md;
+  const taskIds = []; // every task run here: their results and events must hold no token
+  const workers = []; // every cloudrun worker: their logs must hold no token
+  const others = []; // proxies and metadata servers to close
+
+  // A worker with the cloudrun provider; keys override the cloudrun section.
+  async function cloudrunWorker(keys = {}, opts = {}) {
+    // One worker at a time: a test that failed must not leave one behind
+    // that takes the next test's tasks.
+    for (const x of stack.workers) if (!x.exited()) await x.stop().catch(() => {});
+    const w = await stack.addWorker({
+      concurrency: opts.concurrency ?? 2,
+      worker: { provider: "cloudrun" },
+      extraYaml: cloudrunYaml({
+        service_url: executor.url,
+        metadata_url: md.url,
+        timeout_margin_ms: 10000,
+        backoff_initial_ms: 100,
+        backoff_max_ms: 1000,
+        ...keys,
+      }),
+    });
+    workers.push(w);
+    return w;
+  }
+
+  async function run(req, opts = {}) {
+    const taskId = req.taskId ?? newTaskId(opts.prefix ?? "cr");
+    taskIds.push(taskId);
+    await stack.client.submit({ language: "python", ...req, taskId }, opts);
+    return { taskId, ...(await stack.client.waitResult(taskId, opts.timeoutMs ?? 60000)) };
+  }
+
+  before(async () => {
+    stack = await startStack({ workers: 0 });
+    executor = await startExecutor({ limits: EXECUTOR_LIMITS, worker: { concurrency: 4 } });
+    md = await startMetadataServer({ lifetimeS: 3600 });
+    others.push(md);
+  });
+  after(async () => {
+    if (process.env.CI_SHOW_WORKER_LOG && executor) process.stderr.write(`--- executor log ---\n${executor.logText()}\n`);
+    await stack?.stop();
+    for (const o of others) await o.close().catch(() => {});
+    await executor?.cleanup().catch(() => {});
+  });
+
+  test("pandas + PNG: same artifacts (names, sizes, sha256) as the local provider, stored in the object store", async () => {
+    const c = stack.client;
+    const request = (taskId) => ({
+      taskId,
+      code: CODE,
+      files: [
+        { name: "sales.csv", content: Buffer.from(CSV) },
+        { name: "more.csv", object: "inputs/more-cloudrun.csv" },
+      ],
+      limits: { timeoutMs: 30000 },
+      labels: { agent: "itest" },
+    });
+
+    // The local provider first, for reference.
+    const local = await stack.addWorker({ concurrency: 1 });
+    await c.putObject("inputs/more-cloudrun.csv", Buffer.from(MORE)); // the worker made the bucket
+    const lr = await run(request(newTaskId("ref-local")));
+    await local.stop();
+    assert.equal(lr.result.status, "TASK_STATUS_SUCCEEDED", show(lr.result));
+
+    const px = await startProxy(executor.url);
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url });
+    for (const json of [false, true]) {
+      const r = await run(request(newTaskId(`cr-${json ? "json" : "pb"}`)), { json });
+      const res = r.result;
+      checkResultBasics(res, { taskId: r.taskId, encodingProblems: r.problems });
+      assert.equal(r.encoding, json ? "json" : "protobuf");
+      assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
+      assert.equal(res.stdout, "east:35\nnorth:10\nsouth:9\nwest:7\n");
+      assert.equal(res.exitCode, 0);
+      assert.equal(res.worker, w.id, "the result names the worker that handled the task");
+      assert.deepEqual(res.labels, { agent: "itest" });
+      assert.equal(res.isolation, lr.result.isolation, "isolation comes from the executor (same sandbox as local here)");
+      assert.ok(res.isolation.length > 0);
+      assert.ok(res.usage.durationMs > 0 && res.usage.memoryMb > 0, show(res));
+
+      const names = (x) => x.artifacts.map((a) => [a.name, a.mimeType, a.size, a.sha256]).sort();
+      assert.deepEqual(names(res), names(lr.result), "same artifacts as the local provider");
+      assert.deepEqual(res.artifacts.map((a) => a.name).sort(), ["chart.png", "figure-1.png", "totals.csv"]);
+      for (const a of res.artifacts) {
+        assert.equal(a.object, `${r.taskId}/${a.name}`);
+        const bytes = await c.getObject(a.object);
+        assert.ok(bytes, `object ${a.object} exists`);
+        assert.equal(bytes.length, a.size);
+        assert.equal(sha256hex(bytes), a.sha256, `object ${a.object} holds the artifact`);
+        if (a.mimeType === "image/png") assert.deepEqual(Buffer.from(bytes.subarray(0, 8)), PNG_MAGIC);
+      }
+      const evs = await c.events(r.taskId);
+      checkEvents(evs, { taskId: r.taskId, result: res, encoding: r.encoding, worker: w.id });
+    }
+    assert.equal(px.count("/execute"), 2, "one /execute per task");
+    assert.ok(px.auths.every((a) => a === `Bearer ${md.tokens[md.tokens.length - 1]}`), "each /execute carries the metadata server's ID token");
+    assert.deepEqual(md.audiences[0], { audience: px.url, format: "full" }, "the token's audience is the service URL");
+    const done = executor.lines().filter((l) => l.event === "execute.done");
+    assert.ok(done.length >= 2 && done.every((l) => l.auth === "present"), "the executor saw an Authorization header");
+    await w.stop();
+  });
+
+  test("ID tokens: one fetch for many tasks, a fresh one before the old expires", async () => {
+    const mdc = await startMetadataServer({ lifetimeS: 3600 });
+    others.push(mdc);
+    const px = await startProxy(executor.url);
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url, metadata_url: mdc.url }, { concurrency: 2 });
+    const rs = await Promise.all([1, 2, 3, 4].map((i) => run({ code: `print(${i})` })));
+    for (const r of rs) assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+    assert.equal(mdc.hits, 1, "4 tasks on 2 slots cost one token request (cached)");
+    assert.equal(px.auths.length, 4);
+    assert.ok(px.auths.every((a) => a === `Bearer ${mdc.tokens[0]}`));
+    await w.stop();
+
+    // Tokens that live 4 s, refreshed 1 s before they expire.
+    const mds = await startMetadataServer({ lifetimeS: 4 });
+    others.push(mds);
+    const px2 = await startProxy(executor.url);
+    others.push(px2);
+    const w2 = await cloudrunWorker({ service_url: px2.url, metadata_url: mds.url, token_refresh_margin_s: 1 }, { concurrency: 1 });
+    const a = await run({ code: "print('a')" });
+    const b = await run({ code: "print('b')" });
+    assert.equal(a.result.status, "TASK_STATUS_SUCCEEDED", show(a.result));
+    assert.equal(b.result.status, "TASK_STATUS_SUCCEEDED", show(b.result));
+    assert.equal(mds.hits, 1, "the second task reuses the cached token");
+    await sleep(3500); // past exp - margin
+    const c2 = await run({ code: "print('c')" });
+    assert.equal(c2.result.status, "TASK_STATUS_SUCCEEDED", show(c2.result));
+    assert.equal(mds.hits, 2, "a token about to expire is fetched again");
+    assert.equal(px2.auths[2], `Bearer ${mds.tokens[1]}`, "the third task used the new token");
+    assert.notEqual(mds.tokens[0], mds.tokens[1]);
+    assert.equal(mds.refused, 0, "every token request carried Metadata-Flavor: Google");
+    await w2.stop();
+  });
+
+  test("the executor stopped: retries, then a clear FAILED within the task's deadline", async () => {
+    const gone = await startExecutor({ limits: EXECUTOR_LIMITS });
+    const url = gone.url;
+    await gone.cleanup();
+    const w = await cloudrunWorker({ service_url: url, timeout_margin_ms: 3000, max_attempts: 4, backoff_initial_ms: 100, backoff_max_ms: 400 });
+    const t0 = Date.now();
+    const r = await run({ code: "print('never runs')", limits: { timeoutMs: 2000 } }, { timeoutMs: 30000 });
+    const elapsed = Date.now() - t0;
+    const res = r.result;
+    checkResultBasics(res, { taskId: r.taskId });
+    assert.equal(res.status, "TASK_STATUS_FAILED", show(res));
+    assert.match(res.error, /executor service at http:\/\/127\.0\.0\.1:\d+ could not be reached after 4 attempts/, show(res));
+    assert.match(res.error, /(Couldn't connect|Connection refused|Failed to connect)/i, show(res));
+    assert.equal(res.exitCode, undefined, "the code never ran");
+    assert.ok(elapsed < 2000 + 3000 + 3000, `FAILED after ${elapsed} ms: within the deadline (limit + margin) plus NATS overhead`);
+    const evs = await stack.client.events(r.taskId);
+    checkEvents(evs, { taskId: r.taskId, result: res, encoding: "protobuf" });
+    await w.stop();
+
+    // Nothing listens at all: the deadline, not the attempts, ends it.
+    const port = await closedPort();
+    const w2 = await cloudrunWorker({ service_url: `http://127.0.0.1:${port}`, timeout_margin_ms: 1000, max_attempts: 100, backoff_initial_ms: 200, backoff_max_ms: 400 });
+    const t1 = Date.now();
+    const r2 = await run({ code: "print(1)", limits: { timeoutMs: 1000 } }, { timeoutMs: 30000 });
+    assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
+    assert.match(r2.result.error, /could not be reached within the task's deadline/, show(r2.result));
+    assert.ok(Date.now() - t1 < 1000 + 1000 + 3000, `ended ${Date.now() - t1} ms after submit`);
+    await w2.stop();
+  });
+
+  test("500 twice, then 200: the task succeeds on the third request", async () => {
+    const px = await startProxy(executor.url, {
+      fault: (n, req) => (req.path === "/execute" && n <= 2 ? { status: 500, body: '{"error":"injected failure"}' } : null),
+    });
+    others.push(px);
+    const before = await executor.healthz();
+    const w = await cloudrunWorker({ service_url: px.url });
+    const r = await run({ code: "print('third time lucky')" });
+    assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+    assert.equal(r.result.stdout, "third time lucky\n");
+    assert.equal(px.count("/execute"), 3, "two 500s and one 200");
+    const after = await executor.healthz();
+    assert.equal(after.started - before.started, 1, "the code ran once");
+    await w.stop();
+
+    // 429 and 503 are retried too; 400 is not.
+    const px2 = await startProxy(executor.url, {
+      fault: (n, req) => (req.path === "/execute" ? (n === 1 ? { status: 429, body: "{}" } : n === 2 ? { status: 503, body: "" } : { status: 400, body: '{"error":"injected: bad request"}' }) : null),
+    });
+    others.push(px2);
+    const w2 = await cloudrunWorker({ service_url: px2.url });
+    const r2 = await run({ code: "print(1)" });
+    assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
+    assert.equal(r2.result.error, "the executor refused the task (HTTP 400): injected: bad request");
+    assert.equal(px2.count("/execute"), 3);
+    await w2.stop();
+  });
+
+  test("a body over the executor's limit: 413, FAILED with the executor's reason, not retried", async () => {
+    const w = await cloudrunWorker();
+    const before = await executor.healthz();
+    const big = Buffer.alloc(4 * MiB, 0x61);
+    const r = await run({ code: "print(len(open('big.txt').read()))", files: [{ name: "big.txt", content: big }] });
+    const res = r.result;
+    assert.equal(res.status, "TASK_STATUS_FAILED", show(res));
+    assert.match(res.error, /^the executor refused the task \(HTTP 413\): the request body is 4\.0 MiB; the limit is 3\.0 MiB/, show(res));
+    assert.equal(res.exitCode, undefined);
+    const after = await executor.healthz();
+    assert.equal(after.rejected - before.rejected, 1, "one request, not retried");
+    assert.equal(after.started - before.started, 0, "nothing ran");
+
+    // Within the body limit but over the executor's input limit: 413 too,
+    // with the contract's sentence.
+    const r2 = await run({ code: "print(1)", files: [{ name: "mid.txt", content: Buffer.alloc(1.5 * MiB, 0x62) }] });
+    assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
+    assert.match(r2.result.error, /HTTP 413\): input files total 1\.5 MiB; the limit is 1 MiB/, show(r2.result));
+    await w.stop();
+  });
+
+  test("cancel of a running task kills it on the executor, output kept", async () => {
+    const w = await cloudrunWorker();
+    const c = stack.client;
+    const before = await executor.healthz();
+    const taskId = newTaskId("cr-cancel");
+    taskIds.push(taskId);
+    await c.submit({ taskId, language: "python", code: "import time\nprint('started', flush=True)\ntime.sleep(30)\nprint('finished')", limits: { timeoutMs: 60000 } });
+    await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
+    // Running on the executor, and the code printed.
+    for (let i = 0; i < 100 && (await executor.healthz()).running === 0; i++) await sleep(50);
+    await sleep(1500);
+    assert.equal((await executor.healthz()).running, 1, "the task runs on the executor");
+    const t0 = Date.now();
+    await c.cancel(taskId);
+    const { result: res } = await c.waitResult(taskId, 15000);
+    const elapsed = Date.now() - t0;
+    checkResultBasics(res, { taskId });
+    assert.equal(res.status, "TASK_STATUS_CANCELLED", show(res));
+    assert.ok(elapsed < 3000, `CANCELLED ${elapsed} ms after the cancel`);
+    assert.equal(res.stdout, "started\n", "what the code printed before the cancel is kept");
+    assert.ok(res.usage.durationMs < 10000, "the code did not sleep its 30 s");
+    const after = await executor.healthz();
+    assert.equal(after.running, 0, "nothing runs on the executor any more");
+    assert.equal(after.cancelHits - before.cancelHits, 1, "POST /cancel/{taskId} found the run");
+    assert.equal(after.cancelled - before.cancelled, 1, "the executor ended it CANCELLED");
+    const evs = await c.events(taskId);
+    checkEvents(evs, { taskId, result: res, encoding: "protobuf" });
+    await w.stop();
+  });
+
+  test("a cancel the executor never hears of: the worker drops the connection and the executor kills the orphan", async () => {
+    // /cancel is swallowed by the proxy: only the dropped connection tells.
+    const px = await startProxy(executor.url, { fault: (n, req) => (req.path.startsWith("/cancel/") ? { status: 503, body: "" } : null) });
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url });
+    const c = stack.client;
+    const before = await executor.healthz();
+    const taskId = newTaskId("cr-orphan");
+    taskIds.push(taskId);
+    await c.submit({ taskId, language: "python", code: "import time\ntime.sleep(30)", limits: { timeoutMs: 60000 } });
+    await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
+    for (let i = 0; i < 100 && (await executor.healthz()).running === 0; i++) await sleep(50);
+    const t0 = Date.now();
+    await c.cancel(taskId);
+    const { result: res } = await c.waitResult(taskId, 15000);
+    assert.equal(res.status, "TASK_STATUS_CANCELLED", show(res));
+    assert.ok(Date.now() - t0 < 4000, `CANCELLED ${Date.now() - t0} ms after the cancel`);
+    let h = await executor.healthz();
+    for (let i = 0; i < 40 && h.running > 0; i++) {
+      await sleep(100);
+      h = await executor.healthz();
+    }
+    assert.equal(h.running, 0, "the executor stopped the run whose client went away");
+    assert.equal(h.clientGone - before.clientGone, 1);
+    assert.equal(px.count(`/cancel/${taskId}`), 1, "the worker did call /cancel");
+    await w.stop();
+  });
+
+  test("the time limit: TIMED_OUT, as with the local provider", async () => {
+    const w = await cloudrunWorker();
+    const r = await run({ code: "import time\nprint('tick', flush=True)\ntime.sleep(20)", limits: { timeoutMs: 2000 } });
+    const res = r.result;
+    assert.equal(res.status, "TASK_STATUS_TIMED_OUT", show(res));
+    assert.equal(res.exitCode, 137);
+    assert.equal(res.stdout, "tick\n");
+    assert.match(res.error, /time limit of 2000 ms/);
+    assert.ok(res.usage.durationMs >= 1900 && res.usage.durationMs < 6000, show(res));
+    await w.stop();
+  });
+
+  test("failures of the code come back as they would locally: exit code, error, hint", async () => {
+    const w = await cloudrunWorker();
+    const r = await run({ code: "df = pd.DataFrame({'a': [1]})" });
+    const res = r.result;
+    assert.equal(res.status, "TASK_STATUS_FAILED", show(res));
+    assert.equal(res.exitCode, 1);
+    assert.match(res.error, /NameError/);
+    assert.match(res.hint, /import pandas as pd/);
+    assert.match(res.stderr, /Traceback/);
+    await w.stop();
+  });
+
+  test("the token never appears in a log, a result or an event", async () => {
+    const tokens = others.filter((o) => Array.isArray(o.tokens)).flatMap((o) => o.tokens);
+    assert.ok(tokens.length >= 3, "tokens were issued");
+    const secrets = tokens.flatMap((t) => [t, t.split(".")[2]]);
+    const texts = [["executor log", executor.logText()], ...workers.map((w) => [`log of ${w.id}`, w.logText()])];
+    for (const id of taskIds) {
+      const r = await stack.client.getResult(id);
+      if (r) texts.push([`result of ${id}`, Buffer.from(r.bytes).toString("latin1")]);
+      const evs = await stack.client.events(id, { untilTerminal: false, settleMs: 0, timeoutMs: 2000 });
+      for (const e of evs) texts.push([`event of ${id}`, Buffer.from(e.bytes).toString("latin1")]);
+    }
+    assert.ok(texts.length > taskIds.length, "results and events were read");
+    for (const [what, text] of texts) for (const s of secrets) assert.ok(!text.includes(s), `a token appears in the ${what}`);
+    assert.ok(executor.logText().includes('"auth":"present"'), "the executor logs only that a token came");
+  });
+
+  test("every worker and the executor exit 0 (no sanitizer report) on SIGTERM", async () => {
+    for (const w of stack.workers) if (!w.exited()) await w.stop();
+    for (const w of workers) assert.deepEqual(w.exited(), { code: 0, signal: null }, `worker ${w.id}:\n${w.logText().slice(-4000)}`);
+    const x = await executor.stop();
+    assert.deepEqual(x, { code: 0, signal: null }, executor.logText().slice(-4000));
+    assert.ok(executor.lines().some((l) => l.event === "executor.stopped"));
+  });
+});

@@ -1,0 +1,226 @@
+// Fixtures for the cloudrun provider's tests, all on loopback:
+//
+//   const ex = await startExecutor({ limits: { max_input_bytes: 1048576 } });
+//   ex.url, ex.lines(), await ex.healthz(), await ex.stop()
+//       a real ci-executor on a free port (it binds port 0 and logs the port);
+//   const md = await startMetadataServer({ lifetimeS: 3600 });
+//   md.url (the identity endpoint), md.hits, md.tokens, md.lifetimeS = 4
+//       a stand-in for the GCE metadata server: GET ...?audience=A&format=full
+//       with Metadata-Flavor: Google answers a JWT-shaped token whose payload
+//       has aud = A and exp = now + lifetimeS, and a random signature;
+//   const px = await startProxy(ex.url, { fault: (n, req) => ... });
+//   px.url, px.count("/execute"), px.auths
+//       an HTTP proxy in front of the executor that counts requests, keeps
+//       their Authorization headers, and can answer instead of forwarding
+//       (fault returns { status, body } or null to forward).
+//
+// Every child still running when the test process exits is SIGKILLed.
+import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createServer, request } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import { BUILD_DIR, parseLogLines, workerYaml } from "./worker.mjs";
+
+export const EXECUTOR_BIN = join(BUILD_DIR, "ci-executor");
+export const IDENTITY_PATH = "/computeMetadata/v1/instance/service-accounts/default/identity";
+
+const running = new Set();
+process.on("exit", () => {
+  for (const child of running) {
+    try {
+      child.kill("SIGKILL");
+    } catch {
+      // already gone
+    }
+  }
+});
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// A ci-executor with the given config sections (worker.yaml format: limits,
+// local, worker), listening on 127.0.0.1 and a free port.
+export async function startExecutor(opts = {}) {
+  const { env = {}, readyTimeoutMs = 30000, bin = EXECUTOR_BIN } = opts;
+  if (!existsSync(bin)) throw new Error(`startExecutor: ${bin} does not exist: build it first`);
+  const dir = mkdtempSync(join(tmpdir(), "ci-executor-"));
+  const configPath = join(dir, "executor.yaml");
+  const logPath = join(dir, "executor.log");
+  writeFileSync(configPath, workerYaml({ worker: { ...opts.worker }, limits: { ...opts.limits }, local: { ...opts.local } }));
+  const logFd = openSync(logPath, "a");
+  const child = spawn(bin, ["--config", configPath, "--listen", "127.0.0.1", "--port", "0"], {
+    stdio: ["ignore", logFd, logFd],
+    env: { ...process.env, ...env },
+  });
+  closeSync(logFd);
+  running.add(child);
+  let exited = null;
+  const exitPromise = new Promise((resolve) => {
+    child.on("exit", (code, signal) => {
+      exited = { code, signal };
+      running.delete(child);
+      resolve(exited);
+    });
+  });
+  const logText = () => {
+    try {
+      return readFileSync(logPath, "utf8");
+    } catch {
+      return "";
+    }
+  };
+  const lines = () => parseLogLines(logText());
+  const deadline = Date.now() + readyTimeoutMs;
+  let ready = null;
+  while (!(ready = lines().find((l) => l.event === "executor.ready"))) {
+    if (exited) throw new Error(`ci-executor exited before it was ready (${JSON.stringify(exited)}):\n${logText()}`);
+    if (Date.now() > deadline) {
+      child.kill("SIGKILL");
+      throw new Error(`ci-executor not ready within ${readyTimeoutMs} ms:\n${logText()}`);
+    }
+    await sleep(50);
+  }
+  const url = `http://127.0.0.1:${ready.port}`;
+  const handle = {
+    url,
+    port: ready.port,
+    pid: child.pid,
+    dir,
+    logText,
+    lines,
+    exited: () => exited,
+    async healthz() {
+      const r = await fetch(`${url}/healthz`);
+      return r.json();
+    },
+    // SIGTERM (or signal), waits for the exit.
+    async stop(signal = "SIGTERM") {
+      if (!exited) {
+        child.kill(signal);
+        const t = setTimeout(() => child.kill("SIGKILL"), 20000);
+        await exitPromise;
+        clearTimeout(t);
+      }
+      return exited;
+    },
+    async cleanup() {
+      await handle.stop("SIGKILL");
+      if (!process.env.CI_KEEP_TMP) rmSync(dir, { recursive: true, force: true });
+    },
+  };
+  return handle;
+}
+
+const b64url = (x) => Buffer.from(x).toString("base64url");
+
+export async function startMetadataServer({ lifetimeS = 3600 } = {}) {
+  const md = {
+    lifetimeS,
+    hits: 0,
+    tokens: [], // every token issued, in order
+    audiences: [],
+    refused: 0,
+    url: null,
+  };
+  const server = createServer((req, res) => {
+    const u = new URL(req.url, "http://x");
+    if (u.pathname !== IDENTITY_PATH || req.method !== "GET") {
+      res.writeHead(404).end("not found");
+      return;
+    }
+    if (req.headers["metadata-flavor"] !== "Google") {
+      md.refused++;
+      res.writeHead(403).end("Missing Metadata-Flavor:Google header");
+      return;
+    }
+    md.hits++;
+    const aud = u.searchParams.get("audience");
+    md.audiences.push({ audience: aud, format: u.searchParams.get("format") });
+    const now = Math.floor(Date.now() / 1000);
+    const header = { alg: "RS256", kid: "itest", typ: "JWT" };
+    const payload = { aud, azp: "itest", exp: now + md.lifetimeS, iat: now, iss: "https://accounts.google.com", sub: "1234567890" };
+    const token = `${b64url(JSON.stringify(header))}.${b64url(JSON.stringify(payload))}.${b64url("SECRET-SIGNATURE-" + randomBytes(24).toString("hex"))}`;
+    md.tokens.push(token);
+    res.writeHead(200, { "Content-Type": "text/html; charset=utf-8", "Metadata-Flavor": "Google" }).end(token);
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  md.url = `http://127.0.0.1:${server.address().port}${IDENTITY_PATH}`;
+  md.close = () => new Promise((resolve) => server.close(() => resolve()));
+  return md;
+}
+
+// fault(n, info) is called for every request (n counts per path from 1,
+// info = { method, path, headers }); it returns null to forward the request
+// or { status, body, headers } to answer it instead.
+export async function startProxy(target, { fault = () => null } = {}) {
+  const t = new URL(target);
+  const px = {
+    counts: new Map(),
+    auths: [], // Authorization header of each /execute, in order
+    url: null,
+    count: (path) => px.counts.get(path) ?? 0,
+  };
+  const server = createServer((req, res) => {
+    const chunks = [];
+    req.on("data", (c) => chunks.push(c));
+    req.on("end", () => {
+      const path = new URL(req.url, "http://x").pathname;
+      const n = (px.counts.get(path) ?? 0) + 1;
+      px.counts.set(path, n);
+      if (path === "/execute") px.auths.push(req.headers.authorization ?? null);
+      const f = fault(n, { method: req.method, path, headers: req.headers });
+      if (f) {
+        res.writeHead(f.status, { "Content-Type": "application/json", ...(f.headers ?? {}) }).end(f.body ?? "");
+        return;
+      }
+      const body = Buffer.concat(chunks);
+      const headers = { ...req.headers, host: t.host, "content-length": String(body.length) };
+      delete headers.expect;
+      delete headers.connection;
+      const up = request({ host: t.hostname, port: t.port, method: req.method, path: req.url, headers }, (ur) => {
+        const h = { ...ur.headers };
+        delete h.connection;
+        delete h["transfer-encoding"];
+        const parts = [];
+        ur.on("data", (c) => parts.push(c));
+        ur.on("end", () => {
+          const b = Buffer.concat(parts);
+          h["content-length"] = String(b.length);
+          res.writeHead(ur.statusCode, h).end(b);
+        });
+      });
+      up.on("error", () => {
+        if (!res.headersSent) res.writeHead(502, { "Content-Type": "application/json" }).end('{"error":"proxy: upstream failed"}');
+      });
+      // The worker giving up (cancel, timeout) closes its side: pass it on.
+      res.on("close", () => {
+        if (!res.writableFinished) up.destroy();
+      });
+      up.end(body);
+    });
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  px.url = `http://127.0.0.1:${server.address().port}`;
+  px.close = () =>
+    new Promise((resolve) => {
+      server.closeAllConnections?.();
+      server.close(() => resolve());
+    });
+  return px;
+}
+
+// A loopback port where nothing listens (bound, then released).
+export async function closedPort() {
+  const s = createServer();
+  await new Promise((resolve) => s.listen(0, "127.0.0.1", resolve));
+  const port = s.address().port;
+  await new Promise((resolve) => s.close(resolve));
+  return port;
+}
+
+// The cloudrun section of a worker's YAML, for startWorker's extraYaml.
+export function cloudrunYaml(keys) {
+  return workerYaml({ cloudrun: keys });
+}
