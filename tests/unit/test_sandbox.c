@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cgroup.h"
 #include "config.h"
 #include "provider.h"
 #include "sandbox.h"
@@ -681,6 +682,327 @@ static void t_parallel(void)
     }
 }
 
+/* The tmpfs limits hold whatever the memory: /tmp and /dev/shm by size,
+ * /tmp by inodes; /workspace follows no symlink. */
+static void t_tmpfs_limits(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("import errno, os\n"
+                     "def fill(path):\n"
+                     "    try:\n"
+                     "        with open(path, 'wb') as f:\n"
+                     "            for i in range(80):\n" /* tmp_mb is 64 */
+                     "                f.write(b'x' * (1 << 20))\n"
+                     "        return 'no limit'\n"
+                     "    except OSError as e:\n"
+                     "        return errno.errorcode[e.errno]\n"
+                     "    finally:\n"
+                     "        os.unlink(path)\n"
+                     "print('tmp', fill('/tmp/big'))\n"
+                     "print('shm', fill('/dev/shm/big'))\n"
+                     "n = 0\n"
+                     "try:\n"
+                     "    while n < 10000:\n"
+                     "        open('/tmp/f%d' % n, 'w').close()\n"
+                     "        n += 1\n"
+                     "    print('inodes: no limit')\n"
+                     "except OSError as e:\n"
+                     "    print('inodes', errno.errorcode[e.errno], 1000 < n < 10000)\n"
+                     "os.symlink('/etc/hostname', 'link')\n"
+                     "try:\n"
+                     "    open('link').read()\n"
+                     "    print('followed')\n"
+                     "except OSError as e:\n"
+                     "    print('symlink', errno.errorcode[e.errno])\n",
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_STR(o.out, "tmp ENOSPC\nshm ENOSPC\ninodes ENOSPC True\nsymlink ELOOP\n");
+    ci_outcome_release(&o);
+}
+
+/* --- cgroups: only when the probe found them (main() says so loudly) --- */
+
+static int cg_version; /* the probe's: 2, 1, or 0 without cgroups */
+
+static struct ci_provider *provider_with(struct ci_config *c)
+{
+    struct ci_provider *p = NULL;
+    struct ci_error err = {{0}};
+    if (ci_provider_local_new(c, &p, &err) != CI_OK) {
+        fprintf(stderr, "provider: %s\n", err.msg);
+        return NULL;
+    }
+    return p;
+}
+
+static void t_cgroup_memory(void)
+{
+    struct ci_outcome o;
+    /* bytearray() writes every byte: the cgroup's OOM killer stops it. */
+    REQUIRE(run_with(prov, "print('before')\nx = bytearray(2 << 30)\nprint('after')\n", NULL, 0,
+                     20000, 256, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_MEMORY);
+    CHECK_STR(o.out, "before\n");
+    CHECK_STR(o.error, "the code exceeded the memory limit of 256 MiB");
+    CHECK(o.hint != NULL);
+    CHECK_CONTAINS(o.isolation, cg_version == 2 ? ",cgroup" : ",cgroup1");
+    CHECK(o.memory_mb >= 200 && o.memory_mb <= 260); /* the peak: at the limit */
+    ci_outcome_release(&o);
+
+    /* 4 GiB at once: past the (generous) address-space cap, a MemoryError. */
+    REQUIRE(run_with(prov, "import numpy\nx = numpy.ones((512, 1024, 1024))\n", NULL, 0, 20000,
+                     256, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_MEMORY);
+    CHECK_STR(o.error, "the code exceeded the memory limit of 256 MiB");
+    ci_outcome_release(&o);
+
+    /* 512 MiB under the cap: filled page by page until the OOM killer. */
+    REQUIRE(run_with(prov, "import numpy\nx = numpy.ones((64, 1024, 1024))\nprint(x.sum())\n",
+                     NULL, 0, 20000, 256, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_MEMORY);
+    CHECK(o.exit_code == 128 + SIGKILL);
+    CHECK_STR(o.error, "the code exceeded the memory limit of 256 MiB");
+    ci_outcome_release(&o);
+
+    /* What the code writes to its tmpfs is memory too. */
+    REQUIRE(run_with(prov, "data = b'x' * (1 << 20)\n"
+                           "with open('fill.bin', 'wb') as f:\n"
+                           "    for i in range(200):\n"
+                           "        f.write(data)\n"
+                           "print('wrote all')\n",
+                     NULL, 0, 20000, 128, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_MEMORY);
+    CHECK_STR(o.error, "the code exceeded the memory limit of 128 MiB");
+    CHECK(!strstr(o.out ? o.out : "", "wrote all"));
+    ci_outcome_release(&o);
+
+    /* A SIGKILL that is not the OOM killer's is not a memory problem. */
+    REQUIRE(run_with(prov, "import os, signal\nx = bytearray(150 << 20)\n"
+                           "os.kill(os.getpid(), signal.SIGKILL)\n", NULL, 0, 20000, 256,
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 128 + SIGKILL);
+    CHECK_CONTAINS(o.error, "killed by signal 9");
+    ci_outcome_release(&o);
+}
+
+/* The peak comes from the cgroup: roughly what the code allocated. */
+static void t_cgroup_peak(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_with(prov, "x = bytearray(200 << 20)\nprint(len(x) >> 20)\n", NULL, 0, 20000,
+                     1024, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_STR(o.out, "200\n");
+    fprintf(stderr, "    peak of a 200 MiB task: %u MiB\n", o.memory_mb);
+    CHECK(o.memory_mb >= 180 && o.memory_mb <= 400);
+    ci_outcome_release(&o);
+    REQUIRE(run_code("print(1)\n", &o) == CI_OK);
+    fprintf(stderr, "    peak of print(1): %u MiB\n", o.memory_mb);
+    CHECK(o.memory_mb > 0 && o.memory_mb < 100);
+    ci_outcome_release(&o);
+}
+
+/* pids.max: a fork bomb stays small, and its run ends on time. */
+static void t_cgroup_pids(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->local.max_processes = 32;
+    struct ci_provider *p = provider_with(c);
+    if (!p)
+        free(c);
+    REQUIRE(p != NULL);
+    struct ci_outcome o;
+    REQUIRE(run_with(p, "import os, time\n"
+                        "n = 0\n"
+                        "try:\n"
+                        "    while n < 1000:\n"
+                        "        if os.fork() == 0:\n"
+                        "            time.sleep(30)\n"
+                        "            os._exit(0)\n"
+                        "        n += 1\n"
+                        "except OSError as e:\n"
+                        "    print('refused after', n)\n",
+                     NULL, 0, 20000, 1024, &o) == CI_OK);
+    int n = -1;
+    if (o.out)
+        sscanf(o.out, "refused after %d", &n);
+    CHECK(n > 0 && n < 32);
+    ci_outcome_release(&o);
+
+    int64_t t0 = ci_mono_ms();
+    REQUIRE(run_with(p, "import os\nwhile True:\n    try:\n        os.fork()\n"
+                        "    except OSError:\n        pass\n",
+                     NULL, 0, 2000, 1024, &o) == CI_OK);
+    int64_t took = ci_mono_ms() - t0;
+    fprintf(stderr, "    fork bomb (2 s limit) ended after %lld ms\n", (long long)took);
+    CHECK(o.kind == CI_OUTCOME_TIMED_OUT);
+    CHECK(took < 5000);
+    ci_outcome_release(&o);
+    ci_provider_free(p);
+    free(c);
+}
+
+/* cpu.max with local.cpus 1: four busy processes (threads would be held to
+ * one CPU by the GIL anyway) get about one CPU between them. */
+static void t_cgroup_cpu(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("import os, time\n"
+                     "end = time.time() + 2\n"
+                     "kids = []\n"
+                     "for i in range(3):\n"
+                     "    pid = os.fork()\n"
+                     "    if pid == 0:\n"
+                     "        while time.time() < end:\n"
+                     "            pass\n"
+                     "        os._exit(0)\n"
+                     "    kids.append(pid)\n"
+                     "while time.time() < end:\n"
+                     "    pass\n"
+                     "for k in kids:\n"
+                     "    os.waitpid(k, 0)\n"
+                     "print('spun')\n",
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_STR(o.out, "spun\n");
+    fprintf(stderr, "    4 busy processes, cpus 1: %llu ms of CPU in %llu ms\n",
+            (unsigned long long)o.cpu_ms, (unsigned long long)o.duration_ms);
+    CHECK(o.duration_ms >= 2000);
+    CHECK(o.cpu_ms >= 1000);                     /* it did spin */
+    CHECK(o.cpu_ms * 10 <= o.duration_ms * 13);  /* at most ~1.3 CPU */
+    ci_outcome_release(&o);
+}
+
+/* The task cgroups of this process that exist now ("" when none). */
+static void list_task_cgroups(char *out, size_t size)
+{
+    out[0] = '\0';
+    struct ci_cgroup_places pl;
+    if (ci_cgroup_find(&pl, NULL) != CI_OK)
+        return;
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "ci-worker-%d-", (int)getpid());
+    for (int i = 0; i < CI_CG_COUNT; i++) {
+        DIR *d = opendir(pl.dir[i]);
+        struct dirent *e;
+        while (d && (e = readdir(d)) != NULL) {
+            if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+                continue;
+            size_t used = strlen(out);
+            snprintf(out + used, size - used, "%s/%s ", pl.dir[i], e->d_name);
+        }
+        if (d)
+            closedir(d);
+    }
+}
+
+/* Finds the directory of the one task cgroup of hierarchy i now alive. */
+static bool find_task_cgroup(int i, char *out, size_t size)
+{
+    struct ci_cgroup_places pl;
+    if (ci_cgroup_find(&pl, NULL) != CI_OK)
+        return false;
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "ci-worker-%d-", (int)getpid());
+    bool found = false;
+    DIR *d = opendir(pl.dir[i]);
+    struct dirent *e;
+    while (d && !found && (e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        char parent[700];
+        snprintf(parent, sizeof(parent), "%s/%s", pl.dir[i], e->d_name);
+        DIR *pd = opendir(parent);
+        struct dirent *t;
+        while (pd && !found && (t = readdir(pd)) != NULL)
+            if (strncmp(t->d_name, "task-", 5) == 0) {
+                snprintf(out, size, "%s/%s", parent, t->d_name);
+                found = true;
+            }
+        if (pd)
+            closedir(pd);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+static void read_text(const char *dir, const char *name, char *buf, size_t size)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    buf[0] = '\0';
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+}
+
+/* While a task runs: its cgroup holds init and the code, with the limits. */
+static void t_cgroup_layout(void)
+{
+    static const char code[] = "import time\nprint('up', flush=True)\ntime.sleep(30)\n";
+    struct ci_task task = {.task_id = "g1", .code = code, .code_len = strlen(code),
+                           .timeout_ms = 20000, .memory_mb = 300};
+    struct ci_error err = {{0}};
+    struct ci_run *run = NULL;
+    REQUIRE(ci_provider_start(prov, &task, &run, &err) == CI_OK);
+    char mem[1024] = "", pids[1024] = "", cpu[1024] = "", buf[4096];
+    bool found = false;
+    for (int i = 0; i < 200 && !found; i++) {
+        found = find_task_cgroup(CI_CG_MEMORY, mem, sizeof(mem)) &&
+                find_task_cgroup(CI_CG_PIDS, pids, sizeof(pids)) &&
+                find_task_cgroup(CI_CG_CPU, cpu, sizeof(cpu));
+        if (!found)
+            usleep(10000);
+    }
+    CHECK(found);
+    int procs = 0;
+    for (int i = 0; found && i < 100 && procs < 2; i++) { /* init, then python */
+        read_text(mem, "cgroup.procs", buf, sizeof(buf));
+        procs = 0;
+        for (char *p = buf; *p; p++)
+            procs += *p == '\n';
+        if (procs < 2)
+            usleep(10000);
+    }
+    CHECK(procs >= 2);
+    if (found && cg_version == 2) {
+        read_text(mem, "memory.max", buf, sizeof(buf));
+        CHECK_STR(buf, "314572800\n");
+        read_text(mem, "pids.max", buf, sizeof(buf));
+        CHECK_STR(buf, "64\n");
+        read_text(mem, "cpu.max", buf, sizeof(buf));
+        CHECK_STR(buf, "100000 100000\n");
+    } else if (found) {
+        read_text(mem, "memory.limit_in_bytes", buf, sizeof(buf));
+        CHECK_STR(buf, "314572800\n");
+        read_text(pids, "pids.max", buf, sizeof(buf));
+        CHECK_STR(buf, "64\n");
+        read_text(cpu, "cpu.cfs_quota_us", buf, sizeof(buf));
+        CHECK_STR(buf, "100000\n");
+    }
+    ci_provider_cancel(prov, run);
+    struct ci_outcome o;
+    CHECK(ci_provider_wait(prov, run, &o) == CI_OK);
+    ci_provider_release(prov, run);
+    CHECK(o.kind == CI_OUTCOME_CANCELLED);
+    ci_outcome_release(&o);
+    /* Gone with the run, in every hierarchy. */
+    struct stat st;
+    CHECK(!found || (stat(mem, &st) != 0 && stat(pids, &st) != 0 && stat(cpu, &st) != 0));
+}
+
+/* Run last, after every provider is freed: nothing of ours is left. */
+static void t_cgroup_none_left(void)
+{
+    char left[4096];
+    list_task_cgroups(left, sizeof(left));
+    CHECK_STR(left, "");
+}
+
 static void t_artifact_cap(void)
 {
     struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
@@ -910,21 +1232,39 @@ int main(void)
         T(t_memory),        T(t_process_limits), T(t_parallel),
         T(t_artifact_cap),  T(t_no_isolation_mode), T(t_fallback_without_userns),
         T(t_probe_print),
-        T(t_bad_python),
+        T(t_bad_python),    T(t_tmpfs_limits),
+        /* cgroups: from here on only when the probe found them */
+        T(t_cgroup_memory), T(t_cgroup_peak),    T(t_cgroup_pids),  T(t_cgroup_cpu),
+        T(t_cgroup_layout),
     };
+    cg_version = pr.cgroup_version;
+    size_t n_cases = sizeof(cases) / sizeof(cases[0]), k = 0;
+    struct t_case sel[sizeof(cases) / sizeof(cases[0])];
     const char *only = getenv("TEST_ONLY");
-    int rc;
-    if (only) {
-        size_t k = 0;
-        struct t_case sel[32];
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-            if (strstr(cases[i].name, only))
-                sel[k++] = cases[i];
-        rc = t_run(sel, k);
-    } else {
-        rc = t_run(cases, sizeof(cases) / sizeof(cases[0]));
+    bool skipped_cgroup = false;
+    for (size_t i = 0; i < n_cases; i++) {
+        bool cgroup_test = strncmp(cases[i].name, "t_cgroup_", 9) == 0;
+        if (only && !strstr(cases[i].name, only))
+            continue;
+        if (cgroup_test && !cg_version) {
+            skipped_cgroup = true;
+            continue;
+        }
+        sel[k++] = cases[i];
     }
+    int rc = t_run(sel, k);
     ci_provider_free(prov);
+    if (cg_version) {
+        static const struct t_case last[] = {T(t_cgroup_none_left)};
+        rc |= t_run(last, 1);
+    }
     free(cfg);
+    if (skipped_cgroup) {
+        fprintf(stderr,
+                "\n*** SKIPPED: the cgroup tests did NOT run: %s\n"
+                "*** (cgroup v2 with memory, pids and cpu delegated, or cgroup v1 as root)\n",
+                pr.cgroup_failure[0] ? pr.cgroup_failure : "no per-task cgroups here");
+        return rc ? rc : 77;
+    }
     return rc;
 }
