@@ -346,6 +346,11 @@ bool ci_broker_connected(const struct ci_broker *b)
     return natsConnection_Status(b->nc) == NATS_CONN_STATUS_CONNECTED;
 }
 
+bool ci_broker_closed(const struct ci_broker *b)
+{
+    return natsConnection_IsClosed(b->nc);
+}
+
 /* --- work queue --- */
 
 ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err)

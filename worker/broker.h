@@ -40,6 +40,8 @@ int64_t ci_broker_max_payload(const struct ci_broker *b);
 /* Reconnects since start, and whether the connection is up now. */
 uint64_t ci_broker_reconnects(const struct ci_broker *b);
 bool ci_broker_connected(const struct ci_broker *b);
+/* Whether the connection is closed for good (nats.max_reconnects used up). */
+bool ci_broker_closed(const struct ci_broker *b);
 
 /* --- the work queue (workers) --- */
 

@@ -60,6 +60,13 @@ static void *slot_main(void *p)
         ci_status s = ci_puller_fetch(puller, FETCH_WAIT_MS, &d, &e);
         if (s == CI_ERR_TIMEOUT)
             continue;
+        if (s && ci_broker_closed(w->env.broker)) {
+            /* nats.max_reconnects used up: nothing will ever come again. */
+            ci_log(CI_LOG_ERROR, "slot.connection_closed", "error", e.msg, NULL);
+            atomic_store(&w->failed, true);
+            g_stop = 1;
+            break;
+        }
         if (s) {
             /* 409s after a leader change, a reconnect in progress: retry. */
             ci_log(CI_LOG_DEBUG, "slot.fetch_failed", "error", e.msg, NULL);
