@@ -686,11 +686,17 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
     }
 
     if (!choose_id(&t, msg_id)) {
-        /* Nobody could ever look up a result for it: drop it, loudly. */
+        /* Nobody could ever look up a result for it: drop it, loudly, with
+         * at most 64 bytes of whatever id it had (a header can be MiBs). */
+        char shown[65];
+        size_t n = msg_id ? strnlen(msg_id, 64) : 0;
+        while (n > 0 && msg_id[n] && ((unsigned char)msg_id[n] & 0xC0) == 0x80)
+            n--; /* not inside a UTF-8 character */
+        snprintf(shown, sizeof(shown), "%.*s", (int)n, msg_id ? msg_id : "");
         ci_log(CI_LOG_WARN, "task.dropped", "reason",
                t.req ? "the task id is missing or not [A-Za-z0-9_-]{1,64}"
                      : "undecodable body and no valid Nats-Msg-Id",
-               "nats_msg_id", msg_id ? msg_id : "", NULL);
+               "nats_msg_id", shown, NULL);
         ci_delivery_term(d);
         task_release(&t);
         ci_delivery_free(d);
