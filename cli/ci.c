@@ -717,6 +717,10 @@ int main(int argc, char **argv)
     cfg->nats.max_reconnects = 5;
     int rc = EXIT_INFRA;
     struct ci_broker *b = NULL;
+    if (!cfg->nats.url || !cfg->nats.name) { /* a NULL url would mean the default server */
+        fprintf(stderr, "ci: out of memory\n");
+        goto out;
+    }
     if (ci_broker_connect(cfg, &b, &e) || ci_broker_setup(b, false, &e)) {
         fprintf(stderr, "ci: %s\n", e.msg);
         goto out;
