@@ -1,13 +1,17 @@
 /* sandbox.h - runs one Python task in a fresh Linux namespace sandbox.
  *
  * The mechanism only: namespaces, a new root filesystem, one unprivileged
- * id, rlimits, the I/O loop and the artifact walk. What an outcome means for
+ * id, a cgroup per task (cgroup.h), rlimits, the I/O loop and the artifact
+ * walk. What an outcome means for
  * the agent (error and hint sentences) is decided in provider_local.c.
  *
  * Shape of a sandbox (read sandbox.c top to bottom for the details):
  *
+ *   worker: creates the task's cgroup with its limits (memory.max, no swap,
+ *     pids.max, cpu.max), then
  *   worker ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS|NEWCGROUP)──▶ init (pid 1)
- *     writes uid_map/gid_map (sandbox uid 1000 = one unprivileged id outside),
+ *     puts init in the cgroup before init does anything (init waits for a
+ *     byte), writes uid_map/gid_map (sandbox uid 1000 = one unprivileged id outside),
  *     waits for READY + the /workspace fd, writes the inputs through that fd,
  *     sends GO; then polls stdout, stderr, the report pipe, the code socket,
  *     init's pidfd and a cancel eventfd until init reports DONE.
@@ -19,9 +23,23 @@
  *     everything left, reaps it and reports the task's wait status with the
  *     CPU time and peak memory of all it reaped. If init does not stop in
  *     time, SIGKILL on init kills the whole pid namespace.
- *   task: setsid, rlimits, a seccomp filter (deny list), then
+ *   task: oom_score_adj 1000 (the OOM killer takes the code, not init),
+ *     setsid, rlimits, a seccomp filter (deny list), then
  *     python3 -I -B -c <driver.py>; the code on stdin, the driver's report
  *     on fd 3.
+ *   after: the worker reads the cgroup's OOM kills and peak memory, kills
+ *     what is left in it, waits until it is empty and removes it.
+ *
+ * Limits. With a cgroup (v2 where memory, pids and cpu can be delegated to
+ * the worker, else v1 as root; the probe says which, and results say
+ * "cgroup" or "cgroup1" in their isolation string) memory is memory.max
+ * without swap - tmpfs pages the code writes included, the inputs the
+ * worker writes are charged to the worker - and RLIMIT_AS is only a
+ * generous cap (2 x memory + 2 GiB). Without one (unprivileged, or no
+ * delegation) RLIMIT_AS = the memory limit, RLIMIT_NPROC and RLIMIT_CPU are
+ * the only limits. local.isolation: required requires the namespaces only;
+ * local.require_cgroup requires the cgroup too. The no-isolation fallback
+ * never uses cgroups.
  *
  * When the machine cannot create the namespaces (and local.isolation is not
  * `required`), or when local.isolation is `none`, a run is a plain fork with
