@@ -18,6 +18,7 @@
 #include "httpd.h"
 #include "log.h"
 #include "provider.h"
+#include "sandbox.h"
 #include "service.h"
 #include "util.h"
 
@@ -35,13 +36,15 @@ static void on_signal(int sig)
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: ci-executor [--config FILE] [--listen ADDR] [--port N] [--version]\n"
+            "usage: ci-executor [--config FILE] [--listen ADDR] [--port N] [--probe] [--version]\n"
             "  --config FILE   worker.yaml format; limits.*, local.*, worker.concurrency\n"
             "                  (tasks at once; 0 = CPUs), worker.id, worker.log_level and\n"
             "                  worker.drain_timeout_s apply. Defaults without it.\n"
             "  --listen ADDR   numeric address to listen on (default $CI_EXECUTOR_LISTEN,\n"
             "                  else 0.0.0.0)\n"
-            "  --port N        port (default $PORT, else 8080; 0 = any free port, logged)\n");
+            "  --port N        port (default $PORT, else 8080; 0 = any free port, logged)\n"
+            "  --probe         print which sandbox layers this machine grants, then exit\n"
+            "                  (non-zero when local.isolation is 'required' and unmet)\n");
 }
 
 static bool parse_port(const char *s, uint16_t *ret)
@@ -65,11 +68,13 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'}, {"listen", required_argument, NULL, 'l'},
         {"port", required_argument, NULL, 'p'},   {"version", no_argument, NULL, 'v'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+        {"probe", no_argument, NULL, 'P'},        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     const char *config_path = NULL;
     const char *listen_addr = getenv("CI_EXECUTOR_LISTEN");
     const char *port_text = getenv("PORT");
+    bool probe = false;
     int c;
     while ((c = getopt_long(argc, argv, "c:l:p:h", opts, NULL)) != -1) {
         switch (c) {
@@ -77,6 +82,7 @@ int main(int argc, char **argv)
         case 'l': listen_addr = optarg; break;
         case 'p': port_text = optarg; break;
         case 'v': printf("ci-executor 0.1.0\n"); return 0;
+        case 'P': probe = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -98,6 +104,13 @@ int main(int argc, char **argv)
     if (config_path ? ci_config_load(config_path, &cfg, &e) : ci_config_defaults(&cfg, &e)) {
         fprintf(stderr, "%s\n", e.msg);
         return 2;
+    }
+    if (probe) {
+        struct ci_sandbox_probe p;
+        ci_status ps = ci_sandbox_probe(cfg, &p);
+        ci_sandbox_probe_print(&p, stdout);
+        ci_config_free(cfg);
+        return ps ? 1 : 0;
     }
     char id[128];
     if (cfg->worker.id[0]) {
