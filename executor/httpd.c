@@ -246,6 +246,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state_p,
 }
 
 /* MHD's own complaints (bind failures, malformed requests) as log lines. */
+static void on_mhd_log(void *cls, const char *fm, va_list ap) __attribute__((format(printf, 2, 0)));
 static void on_mhd_log(void *cls, const char *fm, va_list ap)
 {
     (void)cls;
