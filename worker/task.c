@@ -439,17 +439,27 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
         r->art_objects[i] = obj;
         r->n_art_objects = i + 1;
         ci_status s = ci_objstore_put(ci_broker_objstore(t->env->broker), obj, a->data, a->len, err);
+        if (s == CI_ERR_INVALID || s == CI_ERR_LIMIT) {
+            /* This artifact can never be stored (e.g. a path longer than an
+             * object name may be): say so and keep the others, rather than
+             * retry, which would run the code again for the same end. */
+            size_t used = strlen(r->error);
+            snprintf(r->error + used, sizeof(r->error) - used, "%sartifact not kept: %s",
+                     used ? "; " : "", err->msg);
+            continue;
+        }
         if (s)
             return s;
-        Ci__V1__Artifact *pa = &r->arts[i];
+        size_t k = r->msg.n_artifacts; /* only entries that are filled in */
+        Ci__V1__Artifact *pa = &r->arts[k];
         ci__v1__artifact__init(pa);
         pa->name = a->name;
         pa->mime_type = a->mime_type;
         pa->size = a->len;
         pa->sha256 = a->sha256;
         pa->object = obj;
-        r->art_ptrs[i] = pa;
-        r->msg.n_artifacts = i + 1; /* only entries that are filled in */
+        r->art_ptrs[k] = pa;
+        r->msg.n_artifacts = k + 1;
     }
     return CI_OK;
 }
