@@ -995,6 +995,46 @@ static void t_cgroup_layout(void)
     CHECK(!found || (stat(mem, &st) != 0 && stat(pids, &st) != 0 && stat(cpu, &st) != 0));
 }
 
+/* local.require_cgroup: with cgroups the provider runs (and says so), without
+ * them it refuses to start, naming the key and the reason. */
+static void t_require_cgroup(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->local.require_cgroup = true;
+    struct ci_sandbox_probe pr;
+    ci_status ps = ci_sandbox_probe(c, &pr);
+    struct ci_provider *p = NULL;
+    struct ci_error err = {{0}};
+    ci_status s = ci_provider_local_new(c, &p, &err);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (f) {
+        ci_sandbox_probe_print(&pr, f);
+        fclose(f);
+    }
+    if (cg_version) {
+        CHECK(ps == CI_OK && pr.cgroup_version == cg_version);
+        CHECK_CONTAINS(buf, cg_version == 2 ? "cgroup: v2 (" : "cgroup: v1 (");
+        CHECK(s == CI_OK);
+        struct ci_outcome o;
+        if (p && run_with(p, "print('limited')\n", NULL, 0, 20000, 512, &o) == CI_OK) {
+            CHECK_STR(o.out, "limited\n");
+            CHECK_CONTAINS(o.isolation, "cgroup");
+            ci_outcome_release(&o);
+        }
+    } else {
+        CHECK(ps == CI_ERR_UNSUPPORTED && pr.cgroup_version == 0);
+        CHECK_CONTAINS(buf, "cgroup: unavailable");
+        CHECK_CONTAINS(buf, "mode: REFUSED - per-task cgroups are required");
+        CHECK(s == CI_ERR_UNSUPPORTED);
+        CHECK_CONTAINS(err.msg, "local.require_cgroup");
+    }
+    free(buf);
+    ci_provider_free(p);
+    free(c);
+}
+
 /* Run last, after every provider is freed: nothing of ours is left. */
 static void t_cgroup_none_left(void)
 {
@@ -1232,7 +1272,7 @@ int main(void)
         T(t_memory),        T(t_process_limits), T(t_parallel),
         T(t_artifact_cap),  T(t_no_isolation_mode), T(t_fallback_without_userns),
         T(t_probe_print),
-        T(t_bad_python),    T(t_tmpfs_limits),
+        T(t_bad_python),    T(t_tmpfs_limits),   T(t_require_cgroup),
         /* cgroups: from here on only when the probe found them */
         T(t_cgroup_memory), T(t_cgroup_peak),    T(t_cgroup_pids),  T(t_cgroup_cpu),
         T(t_cgroup_layout),
