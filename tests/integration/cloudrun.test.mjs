@@ -238,6 +238,38 @@ describe("cloudrun provider", () => {
     await w2.stop();
   });
 
+  test("401 once: the worker drops its token, fetches a fresh one and tries again", async () => {
+    const mdx = await startMetadataServer({ lifetimeS: 3600 });
+    others.push(mdx);
+    const px = await startProxy(executor.url, {
+      fault: (n, req) => (req.path === "/execute" && n === 1 ? { status: 401, body: '{"error":"token expired"}' } : null),
+    });
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url, metadata_url: mdx.url });
+    const r = await run({ code: "print('ok')" });
+    assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+    assert.equal(mdx.hits, 2, "a second token after the 401");
+    assert.deepEqual(px.auths, [`Bearer ${mdx.tokens[0]}`, `Bearer ${mdx.tokens[1]}`]);
+    await w.stop();
+
+    // Refused every time: FAILED, saying what to fix, after one fresh try.
+    const px2 = await startProxy(executor.url, { fault: (n, req) => (req.path === "/execute" ? { status: 403, body: "<html>Forbidden</html>" } : null) });
+    others.push(px2);
+    const w2 = await cloudrunWorker({ service_url: px2.url, metadata_url: mdx.url });
+    const r2 = await run({ code: "print('no')" });
+    assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
+    assert.match(r2.result.error, /refused the worker's ID token \(HTTP 403\).*roles\/run\.invoker/, show(r2.result));
+    assert.equal(px2.count("/execute"), 2);
+    await w2.stop();
+  });
+
+  test("a cloudrun worker without service_url refuses to start, saying why", async () => {
+    await assert.rejects(
+      stack.addWorker({ worker: { provider: "cloudrun" }, extraYaml: cloudrunYaml({ metadata_url: md.url }) }),
+      /cloudrun\.service_url must be the executor service's URL/,
+    );
+  });
+
   test("a body over the executor's limit: 413, FAILED with the executor's reason, not retried", async () => {
     const w = await cloudrunWorker();
     const before = await executor.healthz();
