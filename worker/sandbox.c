@@ -2537,7 +2537,7 @@ ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe 
                  "per-task cgroups are required (local.require_cgroup: true) but %.400s",
                  p.cgroup_failure[0] ? p.cgroup_failure
                  : p.sandboxed       ? "they were not tried"
-                                     : "they need the namespace sandbox, which is unavailable");
+                                     : "they need the namespace sandbox, which is not in use");
     *ret = p;
     if (!p.sandboxed && p.requested == CI_ISOLATION_REQUIRED)
         return CI_ERR_UNSUPPORTED;
