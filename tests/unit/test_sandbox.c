@@ -972,6 +972,8 @@ static void t_cgroup_layout(void)
     if (found && cg_version == 2) {
         read_text(mem, "memory.max", buf, sizeof(buf));
         CHECK_STR(buf, "314572800\n");
+        read_text(mem, "memory.swap.max", buf, sizeof(buf));
+        CHECK(buf[0] == '\0' || strcmp(buf, "0\n") == 0); /* absent without swap accounting */
         read_text(mem, "pids.max", buf, sizeof(buf));
         CHECK_STR(buf, "64\n");
         read_text(mem, "cpu.max", buf, sizeof(buf));
@@ -979,6 +981,8 @@ static void t_cgroup_layout(void)
     } else if (found) {
         read_text(mem, "memory.limit_in_bytes", buf, sizeof(buf));
         CHECK_STR(buf, "314572800\n");
+        read_text(mem, "memory.memsw.limit_in_bytes", buf, sizeof(buf)); /* no swap */
+        CHECK(buf[0] == '\0' || strcmp(buf, "314572800\n") == 0);
         read_text(pids, "pids.max", buf, sizeof(buf));
         CHECK_STR(buf, "64\n");
         read_text(cpu, "cpu.cfs_quota_us", buf, sizeof(buf));
