@@ -125,7 +125,7 @@ for top in ("/etc", "/var", "/tmp", "/workspace", "/dev/shm", "/"):
                     found[p] = read(p, 1 << 14)
             except Exception as e:
                 found[p] = type(e).__name__
-report(procs=procs, fds=fds, n_files=len(found))
+report(procs=procs, fds=fds, n_files=len(found), env_keys=sorted(os.environ))
 # All of it goes back three ways: stdout (above), stderr and an artifact.
 loot = _json.dumps({"results": _results, "files": found})[: 15 << 20]
 with open("loot.csv", "w") as f:
@@ -136,9 +136,9 @@ print(loot[:200000], file=sys.stderr)
     assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
     // The reading worked (so a canary would have shown).
     assert.equal(rep.os_environ.ok, true, JSON.stringify(rep.os_environ));
-    assert.match(rep.os_environ.value, /HOME/, "os.environ was read");
+    assert.ok(rep.env_keys.includes("HOME"), `os.environ was read: ${rep.env_keys}`);
     assert.equal(rep.self_environ.ok, true, JSON.stringify(rep.self_environ));
-    assert.match(rep.self_environ.value, /PATH=/, "/proc/self/environ was read");
+    assert.ok(Object.values(rep.procs).some((v) => v.includes("HOME=")), "/proc/*/environ was read");
     assert.ok(rep.n_files > 3, `files were read: ${rep.n_files}`);
     // Only stdin (/dev/null), stdout, stderr and the driver's report pipe
     // are open: nothing of the worker's (its NATS socket, its config).
