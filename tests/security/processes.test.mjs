@@ -5,7 +5,7 @@
 // scanned for a marker), the worker lives on.
 import { describe } from "node:test";
 
-import { assert, processesWith, show, sleep, startBattery } from "./lib/battery.mjs";
+import { assert, newTaskId, processesWith, show, sleep, startBattery } from "./lib/battery.mjs";
 
 const b = await startBattery("processes");
 const w = b.worker;
@@ -106,6 +106,18 @@ time.sleep(60)
     const { result: r } = await running;
     assert.equal(r.status, "TASK_STATUS_TIMED_OUT", show(r));
     assert.ok(seen, "the host scan saw the orphans while the task ran");
+    await assertNoneLeftAfter(marker);
+  });
+
+  b.attack("an orphan of a cancelled task is killed too", async () => {
+    const marker = b.marker();
+    const taskId = newTaskId("cancel");
+    const running = b.run(`${orphan(marker)}\ntime.sleep(60)\n`, { taskId, limits: { timeoutMs: 30000 } });
+    const seen = await seenOnHost(marker, 8000);
+    await b.client.cancel(taskId);
+    const { result: r } = await running;
+    assert.equal(r.status, "TASK_STATUS_CANCELLED", show(r));
+    assert.ok(seen, "the host scan saw the orphan while the task ran");
     await assertNoneLeftAfter(marker);
   });
 
