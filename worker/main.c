@@ -273,8 +273,12 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    /* No core dumps or ptrace of a process that holds NATS credentials. */
-    prctl(PR_SET_DUMPABLE, 0);
+    /* No core dumps or ptrace of a process that holds NATS credentials.
+     * An unprivileged worker must stay dumpable, or it could not write the
+     * uid map of its sandboxes (their /proc files would be root's); its
+     * sandboxes make themselves non-dumpable once the maps are written. */
+    if (geteuid() == 0)
+        prctl(PR_SET_DUMPABLE, 0);
 
     struct ci_config *cfg = NULL;
     struct ci_error e = {{0}};

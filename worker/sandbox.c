@@ -999,6 +999,11 @@ __attribute__((noreturn)) static void init_main(const struct child_args *a)
         child_fail(a->fds[FD_SOCK], STEP_FDS, 0, errno);
     if (!child_wait_byte(FD_SOCK))
         _exit(1);
+    /* Init is a copy of the worker's memory (its config, its credentials):
+     * the code, which runs as the same id inside, must never read it through
+     * /proc/1/mem. An unprivileged worker stays dumpable so that it can write
+     * our maps; they are written now. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     /* The parent has put us in the task's cgroup: make it the root of what
      * the sandbox sees in /proc/self/cgroup. Only a view (the code can mount
      * nothing), so a failure is not worth failing the task for. */
