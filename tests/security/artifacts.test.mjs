@@ -222,6 +222,33 @@ report(made=made)
     assert.ok(!r.artifacts.some((a) => a.name.endsWith("bottom.csv")), "the walk has a depth limit");
     assert.ok(r.artifacts.some((a) => a.name === "real.csv"), `the walk still works: ${show(r.artifacts)}`);
   });
+
+  b.attack("an artifact path of 2 KB and 990 small artifacts: refused or stored, without a stall", async () => {
+    const code = `
+import os
+os.chdir("/workspace")
+for i in range(7):
+    os.mkdir("d%d" % i + "x" * 240)
+    os.chdir("d%d" % i + "x" * 240)
+with open("y" * 250 + ".csv", "w") as f:
+    f.write("a,b\\n")
+os.chdir("/workspace")
+for i in range(990):
+    with open("f%04d.csv" % i, "w") as f:
+        f.write("a,b\\n%d,1\\n" % i)
+report(made=True)
+`;
+    const t0 = Date.now();
+    const { result: r, report: rep } = await b.run(code, { limits: { timeoutMs: 30000 } });
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show({ ...r, artifacts: r.artifacts.length }));
+    assert.equal(rep.made, true);
+    assert.ok(Date.now() - t0 < 30000, `took ${Date.now() - t0} ms`);
+    assert.ok(!r.artifacts.some((a) => a.name.length > 1024), "no over-long object name was stored");
+    assert.match(r.error, /object name/i, "the long one is named in a note");
+    const sample = r.artifacts.find((a) => a.name === "f0500.csv");
+    assert.ok(sample, `the small artifacts were stored: ${r.artifacts.length}`);
+    assert.equal(Buffer.from(await b.client.getObject(sample.object)).toString(), "a,b\n500,1\n");
+  });
 });
 
 b.finish();
