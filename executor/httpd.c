@@ -4,12 +4,13 @@
  * are in (*state == NULL), once per piece of the body, and once more with no
  * data when the body is complete. A response can only be queued on the
  * first or the last call, so:
- *   - a Content-Length above the route's limit is answered 413 on the first
- *     call, before a byte of the body is read (and MHD closes the
- *     connection afterwards, so the body is never read);
- *   - a chunked body that grows past the limit is dropped piece by piece and
- *     answered 413 at the end; one that goes on far beyond the limit makes
- *     us close the connection.
+ *   - a Content-Length above the route's limit from a client that sent
+ *     "Expect: 100-continue" (curl does for large bodies) is answered 413 on
+ *     the first call: the client never sends the body;
+ *   - any other body over the limit is read and dropped piece by piece and
+ *     answered 413 at the end: a client still sending when the server closes
+ *     would get a reset instead of the answer. A body beyond DISCARD_MAX
+ *     (announced or sent) is not worth reading: the connection is closed.
  * The handler runs on the last call, on the connection's own thread. */
 #include "httpd.h"
 
@@ -21,15 +22,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "util.h"
 
-/* A chunked body is dropped up to this many times its limit before the
- * connection is closed instead of answered. */
-#define DISCARD_FACTOR 4
+/* Bytes of an oversize body read and dropped so that its 413 arrives. */
+#define DISCARD_MAX ((uint64_t)64 * 1024 * 1024)
 
 struct ci_httpd {
     struct MHD_Daemon *daemon;
@@ -165,7 +166,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 edge_reject(h, method, url, MHD_HTTP_BAD_REQUEST);
                 return send_error(c, MHD_HTTP_BAD_REQUEST, "the Content-Length header is not a number");
             }
-            if (n > st->limit) {
+            const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                             MHD_HTTP_HEADER_EXPECT);
+            bool waits = expect && strcasecmp(expect, "100-continue") == 0;
+            if (n > st->limit && (waits || n > st->limit + DISCARD_MAX)) {
                 st->answered = true;
                 edge_reject(h, method, url, MHD_HTTP_CONTENT_TOO_LARGE);
                 return too_large(c, n, st->limit);
@@ -183,7 +187,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             st->too_large = true;
             ci_buf_release(&st->body);
             /* Someone streaming without end: stop reading. */
-            return st->received / DISCARD_FACTOR > st->limit ? MHD_NO : MHD_YES;
+            return st->received > st->limit + DISCARD_MAX ? MHD_NO : MHD_YES;
         }
         if (ci_buf_append(&st->body, upload_data, n)) {
             ci_buf_release(&st->body);

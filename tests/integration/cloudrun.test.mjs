@@ -373,6 +373,34 @@ describe("cloudrun provider", () => {
     await w.stop();
   });
 
+  test("the executor answers bad requests with a 4xx and a JSON error, and lives on", async () => {
+    const u = executor.url;
+    const post = (path, body, ct) => fetch(`${u}${path}`, { method: "POST", body, headers: ct ? { "Content-Type": ct } : {} });
+    const cases = [
+      [() => post("/execute", Buffer.from([0xff, 0xff, 0xff, 0x0f]), "application/protobuf"), 400, /not a valid ExecutionRequest/],
+      [() => post("/execute", '{"taskId": 5, "code": "print(1)"}', "application/json"), 400, /not a valid ExecutionRequest/],
+      [() => post("/execute", "{", "application/json"), 400, /not a valid ExecutionRequest/],
+      [() => post("/execute", '{"language":"python","code":"print(1)"}', "application/json"), 400, /task_id is required/],
+      [() => post("/execute", '{"taskId":"x1","language":"cobol","code":"x"}', "application/json"), 400, /unsupported language/],
+      [() => post("/execute", '{"taskId":"x2","language":"python","code":"print(1)","files":[{"name":"a.csv","object":"o/a.csv"}]}', "application/json"), 400, /inputs inline only/],
+      [() => post("/execute", "print(1)", "text/x-python"), 415, /Content-Type/],
+      [() => post("/execute", Buffer.alloc(40 * MiB, 0x20), "application/json"), 413, /request body is 40\.0 MiB/],
+      [() => fetch(`${u}/execute`), 405, /use POST/],
+      [() => post("/cancel/a%20b", ""), 400, /task id/],
+      [() => fetch(`${u}/nowhere`), 404, /no such endpoint/],
+    ];
+    for (const [send, status, re] of cases) {
+      const r = await send();
+      assert.equal(r.status, status, `${re}`);
+      assert.match(r.headers.get("content-type") ?? "", /^application\/json/);
+      const body = await r.json();
+      assert.match(body.error, re);
+    }
+    const h = await executor.healthz();
+    assert.equal(h.status, "ok");
+    assert.equal(executor.exited(), null, "still running");
+  });
+
   test("the token never appears in a log, a result or an event", async () => {
     const tokens = others.filter((o) => Array.isArray(o.tokens)).flatMap((o) => o.tokens);
     assert.ok(tokens.length >= 3, "tokens were issued");
