@@ -4,7 +4,7 @@
 // (worker concurrency 2).
 import { describe } from "node:test";
 
-import { assert, rand, show, startBattery } from "./lib/battery.mjs";
+import { assert, newTaskId, rand, show, startBattery } from "./lib/battery.mjs";
 
 const b = await startBattery("between_tasks", { concurrency: 2 });
 
@@ -101,15 +101,17 @@ report(found=found, mine=mine, pids=pids)
 ${look(ta)}
 report(found=found, listing=listing, pids=pids)
 `;
-    const a = b.run(codeA, { limits: { timeoutMs: 20000 } });
-    // B goes in once A is running (the worker has two slots).
-    await new Promise((r) => setTimeout(r, 1000));
+    const idA = newTaskId("a");
+    const a = b.run(codeA, { taskId: idA, limits: { timeoutMs: 20000 } });
+    // B goes in once A is running and has written (the worker has two slots).
+    await b.client.waitStatus(idA, "TASK_STATUS_RUNNING", 20000);
+    await new Promise((r) => setTimeout(r, 500));
     const { result: rb, report: repB } = await b.run(codeB);
     const { result: ra, report: repA } = await a;
     assert.equal(ra.status, "TASK_STATUS_SUCCEEDED", show(ra));
     assert.equal(rb.status, "TASK_STATUS_SUCCEEDED", show(rb));
     // They really overlapped.
-    assert.ok(rb.startedAtMs > ra.startedAtMs + 300 && rb.finishedAtMs < ra.finishedAtMs, `B ran while A ran: A ${ra.startedAtMs}-${ra.finishedAtMs}, B ${rb.startedAtMs}-${rb.finishedAtMs}`);
+    assert.ok(rb.startedAtMs > ra.startedAtMs && rb.finishedAtMs < ra.finishedAtMs, `B ran while A ran: A ${ra.startedAtMs}-${ra.finishedAtMs}, B ${rb.startedAtMs}-${rb.finishedAtMs}`);
     assert.ok(Object.values(repA.mine).every(Boolean), "A still sees its own files at the end");
     assert.deepEqual(Object.entries(repA.found).filter(([, v]) => v), [], `A sees B's files: ${JSON.stringify(repA.found)}`);
     assert.deepEqual(Object.entries(repB.found).filter(([, v]) => v), [], `B sees A's files: ${JSON.stringify(repB.found)}`);
