@@ -114,6 +114,8 @@ static size_t utf8_seq_len(const uint8_t *p, size_t n)
     uint8_t c = p[0];
     size_t len;
     uint32_t cp;
+    if (c == 0)
+        return 0; /* a NUL would end the C string that carries the text */
     if (c < 0x80)
         return 1;
     if (c >= 0xC2 && c <= 0xDF) {

@@ -66,7 +66,8 @@ char *ci_strdup0(const char *s);
 /* Lower-case hex SHA-256 of data into out (65 bytes with the NUL). */
 void ci_sha256_hex(const void *data, size_t len, char out[65]);
 
-/* Replaces invalid UTF-8 sequences with U+FFFD; returns a new string. */
+/* Replaces invalid UTF-8 sequences and NUL bytes (which would end the C
+ * string that carries the text) with U+FFFD; returns a new string. */
 char *ci_utf8_sanitize(const uint8_t *data, size_t len, size_t *ret_len);
 
 /* Writes all of buf to fd, retrying on EINTR and short writes. */

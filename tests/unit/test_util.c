@@ -44,6 +44,10 @@ static void test_utf8_sanitize(void)
     CHECK_STR(s, "a\xef\xbf\xbd" "b\xef\xbf\xbd\xef\xbf\xbd" "c\xef\xbf\xbd\xef\xbf\xbd"
                  "d\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
     free(s);
+    s = ci_utf8_sanitize((const uint8_t *)"a\0b", 3, &n);
+    CHECK(n == 5);
+    CHECK_STR(s, "a\xef\xbf\xbd" "b");
+    free(s);
     s = ci_utf8_sanitize((const uint8_t *)"", 0, &n);
     CHECK(s && n == 0 && s[0] == '\0');
     free(s);
