@@ -40,7 +40,7 @@ static void test_utf8_sanitize(void)
     CHECK(n == 6);
     free(s);
     /* a lone continuation byte, a truncated sequence, an overlong NUL, a surrogate */
-    s = ci_utf8_sanitize((const uint8_t *)"a\x80" "b\xe2\x82" "c\xc0\x80" "d\xed\xa0\x80", 13, &n);
+    s = ci_utf8_sanitize((const uint8_t *)"a\x80" "b\xe2\x82" "c\xc0\x80" "d\xed\xa0\x80", 12, &n);
     CHECK_STR(s, "a\xef\xbf\xbd" "b\xef\xbf\xbd\xef\xbf\xbd" "c\xef\xbf\xbd\xef\xbf\xbd"
                  "d\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
     free(s);
