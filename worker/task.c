@@ -601,8 +601,9 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     Ci__V1__TaskStatus prev;
     if (ci_delivery_last_attempt(t->d) && ci_delivery_attempt(t->d) > 1 &&
         existing_status(t, &prev) && prev == CI__V1__TASK_STATUS__TASK_STATUS_RUNNING) {
-        result_fail(r, "the task was started %u times and never finished: each time the worker running it stopped or could not reach NATS",
-                    ci_delivery_attempt(t->d) - 1);
+        uint32_t n = ci_delivery_attempt(t->d) - 1;
+        result_fail(r, "the task was started %u time%s and never finished: each time the worker running it stopped or could not reach NATS",
+                    n, n == 1 ? "" : "s");
         return finish(t, r);
     }
 
