@@ -315,6 +315,13 @@ ci_status ci_httpd_start(const struct ci_httpd_options *o, struct ci_httpd **ret
 
 uint16_t ci_httpd_port(const struct ci_httpd *h) { return h->port; }
 
+unsigned ci_httpd_connections(struct ci_httpd *h)
+{
+    const union MHD_DaemonInfo *di =
+        MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return di ? di->num_connections : 0;
+}
+
 void ci_httpd_quiesce(struct ci_httpd *h)
 {
     if (!h)

@@ -64,6 +64,9 @@ ci_status ci_httpd_start(const struct ci_httpd_options *o, struct ci_httpd **ret
                          struct ci_error *err);
 /* The port it listens on (useful after port 0). */
 uint16_t ci_httpd_port(const struct ci_httpd *h);
+/* Connections open now (requests in progress, answers being sent, idle
+ * keep-alive). */
+unsigned ci_httpd_connections(struct ci_httpd *h);
 /* Stops accepting new connections; requests in progress go on. */
 void ci_httpd_quiesce(struct ci_httpd *h);
 /* Stops serving: waits for every handler to return, closes every

@@ -180,13 +180,22 @@ int main(int argc, char **argv)
 
     ci_log(CI_LOG_INFO, "executor.draining", NULL);
     ci_httpd_quiesce(httpd);
+    ci_service_drain(service);
     int64_t deadline = ci_mono_ms() + (int64_t)cfg->worker.drain_timeout_s * 1000;
     while (ci_service_running(service) > 0 && ci_mono_ms() < deadline)
         sleep_ms(50);
     if (ci_service_running(service) > 0) {
         ci_log(CI_LOG_WARN, "executor.drain_timeout", NULL);
         ci_service_cancel_all(service);
+        /* A cancelled run ends within a second; its 503 is still to be sent. */
+        deadline = ci_mono_ms() + 3000;
+        while (ci_service_running(service) > 0 && ci_mono_ms() < deadline)
+            sleep_ms(20);
     }
+    /* Let the last answers go out (idle keep-alive connections are cut). */
+    deadline = ci_mono_ms() + 2000;
+    while (ci_httpd_connections(httpd) > 0 && ci_mono_ms() < deadline)
+        sleep_ms(20);
     rc = 0;
 out:
     ci_httpd_stop(httpd); /* waits for every handler */

@@ -37,6 +37,7 @@ struct entry {
     struct ci_run *run; /* NULL until started */
     bool cancel_requested;
     bool client_gone;
+    bool shutdown; /* cancelled because the instance stops: answer 503, to be tried elsewhere */
     struct entry *next;
 };
 
@@ -60,6 +61,7 @@ struct ci_service {
     pthread_t watchdog;
     bool watchdog_started;
     atomic_bool stopping;
+    atomic_bool draining;
 
     /* Counters for /healthz. */
     atomic_uint_fast64_t c_requests, c_started, c_finished, c_succeeded, c_failed, c_timed_out,
@@ -101,13 +103,15 @@ static bool tombstoned(struct ci_service *s, const char *id)
     return false;
 }
 
-enum admit { ADMIT_OK, ADMIT_BUSY, ADMIT_DUPLICATE, ADMIT_CANCELLED };
+enum admit { ADMIT_OK, ADMIT_BUSY, ADMIT_DUPLICATE, ADMIT_CANCELLED, ADMIT_DRAINING };
 
 static enum admit admit(struct ci_service *s, struct entry *e)
 {
     enum admit a = ADMIT_OK;
     pthread_mutex_lock(&s->lock);
-    if (tombstoned(s, e->id))
+    if (atomic_load(&s->draining))
+        a = ADMIT_DRAINING;
+    else if (tombstoned(s, e->id))
         a = ADMIT_CANCELLED;
     for (struct entry *x = s->running; a == ADMIT_OK && x; x = x->next)
         if (strcmp(x->id, e->id) == 0)
@@ -146,6 +150,8 @@ static void entry_remove(struct ci_service *s, struct entry *e)
     pthread_mutex_unlock(&s->lock);
 }
 
+void ci_service_drain(struct ci_service *s) { atomic_store(&s->draining, true); }
+
 uint32_t ci_service_running(struct ci_service *s)
 {
     pthread_mutex_lock(&s->lock);
@@ -159,6 +165,7 @@ void ci_service_cancel_all(struct ci_service *s)
     pthread_mutex_lock(&s->lock);
     for (struct entry *e = s->running; e; e = e->next) {
         e->cancel_requested = true;
+        e->shutdown = true;
         if (e->run)
             ci_provider_cancel(s->provider, e->run);
     }
@@ -417,6 +424,9 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
                  s->max_running);
         resp->retry_after_s = 1;
         goto out_answer;
+    case ADMIT_DRAINING:
+        rejected(s, resp, 503, id, "this executor instance is shutting down; run the task again");
+        goto out_answer;
     case ADMIT_DUPLICATE:
         rejected(s, resp, 409, id, "task %s is already running on this executor instance", id);
         resp->retry_after_s = 1;
@@ -469,6 +479,11 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
         }
         entry_remove(s, &ent);
         ci_provider_release(s->provider, run);
+        if (ent.shutdown) {
+            rejected(s, resp, 503, id,
+                     "this executor instance is shutting down and stopped the task; run it again");
+            goto out_answer;
+        }
         if (run && answer_outcome(&a, s, &o, timeout_ms, memory_mb)) {
             rejected(s, resp, 503, id, "the executor ran out of memory building the answer");
             goto out_answer;

@@ -47,9 +47,13 @@ size_t ci_service_body_limit(void *ctx, const char *method, const char *path,
                              const char *content_type);
 void ci_service_edge_reject(void *ctx, const char *method, const char *path, unsigned status);
 
+/* From now on /execute answers 503 (the instance is stopping; a worker
+ * tries again elsewhere); running tasks go on. */
+void ci_service_drain(struct ci_service *s);
 /* Tasks running now. */
 uint32_t ci_service_running(struct ci_service *s);
-/* Cancels every running task (shutdown after the drain time). */
+/* Cancels every running task (shutdown after the drain time); their
+ * requests are answered 503, which a worker tries again elsewhere. */
 void ci_service_cancel_all(struct ci_service *s);
 
 #endif

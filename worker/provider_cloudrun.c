@@ -557,6 +557,9 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             s = end_cancelled(&o);
             break;
         }
+        left = deadline - ci_mono_ms(); /* the token may have taken a while */
+        if (left <= 0)
+            left = 1;
 
         const char *headers[] = {auth, "Content-Type: application/protobuf",
                                  "Accept: application/protobuf", NULL};

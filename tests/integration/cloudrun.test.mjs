@@ -401,6 +401,27 @@ describe("cloudrun provider", () => {
     assert.equal(executor.exited(), null, "still running");
   });
 
+  test("an executor told to stop answers 503 for the tasks it had to stop, and exits 0", async () => {
+    const ex2 = await startExecutor({ worker: { drain_timeout_s: 1 } });
+    try {
+      const pending = fetch(`${ex2.url}/execute`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ taskId: "drain-1", language: "python", code: "import time\ntime.sleep(30)" }),
+      });
+      for (let i = 0; i < 100 && (await ex2.healthz()).running === 0; i++) await sleep(50);
+      const t0 = Date.now();
+      const exit = ex2.stop("SIGTERM");
+      const r = await pending;
+      assert.equal(r.status, 503);
+      assert.match((await r.json()).error, /shutting down/);
+      assert.deepEqual(await exit, { code: 0, signal: null }, ex2.logText().slice(-4000));
+      assert.ok(Date.now() - t0 < 5000, "drained within its drain time");
+    } finally {
+      await ex2.cleanup();
+    }
+  });
+
   test("the token never appears in a log, a result or an event", async () => {
     const tokens = others.filter((o) => Array.isArray(o.tokens)).flatMap((o) => o.tokens);
     assert.ok(tokens.length >= 3, "tokens were issued");
