@@ -159,8 +159,9 @@ describe("cloudrun provider", () => {
     assert.ok(px.auths.every((a) => a === `Bearer ${mdc.tokens[0]}`));
     await w.stop();
 
-    // Tokens that live 4 s, refreshed 1 s before they expire.
-    const mds = await startMetadataServer({ lifetimeS: 4 });
+    // Tokens that live 6 s (exp in whole seconds: 5 to 6 s), refreshed 1 s
+    // before they expire: from 4 to 5 s after they were issued.
+    const mds = await startMetadataServer({ lifetimeS: 6 });
     others.push(mds);
     const px2 = await startProxy(executor.url);
     others.push(px2);
@@ -170,7 +171,8 @@ describe("cloudrun provider", () => {
     assert.equal(a.result.status, "TASK_STATUS_SUCCEEDED", show(a.result));
     assert.equal(b.result.status, "TASK_STATUS_SUCCEEDED", show(b.result));
     assert.equal(mds.hits, 1, "the second task reuses the cached token");
-    await sleep(3500); // past exp - margin
+    assert.ok(Date.now() - mds.issuedAt[0] < 4000, "the second task came before the refresh time (else this test proves nothing)");
+    await sleep(mds.issuedAt[0] + 5500 - Date.now()); // past exp - margin
     const c2 = await run({ code: "print('c')" });
     assert.equal(c2.result.status, "TASK_STATUS_SUCCEEDED", show(c2.result));
     assert.equal(mds.hits, 2, "a token about to expire is fetched again");

@@ -120,6 +120,7 @@ export async function startMetadataServer({ lifetimeS = 3600 } = {}) {
     lifetimeS,
     hits: 0,
     tokens: [], // every token issued, in order
+    issuedAt: [], // Date.now() of each
     audiences: [],
     refused: 0,
     url: null,
@@ -143,6 +144,7 @@ export async function startMetadataServer({ lifetimeS = 3600 } = {}) {
     const payload = { aud, azp: "itest", exp: now + md.lifetimeS, iat: now, iss: "https://accounts.google.com", sub: "1234567890" };
     const token = `${b64url(JSON.stringify(header))}.${b64url(JSON.stringify(payload))}.${b64url("SECRET-SIGNATURE-" + randomBytes(24).toString("hex"))}`;
     md.tokens.push(token);
+    md.issuedAt.push(Date.now());
     res.writeHead(200, { "Content-Type": "text/html; charset=utf-8", "Metadata-Flavor": "Google" }).end(token);
   });
   await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
