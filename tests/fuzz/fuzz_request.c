@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ci/v1/executor.pb-c.h"
 #include "codec.h"
 #include "request.h"
 
@@ -87,8 +88,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.limits.max_code_bytes = 1024;
     cfg.limits.max_input_bytes = 4096;
 
+    /* Requests from clients, results (read back by clients), and the
+     * executor's answers, which the cloudrun provider decodes. */
     const ProtobufCMessageDescriptor *descs[] = {&ci__v1__execution_request__descriptor,
-                                                 &ci__v1__execution_result__descriptor};
+                                                 &ci__v1__execution_result__descriptor,
+                                                 &ci__executor__v1__execute_response__descriptor};
     for (int enc = CI_ENC_PROTOBUF; enc <= CI_ENC_JSON; enc++) {
         for (size_t k = 0; k < sizeof(descs) / sizeof(descs[0]); k++) {
             struct ci_error err = {{0}};
