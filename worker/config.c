@@ -18,6 +18,7 @@
  * - tags (!!int) and aliases (*x) are refused; anchors are ignored. */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -48,6 +49,7 @@ enum ci_cstr {
     CS_SUBJECT,  /* literal NATS subject: '.'-separated tokens, no wildcards */
     CS_ID,       /* "" or [A-Za-z0-9._-]{1,128} */
     CS_ABSPATH,  /* an absolute path */
+    CS_HOSTPORT, /* "" or a listen address: IPv4:port or [IPv6]:port, numeric */
     CS_ONEOF,    /* one of names[] */
 };
 
@@ -121,6 +123,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_STR("jetstream.cancel_prefix", jetstream.cancel_prefix, "ci.cancel", CS_SUBJECT),
     KEY_STR("jetstream.results_bucket", jetstream.results_bucket, "ci-results", CS_NAME),
     KEY_STR("jetstream.files_bucket", jetstream.files_bucket, "ci-files", CS_NAME),
+    KEY_STR("jetstream.workers_bucket", jetstream.workers_bucket, "ci-workers", CS_NAME),
     KEY_U32("jetstream.max_age_s", jetstream.max_age_s, 3600, 60, 31536000),
     KEY_U32("jetstream.duplicate_window_s", jetstream.duplicate_window_s, 120, 1, 86400),
     KEY_U32("jetstream.ack_wait_s", jetstream.ack_wait_s, 30, 5, 3600),
@@ -133,6 +136,8 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_ONEOF("worker.provider", worker.provider, "local", provider_names),
     KEY_U32("worker.drain_timeout_s", worker.drain_timeout_s, 90, 0, 86400),
     KEY_ONEOF("worker.log_level", worker.log_level, "info", log_level_names),
+    KEY_STR("worker.metrics_addr", worker.metrics_addr, "127.0.0.1:9464", CS_HOSTPORT),
+    KEY_U32("worker.heartbeat_s", worker.heartbeat_s, 10, 0, 3600),
 
     KEY_U32("limits.default_timeout_ms", limits.default_timeout_ms, 60000, 100, 3600000),
     KEY_U32("limits.max_timeout_ms", limits.max_timeout_ms, 60000, 1000, 3600000),
@@ -368,6 +373,31 @@ static bool is_subject(const char *s, size_t len)
     return true;
 }
 
+/* A listen address: IPv4:port or [IPv6]:port, numeric, port 0..65535. */
+static bool is_hostport(const char *s, size_t len)
+{
+    char buf[80];
+    if (len >= sizeof(buf))
+        return false;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    char *colon = strrchr(buf, ':');
+    if (!colon || colon == buf)
+        return false;
+    *colon = '\0';
+    const char *port = colon + 1;
+    size_t digits = strspn(port, "0123456789");
+    if (digits == 0 || digits > 5 || port[digits] != '\0' || strtoul(port, NULL, 10) > 65535)
+        return false;
+    unsigned char addr[sizeof(struct in6_addr)];
+    size_t hlen = strlen(buf);
+    if (buf[0] == '[' && hlen > 2 && buf[hlen - 1] == ']') {
+        buf[hlen - 1] = '\0';
+        return inet_pton(AF_INET6, buf + 1, addr) == 1;
+    }
+    return inet_pton(AF_INET, buf, addr) == 1;
+}
+
 /* Whether s (length len) is acceptable for key k; if not, why in out. */
 static bool check_string(const struct ci_config_key *k, const char *s, size_t len, char *why,
                          size_t whysz)
@@ -436,6 +466,14 @@ static bool check_string(const struct ci_config_key *k, const char *s, size_t le
                  CI_CONFIG_MAX_ID, shown(v, sizeof(v), s, len));
         return false;
     }
+    case CS_HOSTPORT:
+        if (len == 0 || is_hostport(s, len))
+            return true;
+        snprintf(why, whysz,
+                 "expected \"\" (off) or a numeric address and port such as 127.0.0.1:9464, "
+                 "0.0.0.0:9464 or [::]:9464, got '%s'",
+                 shown(v, sizeof(v), s, len));
+        return false;
     case CS_ABSPATH:
         if (len > 0 && s[0] == '/')
             return true;

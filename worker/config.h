@@ -45,6 +45,7 @@ struct ci_config {
         char *cancel_prefix;   /* ci.cancel */
         char *results_bucket;  /* ci-results */
         char *files_bucket;    /* ci-files */
+        char *workers_bucket;  /* ci-workers: heartbeats, read by `ci stats` */
         uint32_t max_age_s;          /* 3600: streams, KV TTL, object TTL */
         uint32_t duplicate_window_s; /* 120 */
         uint32_t ack_wait_s;         /* 30 */
@@ -58,6 +59,8 @@ struct ci_config {
         char *provider;       /* "local" | "cloudrun" */
         uint32_t drain_timeout_s; /* 90: longest wait for running tasks on SIGTERM */
         char *log_level;      /* debug | info | warn | error */
+        char *metrics_addr;   /* "127.0.0.1:9464": /metrics, /healthz, /readyz; "" = off */
+        uint32_t heartbeat_s; /* 10: heartbeat period in the workers bucket; 0 = off */
     } worker;
     struct {
         uint32_t default_timeout_ms; /* 60000 */
