@@ -19,6 +19,7 @@ struct ci_broker {
     natsConnection *nc;
     jsCtx *js;
     kvStore *kv;
+    kvStore *workers_kv; /* heartbeats; NULL until ci_broker_workers_open */
     struct ci_objstore *os;
     natsSubscription *cancel_sub;
     ci_cancel_fn cancel_fn;
@@ -36,6 +37,7 @@ struct ci_delivery {
     natsMsg *msg;
     uint32_t attempt;
     uint32_t max_deliver;
+    int64_t published_ms;
 };
 
 struct ci_watch {
@@ -316,6 +318,7 @@ void ci_broker_free(struct ci_broker *b)
         natsSubscription_Destroy(b->cancel_sub);
     }
     ci_objstore_free(b->os);
+    kvStore_Destroy(b->workers_kv);
     kvStore_Destroy(b->kv);
     jsCtx_Destroy(b->js);
     if (b->nc) {
@@ -413,6 +416,7 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
     jsMsgMetaData *md = NULL;
     if (natsMsg_GetMetaData(&md, d->msg) == NATS_OK) {
         d->attempt = (uint32_t)md->NumDelivered;
+        d->published_ms = md->Timestamp / NS_PER_MS;
         jsMsgMetaData_Destroy(md);
     } else {
         d->attempt = 1;
@@ -437,6 +441,8 @@ const char *ci_delivery_header(const struct ci_delivery *d, const char *key)
 }
 
 uint32_t ci_delivery_attempt(const struct ci_delivery *d) { return d->attempt; }
+
+int64_t ci_delivery_published_ms(const struct ci_delivery *d) { return d->published_ms; }
 
 bool ci_delivery_last_attempt(const struct ci_delivery *d)
 {
@@ -636,6 +642,118 @@ ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closur
         b->cancel_sub = NULL;
         return nats_fail(err, s, 0, "cannot subscribe to cancel requests");
     }
+    return CI_OK;
+}
+
+/* --- the fleet --- */
+
+ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
+                                struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    jsErrCode jerr = 0;
+    jsStreamInfo *si = NULL;
+    natsStatus s = js_GetStreamInfo(&si, b->js, c->jetstream.tasks_stream, NULL, &jerr);
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot read the task stream's state");
+    jsConsumerInfo *ci = NULL;
+    s = js_GetConsumerInfo(&ci, b->js, c->jetstream.tasks_stream, c->jetstream.consumer, NULL,
+                           &jerr);
+    if (s != NATS_OK) {
+        jsStreamInfo_Destroy(si);
+        return nats_fail(err, s, jerr, "cannot read the task consumer's state");
+    }
+    struct ci_queue_stats q = {
+        .stream_msgs = si->State.Msgs,
+        .pending = ci->NumPending,
+        .ack_pending = ci->NumAckPending > 0 ? (uint64_t)ci->NumAckPending : 0,
+        .redelivered = ci->NumRedelivered > 0 ? (uint64_t)ci->NumRedelivered : 0,
+        .waiting = ci->NumWaiting > 0 ? (uint64_t)ci->NumWaiting : 0,
+    };
+    jsConsumerInfo_Destroy(ci);
+    jsStreamInfo_Destroy(si);
+    *ret = q;
+    return CI_OK;
+}
+
+ci_status ci_broker_workers_open(struct ci_broker *b, bool create, uint32_t ttl_s,
+                                 struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    if (b->workers_kv)
+        return CI_OK;
+    natsStatus s = js_KeyValue(&b->workers_kv, b->js, c->jetstream.workers_bucket);
+    if (s == NATS_OK)
+        return CI_OK;
+    if (!create)
+        return ci_error_set(err, CI_ERR_NOT_FOUND,
+                            "heartbeat bucket %s not found (no worker with heartbeats has run)",
+                            c->jetstream.workers_bucket);
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = c->jetstream.workers_bucket;
+    kc.Description = "ci worker heartbeats";
+    kc.History = 1;
+    kc.TTL = (int64_t)ttl_s * NS_PER_S;
+    kc.StorageType = js_MemoryStorage; /* a heartbeat is worth nothing after a restart */
+    kc.Replicas = (int)c->jetstream.replicas;
+    s = js_CreateKeyValue(&b->workers_kv, b->js, &kc);
+    if (s != NATS_OK) /* another worker made it a moment ago */
+        s = js_KeyValue(&b->workers_kv, b->js, c->jetstream.workers_bucket);
+    if (s != NATS_OK) {
+        char what[160];
+        snprintf(what, sizeof(what), "cannot create heartbeat bucket %s",
+                 c->jetstream.workers_bucket);
+        return nats_fail(err, s, 0, what);
+    }
+    return CI_OK;
+}
+
+ci_status ci_broker_worker_put(struct ci_broker *b, const char *worker_id, const void *data,
+                               size_t len, struct ci_error *err)
+{
+    if (!b->workers_kv)
+        return ci_error_set(err, CI_ERR_INVALID, "the heartbeat bucket is not open");
+    uint64_t rev = 0;
+    natsStatus s = kvStore_Put(&rev, b->workers_kv, worker_id, data, (int)len);
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "cannot write the heartbeat");
+    return CI_OK;
+}
+
+ci_status ci_broker_worker_delete(struct ci_broker *b, const char *worker_id,
+                                  struct ci_error *err)
+{
+    if (!b->workers_kv)
+        return ci_error_set(err, CI_ERR_INVALID, "the heartbeat bucket is not open");
+    natsStatus s = kvStore_Delete(b->workers_kv, worker_id);
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "cannot delete the heartbeat");
+    return CI_OK;
+}
+
+ci_status ci_broker_workers_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
+                                 void *closure, struct ci_error *err)
+{
+    if (!b->workers_kv)
+        return ci_error_set(err, CI_ERR_INVALID, "the heartbeat bucket is not open");
+    kvKeysList keys = {0};
+    natsStatus s = kvStore_Keys(&keys, b->workers_kv, NULL);
+    if (s == NATS_NOT_FOUND)
+        return CI_OK; /* no worker alive */
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "cannot list the heartbeats");
+    for (int i = 0; i < keys.Count && (size_t)i < max; i++) {
+        kvEntry *e = NULL;
+        if (kvStore_Get(&e, b->workers_kv, keys.Keys[i]) != NATS_OK)
+            continue; /* expired between the listing and now */
+        int64_t created = kvEntry_Created(e);
+        int n = kvEntry_ValueLen(e);
+        fn(closure, keys.Keys[i], (const uint8_t *)kvEntry_Value(e), n > 0 ? (size_t)n : 0,
+           created / NS_PER_MS);
+        kvEntry_Destroy(e);
+    }
+    kvKeysList_Destroy(&keys);
     return CI_OK;
 }
 

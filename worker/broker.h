@@ -56,6 +56,9 @@ const uint8_t *ci_delivery_data(const struct ci_delivery *d, size_t *ret_len);
 const char *ci_delivery_header(const struct ci_delivery *d, const char *key);
 /* JetStream delivery count, 1 on the first try. */
 uint32_t ci_delivery_attempt(const struct ci_delivery *d);
+/* When the message was stored in the stream (Unix ms, the server's clock),
+ * the same on every redelivery; 0 when unknown. */
+int64_t ci_delivery_published_ms(const struct ci_delivery *d);
 bool ci_delivery_last_attempt(const struct ci_delivery *d);
 ci_status ci_delivery_ack(struct ci_delivery *d);
 /* Removes the message for good: never redelivered. */
@@ -102,6 +105,36 @@ typedef void (*ci_cancel_fn)(const char *task_id, void *closure);
 /* Calls fn (on a NATS thread) for every cancel published from now on. */
 ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,
                               struct ci_error *err);
+
+/* --- the fleet: queue state and worker heartbeats (`ci stats`, workers) --- */
+
+/* The work queue as the server sees it. */
+struct ci_queue_stats {
+    uint64_t stream_msgs;  /* messages in the tasks stream: queued + in flight */
+    uint64_t pending;      /* not yet delivered to any worker */
+    uint64_t ack_pending;  /* delivered, not acked yet: running (or lost, until ack wait) */
+    uint64_t redelivered;  /* of ack_pending, delivered more than once */
+    uint64_t waiting;      /* pull requests of idle slots waiting for a task */
+};
+ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
+                                struct ci_error *err);
+
+/* Binds the heartbeat bucket (jetstream.workers_bucket); with create, first
+ * creates it with a TTL of ttl_s (an entry not refreshed within it
+ * vanishes). Without create, CI_ERR_NOT_FOUND when no worker made it. */
+ci_status ci_broker_workers_open(struct ci_broker *b, bool create, uint32_t ttl_s,
+                                 struct ci_error *err);
+/* Writes (or deletes, on a clean stop) this worker's heartbeat entry. */
+ci_status ci_broker_worker_put(struct ci_broker *b, const char *worker_id, const void *data,
+                               size_t len, struct ci_error *err);
+ci_status ci_broker_worker_delete(struct ci_broker *b, const char *worker_id,
+                                  struct ci_error *err);
+/* Calls fn for each live heartbeat entry, at most max of them; written_ms
+ * is when the server stored it (Unix ms). */
+typedef void (*ci_worker_entry_fn)(void *closure, const char *worker_id, const uint8_t *data,
+                                   size_t len, int64_t written_ms);
+ci_status ci_broker_workers_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
+                                 void *closure, struct ci_error *err);
 
 /* --- submitting and watching (clients) --- */
 
