@@ -8,14 +8,36 @@
 #ifndef CI_LOG_H
 #define CI_LOG_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 enum ci_log_level { CI_LOG_DEBUG, CI_LOG_INFO, CI_LOG_WARN, CI_LOG_ERROR };
+
+/* One field of ci_log_fields: a string, a number, a boolean or a list of
+ * strings (a JSON array). A field whose key is NULL is skipped, so that a
+ * caller can leave out what does not apply. */
+enum ci_log_type { CI_LOG_STR, CI_LOG_NUM, CI_LOG_BOOL, CI_LOG_STRV };
+struct ci_log_field {
+    const char *key;
+    enum ci_log_type type;
+    const char *str;
+    int64_t num; /* CI_LOG_NUM; CI_LOG_BOOL: 0 or 1 */
+    const char *const *strv;
+    size_t n_strv;
+};
+#define CI_LOG_S(k, v) {.key = (k), .type = CI_LOG_STR, .str = (v)}
+#define CI_LOG_N(k, v) {.key = (k), .type = CI_LOG_NUM, .num = (int64_t)(v)}
+#define CI_LOG_B(k, v) {.key = (k), .type = CI_LOG_BOOL, .num = (v) ? 1 : 0}
+#define CI_LOG_SV(k, v, n) {.key = (k), .type = CI_LOG_STRV, .strv = (v), .n_strv = (n)}
 
 void ci_log_init(enum ci_log_level min, const char *worker_id);
 void ci_log(enum ci_log_level level, const char *event, ...) __attribute__((sentinel));
 /* Like ci_log, with one numeric field first. */
 void ci_log_num(enum ci_log_level level, const char *event, const char *num_key, int64_t num, ...)
     __attribute__((sentinel));
+/* One line with typed fields, in their order. */
+void ci_log_fields(enum ci_log_level level, const char *event, const struct ci_log_field *fields,
+                   size_t n);
 
 #endif
