@@ -56,6 +56,32 @@ static ci_status nats_fail(struct ci_error *err, natsStatus s, jsErrCode jerr, c
                         last ? ": " : "", last ? last : "");
 }
 
+void ci_broker_redact_urls(const char *urls, char *out, size_t n)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (const char *item = urls; *item && used + 1 < n;) {
+        size_t len = strcspn(item, ",");
+        const char *scheme = memmem(item, len, "://", 3);
+        const char *host = scheme ? scheme + 3 : item;
+        const char *at = memrchr(host, '@', len - (size_t)(host - item));
+        int k = at ? snprintf(out + used, n - used, "%.*s<redacted>%.*s", (int)(host - item), item,
+                              (int)(item + len - at), at)
+                   : snprintf(out + used, n - used, "%.*s", (int)len, item);
+        if (k < 0 || (size_t)k >= n - used)
+            break;
+        used += (size_t)k;
+        item += len;
+        if (*item == ',') {
+            item++;
+            if (used + 1 < n) {
+                out[used++] = ',';
+                out[used] = '\0';
+            }
+        }
+    }
+}
+
 static void on_reconnected(natsConnection *nc, void *closure)
 {
     struct ci_broker *b = closure;
@@ -123,8 +149,10 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
     if (s != NATS_OK) {
         ci_status r = nats_fail(err, s, 0, "cannot connect to NATS");
         size_t used = strlen(err ? err->msg : "");
+        char urls[1024];
+        ci_broker_redact_urls(cfg->nats.url, urls, sizeof(urls));
         if (err)
-            snprintf(err->msg + used, sizeof(err->msg) - used, " (url %s)", cfg->nats.url);
+            snprintf(err->msg + used, sizeof(err->msg) - used, " (url %s)", urls);
         free(b);
         return r;
     }

@@ -31,6 +31,11 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
  * what is buffered (acks, events; at most 2 s), closes and frees all. */
 void ci_broker_free(struct ci_broker *b);
 
+/* The server URLs (comma-separated) with the user information of each
+ * ("user:password@", a token@) replaced by "<redacted>", for logs and
+ * errors: they never carry credentials. Cut to fit n. */
+void ci_broker_redact_urls(const char *urls, char *out, size_t n);
+
 /* Releases the NATS library's own threads and memory; call once at exit. */
 void ci_broker_library_close(void);
 
