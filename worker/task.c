@@ -26,6 +26,11 @@ struct task {
     struct ci_file *files;
     size_t n_files;
     int64_t started_at_ms;
+    /* For the audit line and the metrics (task_ended). */
+    int64_t taken_mono_ms;
+    int64_t queue_wait_ms;   /* -1 when the message carried no timestamp */
+    uint64_t input_bytes;    /* inline and object inputs read */
+    uint64_t artifact_bytes; /* artifacts stored */
 };
 
 static void task_release(struct task *t)
@@ -387,6 +392,7 @@ static ci_status fetch_inputs(struct task *t, struct result *r, struct ci_error 
             if (f->content.len)
                 memcpy(dst->data, f->content.data, f->content.len);
             dst->len = f->content.len;
+            t->input_bytes += f->content.len;
             continue;
         }
         struct ci_error e = {{0}};
@@ -414,6 +420,8 @@ static ci_status fetch_inputs(struct task *t, struct result *r, struct ci_error 
             return s;
         }
         total += dst->len;
+        t->input_bytes += dst->len;
+        ci_metrics_objstore_bytes(t->env->metrics, CI_METRICS_DOWNLOAD, dst->len);
     }
     return CI_OK;
 }
@@ -450,6 +458,8 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
         }
         if (s)
             return s;
+        t->artifact_bytes += a->len;
+        ci_metrics_objstore_bytes(t->env->metrics, CI_METRICS_UPLOAD, a->len);
         size_t k = r->msg.n_artifacts; /* only entries that are filled in */
         Ci__V1__Artifact *pa = &r->arts[k];
         ci__v1__artifact__init(pa);
@@ -528,6 +538,70 @@ static void apply_outcome(const struct task *t, struct result *r, struct ci_outc
     }
 }
 
+/* Log fields for at most this many label keys, each cut to this size. */
+#define AUDIT_MAX_LABELS 64
+#define AUDIT_KEY_BYTES 64
+
+/* The audit line of a task's end, and its metrics. Metadata only: sizes,
+ * digests, durations, label keys. Never the code, the output, the inputs,
+ * label values or the error text, whose content the code or the caller
+ * chose (an exception message can hold anything the code read). */
+static void task_ended(const struct task *t, const struct result *r)
+{
+    const Ci__V1__ExecutionResult *m = &r->msg;
+    double run_s = (double)(ci_mono_ms() - t->taken_mono_ms) / 1000.0;
+    ci_metrics_task_end(t->env->metrics, ci_task_status_short(m->status), run_s);
+
+    char sha[65] = "";
+    size_t code_len = 0;
+    if (t->req && t->req->code) {
+        code_len = strlen(t->req->code);
+        ci_sha256_hex(t->req->code, code_len, sha);
+    }
+    char *keys[AUDIT_MAX_LABELS];
+    size_t n_keys = 0;
+    for (size_t i = 0; t->req && i < t->req->n_labels && n_keys < AUDIT_MAX_LABELS; i++) {
+        const char *k = t->req->labels[i] && t->req->labels[i]->key ? t->req->labels[i]->key : "";
+        size_t n = strnlen(k, AUDIT_KEY_BYTES);
+        while (n > 0 && k[n] && ((unsigned char)k[n] & 0xC0) == 0x80)
+            n--; /* not inside a UTF-8 character */
+        keys[n_keys] = ci_utf8_sanitize((const uint8_t *)k, n, NULL);
+        if (keys[n_keys])
+            n_keys++;
+    }
+    uint64_t art_bytes = 0;
+    for (size_t i = 0; i < m->n_artifacts; i++)
+        art_bytes += m->artifacts[i]->size;
+    bool ran = m->_exit_code_case == CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE;
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_S("status", ci_task_status_short(m->status)),
+        CI_LOG_N("attempt", m->attempt),
+        ran ? (struct ci_log_field)CI_LOG_N("exit_code", m->exit_code) : (struct ci_log_field){0},
+        CI_LOG_S("encoding", t->enc == CI_ENC_JSON ? "json" : "protobuf"),
+        CI_LOG_N("code_bytes", code_len),
+        CI_LOG_S("code_sha256", sha),
+        CI_LOG_N("input_files", t->req ? t->req->n_files : 0),
+        CI_LOG_N("input_bytes", t->input_bytes),
+        CI_LOG_N("stdout_bytes", m->stdout_total_bytes),
+        CI_LOG_N("stderr_bytes", m->stderr_total_bytes),
+        CI_LOG_B("output_truncated", m->stdout_truncated || m->stderr_truncated),
+        CI_LOG_N("artifacts", m->n_artifacts),
+        CI_LOG_N("artifact_bytes", art_bytes),
+        CI_LOG_N("error_bytes", strlen(r->error)),
+        CI_LOG_N("queue_wait_ms", t->queue_wait_ms),
+        CI_LOG_N("run_ms", (int64_t)(run_s * 1000)),
+        CI_LOG_N("code_ms", m->usage ? m->usage->duration_ms : 0),
+        CI_LOG_N("cpu_ms", m->usage ? m->usage->cpu_ms : 0),
+        CI_LOG_N("memory_mb", m->usage ? m->usage->memory_mb : 0),
+        CI_LOG_S("isolation", m->isolation),
+        CI_LOG_SV("label_keys", (const char *const *)keys, n_keys),
+    };
+    ci_log_fields(CI_LOG_INFO, "task.done", f, sizeof(f) / sizeof(f[0]));
+    for (size_t i = 0; i < n_keys; i++)
+        free(keys[i]);
+}
+
 /* Disposes of a message whose processing met an infrastructure failure:
  * a later try may succeed, unless this was the last one. */
 static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const char *what,
@@ -548,6 +622,7 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
         ci_log(CI_LOG_ERROR, "task.store_failed", "task_id", t->id, "error", e2.msg, NULL);
     slot_detach(t->slot);
     ci_delivery_term(t->d);
+    task_ended(t, r);
     return CI_TASK_END_DONE;
 }
 
@@ -559,8 +634,7 @@ static enum ci_task_end finish(struct task *t, struct result *r)
         return give_up_or_retry(t, r, "store the result", &e);
     slot_detach(t->slot);
     ci_delivery_ack(t->d);
-    ci_log(CI_LOG_INFO, "task.done", "task_id", t->id, "status",
-           ci_task_status_short(r->msg.status), "error", r->error, NULL);
+    task_ended(t, r);
     return CI_TASK_END_DONE;
 }
 
@@ -676,7 +750,8 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
 enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot *slot,
                                  struct ci_delivery *d)
 {
-    struct task t = {.env = env, .slot = slot, .d = d, .started_at_ms = ci_now_ms()};
+    struct task t = {.env = env, .slot = slot, .d = d, .started_at_ms = ci_now_ms(),
+                     .taken_mono_ms = ci_mono_ms(), .queue_wait_ms = -1};
     enum ci_task_end end;
     struct ci_error e = {{0}};
     const char *msg_id = ci_delivery_header(d, "Nats-Msg-Id");
@@ -730,7 +805,17 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
     }
     ci_message_free(prev ? &prev->base : NULL);
 
-    ci_log_num(CI_LOG_INFO, "task.start", "attempt", ci_delivery_attempt(d), "task_id", t.id, NULL);
+    int64_t published = ci_delivery_published_ms(d);
+    if (published > 0) {
+        t.queue_wait_ms = t.started_at_ms - published;
+        ci_metrics_queue_wait(env->metrics, (double)t.queue_wait_ms / 1000.0);
+    }
+    const struct ci_log_field start[] = {
+        CI_LOG_S("task_id", t.id),
+        CI_LOG_N("attempt", ci_delivery_attempt(d)),
+        CI_LOG_N("queue_wait_ms", t.queue_wait_ms),
+    };
+    ci_log_fields(CI_LOG_INFO, "task.start", start, sizeof(start) / sizeof(start[0]));
     struct result r;
     result_init(&r, &t, CI__V1__TASK_STATUS__TASK_STATUS_FAILED);
     if (dec_status) {

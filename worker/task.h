@@ -10,6 +10,7 @@
 
 #include "broker.h"
 #include "config.h"
+#include "metrics.h"
 #include "provider.h"
 
 /* What every slot shares; read-only while tasks run. */
@@ -18,6 +19,7 @@ struct ci_worker_env {
     struct ci_broker *broker;
     struct ci_provider *provider;
     const char *worker_id;
+    struct ci_metrics *metrics; /* NULL = none; updated with atomics */
 };
 
 /* A slot runs one task at a time. Its fields are shared with the cancel
