@@ -14,12 +14,16 @@
 
 #include "broker.h"
 #include "config.h"
+#include "heartbeat.h"
 #include "log.h"
+#include "metrics.h"
+#include "monitor.h"
 #include "provider.h"
 #include "sandbox.h"
 #include "task.h"
 #include "util.h"
 
+#define CI_WORKER_VERSION "0.1.0"
 #define FETCH_WAIT_MS 1000
 #define TICK_MS 250
 
@@ -36,6 +40,12 @@ struct worker {
     atomic_bool ticker_stop;
     atomic_bool failed; /* a slot could not bind: stop, and exit 1 */
     char id[128];
+    /* For operators (/metrics, /healthz, /readyz, heartbeats). */
+    atomic_int bound_slots;          /* slots bound to the consumer */
+    atomic_int_fast64_t last_tick_ms; /* the ticker's last round (monotonic) */
+    atomic_uint_fast64_t tasks_done;
+    struct ci_monitor *monitor;
+    struct ci_heartbeat *heartbeat;
 };
 
 struct slot_arg {
@@ -55,6 +65,7 @@ static void *slot_main(void *p)
         g_stop = 1;
         goto out;
     }
+    atomic_fetch_add(&w->bound_slots, 1);
     while (!g_stop) {
         struct ci_delivery *d = NULL;
         ci_status s = ci_puller_fetch(puller, FETCH_WAIT_MS, &d, &e);
@@ -81,8 +92,15 @@ static void *slot_main(void *p)
             ci_delivery_free(d);
             break;
         }
-        ci_task_process(&w->env, a->slot, d);
+        ci_metrics_slot_busy(w->env.metrics, true);
+        enum ci_task_end end = ci_task_process(&w->env, a->slot, d);
+        ci_metrics_slot_busy(w->env.metrics, false);
+        ci_metrics_delivery(w->env.metrics, (enum ci_metrics_outcome)end);
+        if (end == CI_TASK_END_DONE)
+            atomic_fetch_add(&w->tasks_done, 1);
     }
+    if (puller)
+        atomic_fetch_sub(&w->bound_slots, 1);
 out:
     ci_puller_free(puller);
     atomic_fetch_sub(&w->running_threads, 1);
@@ -99,6 +117,7 @@ static void *ticker_main(void *p)
     int64_t every = (int64_t)w->env.cfg->jetstream.ack_wait_s * 1000 / 3;
     while (!atomic_load(&w->ticker_stop)) {
         int64_t now = ci_mono_ms();
+        atomic_store(&w->last_tick_ms, now);
         for (size_t i = 0; i < w->n_slots; i++) {
             struct ci_slot *s = &w->slots[i];
             pthread_mutex_lock(&s->lock);
@@ -112,6 +131,67 @@ static void *ticker_main(void *p)
         nanosleep(&ts, NULL);
     }
     return NULL;
+}
+
+/* --- what operators see: /healthz, /readyz, /metrics, heartbeats --- */
+
+/* Live while the ticker goes round: a worker whose ticker is stuck can no
+ * longer keep its tasks' messages alive, and is better restarted. */
+static bool worker_live(void *closure, char *why, size_t n)
+{
+    struct worker *w = closure;
+    int64_t idle = ci_mono_ms() - atomic_load(&w->last_tick_ms);
+    if (idle <= 10000)
+        return true;
+    snprintf(why, n, "the in-progress ticker has not run for %lld ms", (long long)idle);
+    return false;
+}
+
+/* Ready when it can take tasks: connected, every slot bound to the
+ * consumer, not draining. The sandbox probe passed before any of this
+ * started (a failed probe stops the worker at start). */
+static bool worker_ready(void *closure, char *why, size_t n)
+{
+    struct worker *w = closure;
+    int bound = atomic_load(&w->bound_slots);
+    if (g_stop)
+        snprintf(why, n, "draining: the worker takes no new task");
+    else if (!ci_broker_connected(w->env.broker))
+        snprintf(why, n, "not connected to NATS");
+    else if (bound < (int)w->n_slots)
+        snprintf(why, n, "%d of %zu slots bound to the task consumer", bound, w->n_slots);
+    else
+        return true;
+    return false;
+}
+
+static void collect_live(void *closure, struct ci_metrics_live *ret)
+{
+    struct worker *w = closure;
+    ret->nats_reconnects = ci_broker_reconnects(w->env.broker);
+    ret->nats_connected = ci_broker_connected(w->env.broker);
+    /* Hook for the warm pool: 0 until provider_local keeps sandboxes ready
+     * ahead of tasks; then report their number here. */
+    ret->warm_pool_size = 0;
+}
+
+static void fill_heartbeat(void *closure, struct ci_heartbeat_info *info)
+{
+    struct worker *w = closure;
+    char why[8];
+    info->worker = w->id;
+    info->provider = (char *)ci_provider_name(w->env.provider);
+    info->version = (char *)CI_WORKER_VERSION;
+    info->slots = (uint32_t)w->n_slots;
+    int free_slots = 0;
+    for (size_t i = 0; i < w->n_slots; i++) {
+        pthread_mutex_lock(&w->slots[i].lock);
+        free_slots += w->slots[i].task_id[0] == '\0';
+        pthread_mutex_unlock(&w->slots[i].lock);
+    }
+    info->active = (uint32_t)w->n_slots - (uint32_t)free_slots;
+    info->ready = worker_ready(w, why, sizeof(why));
+    info->tasks_done = atomic_load(&w->tasks_done);
 }
 
 static void on_cancel(const char *task_id, void *closure)
@@ -179,6 +259,30 @@ static int run_worker(const struct ci_config *cfg)
     }
     for (size_t i = 0; i < w.n_slots; i++)
         pthread_mutex_init(&w.slots[i].lock, NULL);
+    if (ci_metrics_new(ci_provider_name(w.env.provider), w.n_slots, &w.env.metrics, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.nomem", "error", e.msg, NULL);
+        goto out;
+    }
+    ci_metrics_set_collector(w.env.metrics, collect_live, &w);
+    atomic_store(&w.last_tick_ms, ci_mono_ms());
+    if (cfg->worker.metrics_addr[0]) {
+        struct ci_monitor_options mo = {
+            .addr = cfg->worker.metrics_addr,
+            .metrics = w.env.metrics,
+            .live = worker_live,
+            .ready = worker_ready,
+            .closure = &w,
+        };
+        if (ci_monitor_start(&mo, &w.monitor, &e)) {
+            ci_log(CI_LOG_ERROR, "worker.monitor_failed", "error", e.msg, NULL);
+            goto out;
+        }
+    }
+    if (cfg->worker.heartbeat_s &&
+        ci_heartbeat_start(w.env.broker, w.id, cfg->worker.heartbeat_s, fill_heartbeat, &w,
+                           &w.heartbeat, &e))
+        /* Only `ci stats` misses this worker: not a reason to stop. */
+        ci_log(CI_LOG_WARN, "worker.heartbeat_failed", "error", e.msg, NULL);
     if (ci_broker_on_cancel(w.env.broker, on_cancel, &w, &e)) {
         ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
         goto out;
@@ -211,8 +315,11 @@ static int run_worker(const struct ci_config *cfg)
             break;
         }
     }
+    char urls[1024];
+    ci_broker_redact_urls(cfg->nats.url, urls, sizeof(urls));
     ci_log_num(CI_LOG_INFO, "worker.ready", "slots", (int64_t)w.n_slots, "provider",
-               ci_provider_name(w.env.provider), "nats", cfg->nats.url, NULL);
+               ci_provider_name(w.env.provider), "nats", urls, "metrics_addr",
+               ci_monitor_address(w.monitor), NULL);
 
     while (!g_stop) {
         struct timespec ts = {0, 100 * 1000000L};
@@ -239,7 +346,11 @@ out:
     atomic_store(&w.ticker_stop, true);
     if (ticker_started)
         pthread_join(ticker, NULL);
+    /* Both read the broker: stop them before it goes. */
+    ci_heartbeat_stop(w.heartbeat);
+    ci_monitor_stop(w.monitor);
     ci_broker_free(w.env.broker);
+    ci_metrics_free(w.env.metrics);
     ci_provider_free(w.env.provider);
     for (size_t i = 0; w.slots && i < w.n_slots; i++)
         pthread_mutex_destroy(&w.slots[i].lock);
@@ -264,7 +375,7 @@ int main(int argc, char **argv)
         case 'c': config_path = optarg; break;
         case 'p': probe = true; break;
         case 'k': check = true; break;
-        case 'v': printf("ci-worker 0.1.0\n"); return 0;
+        case 'v': printf("ci-worker %s\n", CI_WORKER_VERSION); return 0;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
