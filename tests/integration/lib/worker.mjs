@@ -15,6 +15,8 @@
 //   env            extra environment variables for the worker
 //   extraYaml      text appended to the generated YAML as is (e.g. comments)
 //   readyTimeoutMs how long to wait for the "worker.ready" log line (default 30000)
+//   (worker.metrics_addr defaults to 127.0.0.1:0 here; handle.monitorUrl is
+//   the base URL of /metrics, /healthz and /readyz, or null when "")
 //   bin            the binary (default $CI_BUILD_DIR/ci-worker, CI_BUILD_DIR
 //                  defaulting to /work/main/build)
 //
@@ -95,7 +97,8 @@ export async function startWorker(opts = {}) {
   const yaml = workerYaml({
     nats: { url: natsUrl, ...opts.nats },
     jetstream: { ...opts.jetstream },
-    worker: { id, concurrency, ...opts.worker },
+    // metrics_addr: any free port, so that many workers share one machine.
+    worker: { id, concurrency, metrics_addr: "127.0.0.1:0", ...opts.worker },
     limits: { ...opts.limits },
     local: { ...opts.local },
   }) + (opts.extraYaml ?? "");
@@ -201,7 +204,12 @@ export async function startWorker(opts = {}) {
 
   const deadline = Date.now() + readyTimeoutMs;
   for (;;) {
-    if (lines().some((l) => l.event === "worker.ready")) break;
+    const ready = lines().find((l) => l.event === "worker.ready");
+    if (ready) {
+      // http://127.0.0.1:PORT of /metrics, /healthz, /readyz (null when off).
+      handle.monitorUrl = ready.metrics_addr ? `http://${ready.metrics_addr}` : null;
+      break;
+    }
     if (exited) {
       const why = exited.error ? exited.error.message : `exit code ${exited.code}, signal ${exited.signal}`;
       const text = logText();
