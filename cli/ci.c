@@ -15,6 +15,7 @@
 #include "broker.h"
 #include "codec.h"
 #include "config.h"
+#include "heartbeat.h"
 #include "objstore.h"
 #include "request.h"
 #include "util.h"
@@ -59,6 +60,8 @@ static void usage(FILE *out)
             "  get ID             print the task's result\n"
             "  watch ID           print the task's status events until it ends\n"
             "  cancel ID          ask the workers to cancel the task\n"
+            "  stats              queue depth, tasks in flight, redeliveries, and the workers\n"
+            "                     seen recently (from their heartbeats)\n"
             "options:\n"
             "  --file F           input file (CSV/XLSX), repeatable; SCRIPT reads it as ./NAME\n"
             "  --timeout-ms N     time limit (default: the worker's, 60000)\n"
@@ -563,6 +566,99 @@ static int exit_code_of(const Ci__V1__ExecutionResult *r)
     }
 }
 
+/* The most heartbeat entries `ci stats` reads. */
+#define MAX_WORKERS 10000
+
+struct stats_workers {
+    struct ci_buf text; /* one line per worker, or JSON objects joined by ',' */
+    size_t n;
+    bool json;
+    int64_t now_ms;
+};
+
+static void human_age(char *out, size_t n, int64_t ms)
+{
+    if (ms < 0)
+        ms = 0;
+    if (ms < 120000)
+        snprintf(out, n, "%" PRId64 " s", ms / 1000);
+    else if (ms < 7200000)
+        snprintf(out, n, "%" PRId64 " min", ms / 60000);
+    else
+        snprintf(out, n, "%" PRId64 " h", ms / 3600000);
+}
+
+static void on_worker(void *closure, const char *id, const uint8_t *data, size_t len,
+                      int64_t written_ms)
+{
+    struct stats_workers *sw = closure;
+    struct ci_heartbeat_info hb;
+    if (ci_heartbeat_decode(data, len, &hb, NULL))
+        return; /* not ours: skip it rather than fail the listing */
+    int64_t seen = sw->now_ms - written_ms;
+    if (sw->json) {
+        /* The heartbeat is JSON already; add when the server stored it. */
+        ci_buf_appendf(&sw->text, "%s{\"heartbeat\":%.*s,\"seenMsAgo\":\"%" PRId64 "\"}",
+                       sw->n ? "," : "", (int)len, (const char *)data, seen);
+    } else {
+        char ago[32], up[32], provider[32];
+        human_age(ago, sizeof(ago), seen);
+        human_age(up, sizeof(up), written_ms - hb.started_at_ms);
+        ci_buf_appendf(&sw->text,
+                       "  %-24s %-9s slots %u  running %u  %-9s done %" PRIu64
+                       "  seen %s ago  up %s\n",
+                       id, printable(hb.provider, provider, sizeof(provider)), hb.slots, hb.active,
+                       hb.ready ? "ready" : "not-ready", hb.tasks_done, ago, up);
+    }
+    sw->n++;
+    ci_heartbeat_info_release(&hb);
+}
+
+static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, bool json)
+{
+    struct ci_error e = {{0}};
+    struct ci_queue_stats q;
+    if (ci_broker_queue_stats(b, &q, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    struct stats_workers sw = {.json = json, .now_ms = ci_now_ms()};
+    bool have_bucket = true;
+    ci_status s = ci_broker_workers_open(b, false, 0, &e);
+    if (s == CI_ERR_NOT_FOUND)
+        have_bucket = false;
+    else if (s || ci_broker_workers_list(b, MAX_WORKERS, on_worker, &sw, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        ci_buf_release(&sw.text);
+        return EXIT_INFRA;
+    }
+    if (json) {
+        printf("{\"queue\":{\"stream\":\"%s\",\"consumer\":\"%s\",\"streamMsgs\":\"%" PRIu64
+               "\",\"pending\":\"%" PRIu64 "\",\"ackPending\":\"%" PRIu64
+               "\",\"redelivered\":\"%" PRIu64 "\",\"waiting\":\"%" PRIu64
+               "\"},\"workers\":[%s]}\n",
+               cfg->jetstream.tasks_stream, cfg->jetstream.consumer, q.stream_msgs, q.pending,
+               q.ack_pending, q.redelivered, q.waiting,
+               sw.text.data ? (const char *)sw.text.data : "");
+    } else {
+        printf("queue:        %" PRIu64 " waiting for a worker (consumer %s; stream %s holds %" PRIu64
+               ")\n",
+               q.pending, cfg->jetstream.consumer, cfg->jetstream.tasks_stream, q.stream_msgs);
+        printf("in flight:    %" PRIu64 " (%" PRIu64 " of them delivered more than once)\n",
+               q.ack_pending, q.redelivered);
+        printf("idle pulls:   %" PRIu64 "\n", q.waiting);
+        if (!have_bucket)
+            printf("workers:      unknown (no heartbeat bucket %s: no worker with heartbeats "
+                   "has run)\n",
+                   cfg->jetstream.workers_bucket);
+        else
+            printf("workers:      %zu alive (an entry expires after three missed heartbeats)\n%s",
+                   sw.n, sw.text.data ? (const char *)sw.text.data : "");
+    }
+    ci_buf_release(&sw.text);
+    return 0;
+}
+
 static int cmd_run(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
                    const char *script, bool wait)
 {
@@ -675,7 +771,13 @@ int main(int argc, char **argv)
     }
     const char *cmd = argv[optind];
     const char *arg = optind + 1 < argc ? argv[optind + 1] : NULL;
-    if (optind + 2 < argc || !arg) {
+    bool is_stats = !strcmp(cmd, "stats");
+    if (is_stats && arg) {
+        fprintf(stderr, "ci: unexpected argument '%s'\n", arg);
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (!is_stats && (optind + 2 < argc || !arg)) {
         if (!arg)
             fprintf(stderr, "ci: '%s' needs an argument\n", cmd);
         else
@@ -684,13 +786,13 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     bool is_run = !strcmp(cmd, "run"), is_submit = !strcmp(cmd, "submit");
-    if (!is_run && !is_submit && strcmp(cmd, "get") && strcmp(cmd, "watch") &&
+    if (!is_run && !is_submit && !is_stats && strcmp(cmd, "get") && strcmp(cmd, "watch") &&
         strcmp(cmd, "cancel")) {
         fprintf(stderr, "ci: unknown command '%s'\n", cmd);
         usage(stderr);
         return EXIT_USAGE;
     }
-    if (!is_run && !is_submit && !ci_task_id_valid(arg)) {
+    if (!is_run && !is_submit && !is_stats && !ci_task_id_valid(arg)) {
         fprintf(stderr, "ci: '%s' is not a task id ([A-Za-z0-9_-]{1,64})\n", arg);
         return EXIT_USAGE;
     }
@@ -725,7 +827,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "ci: %s\n", e.msg);
         goto out;
     }
-    if (is_run || is_submit) {
+    if (is_stats) {
+        rc = cmd_stats(b, cfg, o.json);
+    } else if (is_run || is_submit) {
         rc = cmd_run(b, cfg, &o, arg, is_run);
     } else if (!strcmp(cmd, "get")) {
         Ci__V1__ExecutionResult *r = NULL;
