@@ -182,3 +182,131 @@ ci_status ci_write_all(int fd, const void *buf, size_t len)
     }
     return CI_OK;
 }
+
+/* ---- base64 ------------------------------------------------------------ */
+
+static const char b64_std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+static const char b64_url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+char *ci_base64_encode(const void *data, size_t len, enum ci_b64_alphabet a, bool pad,
+                       size_t *ret_len)
+{
+    const uint8_t *in = data;
+    const char *tbl = a == CI_B64_URL ? b64_url : b64_std;
+    if (len > (SIZE_MAX - 1) / 4 * 3 - 3)
+        return NULL;
+    size_t rest = len % 3;
+    size_t out_len = len / 3 * 4 + (rest == 0 ? 0 : pad ? 4 : rest + 1);
+    char *out = malloc(out_len + 1);
+    if (!out)
+        return NULL;
+    size_t o = 0, i = 0;
+    for (; i + 3 <= len; i += 3) {
+        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
+        out[o++] = tbl[v >> 18 & 63];
+        out[o++] = tbl[v >> 12 & 63];
+        out[o++] = tbl[v >> 6 & 63];
+        out[o++] = tbl[v & 63];
+    }
+    if (rest) {
+        uint32_t v = (uint32_t)in[i] << 16 | (rest == 2 ? (uint32_t)in[i + 1] << 8 : 0);
+        out[o++] = tbl[v >> 18 & 63];
+        out[o++] = tbl[v >> 12 & 63];
+        if (rest == 2)
+            out[o++] = tbl[v >> 6 & 63];
+        while (pad && o % 4)
+            out[o++] = '=';
+    }
+    out[o] = '\0';
+    if (ret_len)
+        *ret_len = o;
+    return out;
+}
+
+/* The 6-bit value of c under the alphabets in flags, or -1. */
+static int b64_value(unsigned char c, unsigned flags)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    if ((c == '+' && (flags & CI_B64_STD)) || (c == '-' && (flags & CI_B64_URL)))
+        return 62;
+    if ((c == '/' && (flags & CI_B64_STD)) || (c == '_' && (flags & CI_B64_URL)))
+        return 63;
+    return -1;
+}
+
+/* Checks in against flags; on success *ret_chars is the number of characters
+ * before the padding and *ret_out the number of bytes they decode to. */
+static ci_status b64_check(const char *in, size_t len, unsigned flags, size_t *ret_chars,
+                           size_t *ret_out)
+{
+    size_t n = len;
+    if ((flags & CI_B64_PAD_REQUIRED) && len % 4 != 0)
+        return CI_ERR_INVALID;
+    if (n > 0 && in[n - 1] == '=') {
+        if ((flags & CI_B64_PAD_FORBIDDEN) || n % 4 != 0)
+            return CI_ERR_INVALID;
+        n--;
+        if (n > 0 && in[n - 1] == '=')
+            n--;
+    }
+    if (n % 4 == 1)
+        return CI_ERR_INVALID;
+    for (size_t i = 0; i < n; i++)
+        if (b64_value((unsigned char)in[i], flags) < 0)
+            return CI_ERR_INVALID; /* also a '=' before the last two */
+    *ret_chars = n;
+    *ret_out = n / 4 * 3 + (n % 4 == 3 ? 2 : n % 4 == 2 ? 1 : 0);
+    return CI_OK;
+}
+
+/* Decodes n characters that b64_check accepted. */
+static void b64_write(const char *in, size_t n, unsigned flags, uint8_t *out)
+{
+    uint32_t acc = 0;
+    unsigned bits = 0;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        acc = acc << 6 | (uint32_t)b64_value((unsigned char)in[i], flags);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (uint8_t)(acc >> bits);
+            acc &= (1u << bits) - 1;
+        }
+    }
+}
+
+ci_status ci_base64_decode_into(const char *in, size_t len, unsigned flags, uint8_t *out,
+                                size_t out_cap, size_t *ret_len)
+{
+    size_t n, out_len;
+    ci_status s = b64_check(in, len, flags, &n, &out_len);
+    if (s)
+        return s;
+    if (out_len > out_cap)
+        return CI_ERR_LIMIT;
+    b64_write(in, n, flags, out);
+    *ret_len = out_len;
+    return CI_OK;
+}
+
+ci_status ci_base64_decode(const char *in, size_t len, unsigned flags, uint8_t **ret,
+                           size_t *ret_len)
+{
+    size_t n, out_len;
+    ci_status s = b64_check(in, len, flags, &n, &out_len);
+    if (s)
+        return s;
+    uint8_t *out = NULL;
+    if (out_len > 0 && !(out = malloc(out_len)))
+        return CI_ERR_NOMEM;
+    b64_write(in, n, flags, out);
+    *ret = out;
+    *ret_len = out_len;
+    return CI_OK;
+}

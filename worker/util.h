@@ -73,4 +73,36 @@ char *ci_utf8_sanitize(const uint8_t *data, size_t len, size_t *ret_len);
 /* Writes all of buf to fd, retrying on EINTR and short writes. */
 ci_status ci_write_all(int fd, const void *buf, size_t len);
 
+/* Base64 (RFC 4648). An alphabet is also a decode flag: a decoder given
+ * CI_B64_STD | CI_B64_URL accepts either, even mixed in one string. */
+enum ci_b64_alphabet {
+    CI_B64_STD = 1u << 0, /* '+' and '/' (section 4) */
+    CI_B64_URL = 1u << 1, /* '-' and '_' (section 5) */
+};
+/* Padding rules for the decoders; without either, padding is optional. */
+#define CI_B64_PAD_REQUIRED (1u << 2) /* the input length is a multiple of 4 */
+#define CI_B64_PAD_FORBIDDEN (1u << 3) /* no '=' at all */
+
+/* Encodes len bytes of data in alphabet a, with '=' padding to a multiple of
+ * 4 characters when pad is set. Returns a malloc'd NUL-terminated string and
+ * its length in *ret_len (which may be NULL); NULL when out of memory. */
+char *ci_base64_encode(const void *data, size_t len, enum ci_b64_alphabet a, bool pad,
+                       size_t *ret_len);
+
+/* Decodes len characters of in (no NUL needed) under flags into out, which
+ * holds out_cap bytes. Padding, when present, is one or two '=' that complete
+ * the last group of 4; leftover bits in the last character are ignored, as
+ * most decoders do. CI_ERR_INVALID for a character outside the alphabets,
+ * misplaced or missing padding, or an impossible length (4n+1 characters);
+ * CI_ERR_LIMIT when the result would exceed out_cap. Writes nothing to out
+ * or *ret_len on failure. */
+ci_status ci_base64_decode_into(const char *in, size_t len, unsigned flags, uint8_t *out,
+                                size_t out_cap, size_t *ret_len);
+
+/* Same, into a new malloc'd buffer of exactly *ret_len bytes; *ret is NULL
+ * when the result is empty (as protobuf-c leaves empty bytes). CI_ERR_NOMEM
+ * when allocation fails. */
+ci_status ci_base64_decode(const char *in, size_t len, unsigned flags, uint8_t **ret,
+                           size_t *ret_len);
+
 #endif
