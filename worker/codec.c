@@ -233,94 +233,6 @@ static const ProtobufCFieldDescriptor *field_by_id(const ProtobufCMessageDescrip
     return NULL;
 }
 
-/* ---- base64 ------------------------------------------------------------ */
-
-static const char b64_std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static char *b64_encode(const uint8_t *data, size_t len, size_t *ret_len)
-{
-    if (len > (SIZE_MAX - 1) / 4 * 3 - 3)
-        return NULL;
-    size_t out_len = (len + 2) / 3 * 4;
-    char *out = malloc(out_len + 1);
-    if (!out)
-        return NULL;
-    size_t o = 0, i = 0;
-    for (; i + 2 < len; i += 3) {
-        uint32_t v = (uint32_t)data[i] << 16 | (uint32_t)data[i + 1] << 8 | data[i + 2];
-        out[o++] = b64_std[v >> 18 & 63];
-        out[o++] = b64_std[v >> 12 & 63];
-        out[o++] = b64_std[v >> 6 & 63];
-        out[o++] = b64_std[v & 63];
-    }
-    if (i < len) {
-        uint32_t v = (uint32_t)data[i] << 16;
-        if (i + 1 < len)
-            v |= (uint32_t)data[i + 1] << 8;
-        out[o++] = b64_std[v >> 18 & 63];
-        out[o++] = b64_std[v >> 12 & 63];
-        out[o++] = i + 1 < len ? b64_std[v >> 6 & 63] : '=';
-        out[o++] = '=';
-    }
-    out[o] = '\0';
-    *ret_len = o;
-    return out;
-}
-
-static int b64_val(unsigned char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '+' || c == '-')
-        return 62;
-    if (c == '/' || c == '_')
-        return 63;
-    return -1;
-}
-
-/* Standard or URL-safe alphabet, with or without padding. On success *ret is
- * malloc'd (NULL when the result is empty, as protobuf-c does). */
-static bool b64_decode(const char *s, size_t n, uint8_t **ret, size_t *ret_len)
-{
-    if (n > 0 && s[n - 1] == '=') {
-        if (n % 4 != 0)
-            return false;
-        n--;
-        if (n > 0 && s[n - 1] == '=')
-            n--;
-    }
-    if (n % 4 == 1)
-        return false;
-    size_t out_len = n / 4 * 3 + (n % 4 == 2 ? 1 : n % 4 == 3 ? 2 : 0);
-    uint8_t *out = NULL;
-    if (out_len > 0 && !(out = malloc(out_len)))
-        return false;
-    size_t o = 0;
-    uint32_t acc = 0;
-    unsigned bits = 0;
-    for (size_t i = 0; i < n; i++) {
-        int v = b64_val((unsigned char)s[i]);
-        if (v < 0) {
-            free(out);
-            return false;
-        }
-        acc = acc << 6 | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[o++] = (uint8_t)(acc >> bits);
-            acc &= (1u << bits) - 1;
-        }
-    }
-    *ret = out;
-    *ret_len = o;
-    return true;
-}
-
 /* ---- content types and statuses ---------------------------------------- */
 
 ci_status ci_encoding_from_content_type(const char *content_type, enum ci_encoding *ret,
@@ -481,7 +393,7 @@ static ci_status enc_value(struct enc *e, const ProtobufCFieldDescriptor *f, con
             return ci_error_set(e->err, CI_ERR_INVALID, "field '%s': %zu bytes but no data",
                                 e->path.buf, bd->len);
         size_t n;
-        char *b64 = b64_encode(bd->data, bd->len, &n);
+        char *b64 = ci_base64_encode(bd->data, bd->len, CI_B64_STD, true, &n);
         if (b64)
             j = json_stringn(b64, n);
         free(b64);
@@ -990,7 +902,9 @@ static ci_status dec_value(struct dec *d, const ProtobufCFieldDescriptor *f, jso
         if (!json_is_string(v))
             return dec_expected(d, "a base64 string", v);
         ProtobufCBinaryData bd;
-        if (!b64_decode(json_string_value(v), json_string_length(v), &bd.data, &bd.len))
+        /* Either alphabet, padded or not, as proto3 JSON parsers accept. */
+        if (ci_base64_decode(json_string_value(v), json_string_length(v),
+                             CI_B64_STD | CI_B64_URL, &bd.data, &bd.len))
             return ci_error_set(d->err, CI_ERR_INVALID, "field '%s': not valid base64",
                                 d->path.buf);
         *(ProtobufCBinaryData *)member = bd;

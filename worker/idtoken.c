@@ -76,52 +76,6 @@ bool ci_token_chars_valid(const char *s, size_t len)
     return true;
 }
 
-static int b64url_value(char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '-')
-        return 62;
-    if (c == '_')
-        return 63;
-    return -1;
-}
-
-/* Decodes base64url (padding optional) into a new buffer. */
-static ci_status b64url_decode(const char *s, size_t len, uint8_t **ret, size_t *ret_len)
-{
-    while (len > 0 && s[len - 1] == '=')
-        len--;
-    if (len % 4 == 1)
-        return CI_ERR_INVALID;
-    uint8_t *out = malloc(len * 3 / 4 + 3);
-    if (!out)
-        return CI_ERR_NOMEM;
-    size_t o = 0;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < len; i++) {
-        int v = b64url_value(s[i]);
-        if (v < 0) {
-            free(out);
-            return CI_ERR_INVALID;
-        }
-        acc = (acc << 6) | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[o++] = (uint8_t)(acc >> bits);
-        }
-    }
-    *ret = out;
-    *ret_len = o;
-    return CI_OK;
-}
-
 ci_status ci_jwt_exp(const char *token, size_t len, int64_t *ret_exp)
 {
     const char *dot1 = memchr(token, '.', len);
@@ -136,9 +90,15 @@ ci_status ci_jwt_exp(const char *token, size_t len, int64_t *ret_exp)
         return CI_ERR_INVALID; /* more than three parts: a JWE or garbage */
     uint8_t *json = NULL;
     size_t json_len = 0;
-    ci_status s = b64url_decode(payload, (size_t)(dot2 - payload), &json, &json_len);
+    /* base64url; padding, which a JWT omits, is tolerated in any amount. */
+    size_t payload_len = (size_t)(dot2 - payload);
+    while (payload_len > 0 && payload[payload_len - 1] == '=')
+        payload_len--;
+    ci_status s = ci_base64_decode(payload, payload_len, CI_B64_URL, &json, &json_len);
     if (s)
         return s;
+    if (json_len == 0)
+        return CI_ERR_INVALID;
     json_t *root = json_loadb((const char *)json, json_len, JSON_REJECT_DUPLICATES, NULL);
     free(json);
     if (!root)

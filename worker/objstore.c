@@ -43,48 +43,11 @@ struct ci_objstore {
 
 /* ---- pure helpers ---------------------------------------------------- */
 
-static const char b64url_tbl[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-
-static char *b64url_padded(const uint8_t *in, size_t n)
-{
-    if (n > (SIZE_MAX / 4) * 3 - 3)
-        return NULL;
-    size_t out_len = 4 * ((n + 2) / 3);
-    char *out = malloc(out_len + 1);
-    if (!out)
-        return NULL;
-    size_t o = 0;
-    size_t i = 0;
-    for (; i + 3 <= n; i += 3) {
-        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
-        out[o++] = b64url_tbl[(v >> 18) & 63];
-        out[o++] = b64url_tbl[(v >> 12) & 63];
-        out[o++] = b64url_tbl[(v >> 6) & 63];
-        out[o++] = b64url_tbl[v & 63];
-    }
-    if (n - i == 1) {
-        uint32_t v = (uint32_t)in[i] << 16;
-        out[o++] = b64url_tbl[(v >> 18) & 63];
-        out[o++] = b64url_tbl[(v >> 12) & 63];
-        out[o++] = '=';
-        out[o++] = '=';
-    } else if (n - i == 2) {
-        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8;
-        out[o++] = b64url_tbl[(v >> 18) & 63];
-        out[o++] = b64url_tbl[(v >> 12) & 63];
-        out[o++] = b64url_tbl[(v >> 6) & 63];
-        out[o++] = '=';
-    }
-    out[o] = '\0';
-    return out;
-}
-
 char *ci_objstore_encode_name(const char *name)
 {
     if (!name)
         return NULL;
-    return b64url_padded((const uint8_t *)name, strlen(name));
+    return ci_base64_encode(name, strlen(name), CI_B64_URL, true, NULL);
 }
 
 char *ci_objstore_digest(const void *data, size_t len)
@@ -92,7 +55,7 @@ char *ci_objstore_digest(const void *data, size_t len)
     static const uint8_t empty[1];
     uint8_t md[SHA256_DIGEST_LENGTH];
     SHA256(len ? data : empty, len, md);
-    CI_AUTOFREE char *b64 = b64url_padded(md, sizeof(md));
+    CI_AUTOFREE char *b64 = ci_base64_encode(md, sizeof(md), CI_B64_URL, true, NULL);
     if (!b64)
         return NULL;
     size_t n = strlen(DIGEST_PREFIX) + strlen(b64) + 1;
@@ -101,21 +64,6 @@ char *ci_objstore_digest(const void *data, size_t len)
         return NULL;
     snprintf(out, n, "%s%s", DIGEST_PREFIX, b64);
     return out;
-}
-
-static int b64_value(char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '-' || c == '+')
-        return 62;
-    if (c == '_' || c == '/')
-        return 63;
-    return -1;
 }
 
 static int hex_value(char c)
@@ -149,29 +97,12 @@ static bool digest_decode(const char *digest, uint8_t out[SHA256_DIGEST_LENGTH])
         if (ok)
             return true;
     }
-    while (n > 0 && v[n - 1] == '=')
-        n--;
-    /* 32 bytes are 43 base64 characters (plus one '=' of padding). */
-    if (n != 43 || strlen(v) - n > 1)
-        return false;
-    uint32_t acc = 0;
-    int bits = 0;
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int c = b64_value(v[i]);
-        if (c < 0)
-            return false;
-        acc = (acc << 6) | (uint32_t)c;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            if (o >= SHA256_DIGEST_LENGTH)
-                return false;
-            out[o++] = (uint8_t)(acc >> bits);
-        }
-        acc &= (1u << bits) - 1;
-    }
-    return o == SHA256_DIGEST_LENGTH;
+    /* 32 bytes are 43 base64 characters (plus one '=' of padding); a
+     * longer string decodes to more than 32 bytes and is refused. */
+    size_t got = 0;
+    return ci_base64_decode_into(v, n, CI_B64_STD | CI_B64_URL, out, SHA256_DIGEST_LENGTH,
+                                 &got) == CI_OK &&
+           got == SHA256_DIGEST_LENGTH;
 }
 
 /* A fresh 22-character base62 token, like a NUID: unique per put. */
