@@ -66,12 +66,15 @@ struct ci_config_key {
 };
 
 static const char *const isolation_names[] = {"auto", "required", "none", NULL};
+static const char *const mode_names[] = {"cold", "warm", NULL};
 static const char *const provider_names[] = {"local", "cloudrun", NULL};
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 
 _Static_assert(CI_ISOLATION_AUTO == 0 && CI_ISOLATION_REQUIRED == 1 && CI_ISOLATION_NONE == 2,
                "isolation_names[] is indexed by enum ci_isolation");
 _Static_assert(sizeof(enum ci_isolation) == sizeof(int), "CT_ENUM stores an int");
+_Static_assert(CI_MODE_COLD == 0 && CI_MODE_WARM == 1 && sizeof(enum ci_sandbox_mode) == sizeof(int),
+               "mode_names[] is indexed by enum ci_sandbox_mode");
 
 /* The offset of a member that must have type T: a key whose type does not
  * match its field fails to compile. */
@@ -159,6 +162,10 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("local.max_open_files", local.max_open_files, 256, 32, 65536),
     KEY_U32("local.cpus", local.cpus, 1, 1, 1024),
     KEY_BOOL("local.require_cgroup", local.require_cgroup, false),
+    KEY_ENUM("local.mode", local.mode, enum ci_sandbox_mode, CI_MODE_COLD, mode_names),
+    KEY_U32("local.warm_pool_size", local.warm_pool_size, 1, 1, 16),
+    KEY_U32("local.warm_rotate_after", local.warm_rotate_after, 200, 1, 1000000),
+    KEY_STR("local.zygote", local.zygote, "", CS_ANY),
 
     KEY_STR("cloudrun.service_url", cloudrun.service_url, "", CS_ANY),
     KEY_STR("cloudrun.audience", cloudrun.audience, "", CS_ANY),

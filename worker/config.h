@@ -19,6 +19,11 @@ enum ci_isolation {
     CI_ISOLATION_NONE,     /* never sandbox: developers only */
 };
 
+enum ci_sandbox_mode {
+    CI_MODE_COLD, /* every task starts python3 in a fresh sandbox */
+    CI_MODE_WARM, /* tasks fork from a zygote with the runtime imported (zygote.h) */
+};
+
 struct ci_config {
     struct {
         char *url;          /* "nats://127.0.0.1:4222"; comma-separated list allowed */
@@ -83,6 +88,10 @@ struct ci_config {
         uint32_t max_open_files; /* 256 */
         uint32_t cpus;          /* 1: CPUs of time a task may use at once (cgroup cpu.max) */
         bool require_cgroup;    /* false: refuse to start without per-task cgroups */
+        enum ci_sandbox_mode mode; /* cold */
+        uint32_t warm_pool_size;   /* 1: zygotes kept ready in warm mode */
+        uint32_t warm_rotate_after; /* 200: tasks per zygote before it is replaced */
+        char *zygote;           /* "" = ci-zygote beside the running program */
     } local;
     struct {
         char *service_url;    /* "" = not set; the executor's base URL (https://...run.app) */
