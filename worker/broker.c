@@ -82,6 +82,32 @@ void ci_broker_redact_urls(const char *urls, char *out, size_t n)
     }
 }
 
+#define MAX_URLS 64
+
+/* The configured URL, or a comma-separated list of a cluster's URLs:
+ * natsOptions_SetURL takes exactly one URL (a list there makes every
+ * connect fail with "No server available"), natsOptions_SetServers a list. */
+static natsStatus set_servers(natsOptions *o, const char *urls)
+{
+    if (!strchr(urls, ','))
+        return natsOptions_SetURL(o, urls);
+    char *copy = strdup(urls);
+    if (!copy)
+        return NATS_NO_MEMORY;
+    const char *list[MAX_URLS];
+    int n = 0;
+    for (char *item = copy, *next; item && n < MAX_URLS; item = next) {
+        next = strchr(item, ',');
+        if (next)
+            *next++ = '\0';
+        if (*item)
+            list[n++] = item;
+    }
+    natsStatus s = n ? natsOptions_SetServers(o, list, n) : NATS_INVALID_ARG;
+    free(copy); /* nats.c keeps copies */
+    return s;
+}
+
 static void on_reconnected(natsConnection *nc, void *closure)
 {
     struct ci_broker *b = closure;
@@ -99,7 +125,7 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
     natsStatus s = natsOptions_Create(&o);
     const char *step = "options";
     if (s == NATS_OK)
-        s = natsOptions_SetURL(o, cfg->nats.url);
+        s = set_servers(o, cfg->nats.url);
     if (s == NATS_OK && cfg->nats.name && cfg->nats.name[0])
         s = natsOptions_SetName(o, cfg->nats.name);
     if (s == NATS_OK)
