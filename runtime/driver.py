@@ -16,8 +16,15 @@
 # the code decides whether it needs them (MPLBACKEND=Agg is in the env).
 #
 # Randomness: each task is a fresh process, so `random`, hash() and numpy's
-# legacy global RandomState are already seeded from the OS. A warm pool that
-# forks from a process holding numpy must reseed numpy in every child.
+# legacy global RandomState are already seeded from the OS.
+#
+# Warm mode (local.mode: warm): the same file is loaded once into a zygote
+# (zygote_main.c) as the module `ci_driver`, which calls _warm_prepare() to
+# import the runtime, then forks one child per task; each child calls
+# _warm_main() in a fresh sandbox with the same fds, cwd and environment as
+# above. The child reseeds `random` and numpy (hash() is randomized per
+# zygote, which is replaced every local.warm_rotate_after tasks) and ends the
+# way Python's own exit would, without tearing the interpreter down.
 
 import sys
 import os
@@ -268,4 +275,72 @@ def _main():
     return code
 
 
-sys.exit(_main())
+# What the zygote imports before it forks: the runtime and what the driver
+# itself needs. Imports only: no code of a task, no state but modules.
+_WARM_IMPORTS = (
+    "numpy", "pandas", "matplotlib", "matplotlib.pyplot", "matplotlib.backends.backend_agg",
+    "openpyxl", "random", "threading", "atexit", "builtins", "linecache", "types",
+    "traceback", "fcntl", "errno",
+)
+
+
+def _warm_prepare():
+    """In the zygote, once: import the runtime, then freeze the heap so that
+    the children's garbage collections do not copy its pages."""
+    import gc
+    import importlib
+    for name in _WARM_IMPORTS:
+        importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
+
+
+def _reseed():
+    """A forked child shares its parent's generators: reseed them from the OS."""
+    import random
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+
+
+def _exit_like_python(code):
+    """What Python's exit does that a task can observe, then _exit(): wait for
+    non-daemon threads, run atexit callbacks, flush the streams."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:  # noqa: B036 - the exit must happen
+            pass
+    atexit = sys.modules.get("atexit")
+    if atexit is not None:
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: B036
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: B036
+            pass
+    os._exit(code & 0xFF)
+
+
+def _warm_main():
+    """In a child of the zygote, once per task: run the task, then exit."""
+    code = 1
+    try:
+        _reseed()
+        code = _main()
+    except BaseException as e:  # noqa: B036 - like an uncaught exception at exit
+        try:
+            import traceback
+            traceback.print_exception(e)
+        except BaseException:  # noqa: B036
+            pass
+    _exit_like_python(code if isinstance(code, int) else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -323,10 +323,17 @@ ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider 
     l->cfg = cfg;
     if ((s = ci_sandbox_new(cfg, &probe, &l->sb, err)))
         return s;
+    const struct ci_sandbox *sb = l->sb;
     p->ops = &local_ops;
     p->ctx = CI_STEAL(&l);
-    if (err)
+    if (err && probe.warning[0])
         snprintf(err->msg, sizeof(err->msg), "%s", probe.warning);
+    else if (err && cfg->local.mode == CI_MODE_WARM && probe.sandboxed &&
+             strcmp(ci_sandbox_mode(sb), "warm") != 0)
+        snprintf(err->msg, sizeof(err->msg), "warm mode is unavailable, tasks run cold: %.400s",
+                 probe.warm_failure[0] ? probe.warm_failure : "the zygotes did not start");
+    else if (err)
+        err->msg[0] = '\0';
     *ret = CI_STEAL(&p);
     return CI_OK;
 }

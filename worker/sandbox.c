@@ -19,9 +19,11 @@
  * "mount /proc: Operation not permitted", never as a silent exit.
  *
  * Building the sandbox (init_main up to GO) is kept apart from running the
- * task (task_exec, reap_all): a warm pool would replace task_exec() with
- * "fork a child of a zygote that already imported pandas and matplotlib",
- * and keep the rest. */
+ * task (task_exec, reap_all). Warm mode (section 6, zygote.h) builds a
+ * zygote's sandbox with the same init_main, which then executes ci-zygote
+ * instead of forking a task; each task's init in the zygote speaks the same
+ * messages (sandbox_proto.h), so a warm run differs from a cold one only
+ * in how it starts (start_warm) and in that its init is not our child. */
 #include "sandbox.h"
 
 #include <dirent.h>
@@ -53,7 +55,9 @@
 #include <unistd.h>
 
 #include "cgroup.h"
+#include "sandbox_proto.h"
 #include "util.h"
+#include "zygote.h"
 
 /* ---------------------------------------------------------------------- */
 /* 1. System calls                                                         */
@@ -129,13 +133,11 @@ static void close_fds_from(int from)
 /* ---------------------------------------------------------------------- */
 
 #define NEWROOT "/tmp" /* built in the private mount namespace: the host's /tmp is untouched */
-#define SANDBOX_ID 1000
 #define MAX_OPS 64
 #define MAX_ENV 24
 #define READY_TIMEOUT_MS 10000 /* longest wait for a sandbox to be built */
 #define DRAIN_MS 1000          /* after the task is gone, longest wait for pipes to close */
 #define STOP_GRACE_MS 300      /* init's time to kill and reap everything before SIGKILL */
-#define SIG_STOP SIGUSR1       /* parent -> init: kill everything, reap, report */
 #define REPORT_CAP (64 * 1024)
 #define ARTIFACT_MAX_DEPTH 8
 #define ARTIFACT_MAX_ENTRIES 1000
@@ -195,6 +197,13 @@ struct ci_sandbox {
     char *argv_store[6];
     char *envp_ns[MAX_ENV]; /* the environment in the sandbox (NULL-terminated) */
     struct sock_fprog seccomp; /* the task's filter; .filter NULL when not used */
+    /* Warm mode (section 6): the zygotes; NULL when tasks run cold. */
+    struct ci_zygote_pool *warm;
+    char *zygote_path;
+    char *zygote_argv[2];
+    atomic_ulong warm_fallbacks; /* tasks that ran cold because no zygote took them */
+    int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
+    size_t n_warm_ops;
     /* Every string the plan points to, freed with the sandbox. */
     char **strs;
     size_t n_strs, cap_strs;
@@ -547,6 +556,7 @@ void ci_sandbox_free(struct ci_sandbox *sb)
 {
     if (!sb)
         return;
+    ci_zygote_pool_free(sb->warm); /* first: its zygotes use the plan */
     free(sb->seccomp.filter);
     ci_cgroup_root_free(sb->cgroups);
     for (size_t i = 0; i < sb->n_strs; i++)
@@ -660,69 +670,7 @@ static ci_status sandbox_build(const struct ci_config *cfg, const struct build_o
 /* 3. The child side. Nothing here allocates or locks.                     */
 /* ---------------------------------------------------------------------- */
 
-enum step {
-    STEP_NONE,
-    STEP_FDS,
-    STEP_WAIT_MAPS,
-    STEP_SETGROUPS,
-    STEP_SETGID,
-    STEP_SETUID,
-    STEP_PRIVATE,
-    STEP_OP,
-    STEP_PIVOT,
-    STEP_DETACH,
-    STEP_REMOUNT_ROOT,
-    STEP_HOSTNAME,
-    STEP_WORKSPACE,
-    STEP_DROP_CAPS,
-    STEP_NO_NEW_PRIVS,
-    STEP_FORK,
-    STEP_SETSID,
-    STEP_RLIMIT,
-    STEP_CHDIR,
-    STEP_SECCOMP,
-    STEP_EXEC,
-    STEP_COUNT,
-};
-
-static const char *const step_names[STEP_COUNT] = {
-    [STEP_NONE] = "start",
-    [STEP_FDS] = "set up the file descriptors",
-    [STEP_WAIT_MAPS] = "wait for the uid map",
-    [STEP_SETGROUPS] = "drop the supplementary groups",
-    [STEP_SETGID] = "switch to the sandbox group",
-    [STEP_SETUID] = "switch to the sandbox user",
-    [STEP_PRIVATE] = "make all mounts private",
-    [STEP_OP] = "build the root",
-    [STEP_PIVOT] = "pivot_root into the new root",
-    [STEP_DETACH] = "detach the old root",
-    [STEP_REMOUNT_ROOT] = "remount the new root read-only",
-    [STEP_HOSTNAME] = "set the hostname",
-    [STEP_WORKSPACE] = "open /workspace",
-    [STEP_DROP_CAPS] = "drop all capabilities",
-    [STEP_NO_NEW_PRIVS] = "set no_new_privs",
-    [STEP_FORK] = "start the task process",
-    [STEP_SETSID] = "start a new session",
-    [STEP_RLIMIT] = "set the resource limits",
-    [STEP_CHDIR] = "enter the workspace",
-    [STEP_SECCOMP] = "load the seccomp filter",
-    [STEP_EXEC] = "execute python3",
-};
-
-enum msg_type { MSG_READY = 1, MSG_FAILED, MSG_DONE };
-
-struct msg {
-    int32_t type;
-    int32_t step; /* MSG_FAILED */
-    int32_t op;   /* MSG_FAILED at STEP_OP: index in ops */
-    int32_t err;  /* MSG_FAILED: errno */
-    int32_t status; /* MSG_DONE: the task's wait status */
-    int32_t pad;
-    int64_t utime_us, stime_us, maxrss_kb; /* MSG_DONE: every process init reaped */
-};
-
-/* fd numbers in the child after move_fds(). */
-enum { FD_CODE = 0, FD_OUT = 1, FD_ERR = 2, FD_REPORT = 3, FD_SOCK = 4, FD_COUNT = 5 };
+/* The steps, messages and fd numbers of a run are in sandbox_proto.h. */
 
 /* What one run hands to its child: all prepared before the clone. */
 struct child_args {
@@ -733,6 +681,7 @@ struct child_args {
     const char *workdir;      /* the task's cwd */
     char *const *envp;
     bool drop_to_sandbox_ids; /* bare mode as root */
+    bool zygote;              /* init becomes a zygote: FD_CODE holds its program */
 };
 
 static void child_send(int sock, const struct msg *m)
@@ -980,6 +929,22 @@ static void add_rusage(struct msg *m, const struct rusage *ru)
 
 __attribute__((noreturn)) static void reap_all(pid_t task);
 
+/* Warm mode: this init becomes a zygote (zygote_main.c). The root is built;
+ * drop every privilege, say READY (without a workspace: the zygote's tasks
+ * get their own) and execute the ci-zygote program the worker opened, with
+ * the sandbox's environment. A fresh image: nothing of the worker's memory,
+ * which this process holds a copy of, survives the execve. */
+__attribute__((noreturn)) static void zygote_exec(const struct child_args *a)
+{
+    enum step failed = drop_privileges();
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, errno);
+    struct msg ready = {.type = MSG_READY};
+    child_send(FD_SOCK, &ready);
+    syscall(SYS_execveat, FD_CODE, "", a->sb->zygote_argv, a->envp, AT_EMPTY_PATH);
+    child_fail(FD_SOCK, STEP_EXEC, 0, errno);
+}
+
 /* pid 1 of the sandbox: builds it, starts the task, reaps, reports. */
 __attribute__((noreturn)) static void init_main(const struct child_args *a)
 {
@@ -1034,6 +999,8 @@ __attribute__((noreturn)) static void init_main(const struct child_args *a)
         child_fail(FD_SOCK, failed, 0, errno);
     if (sethostname("sandbox", 7) != 0 || setdomainname("sandbox", 7) != 0)
         child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
+    if (a->zygote)
+        zygote_exec(a);
 
     /* READY, with /workspace: the parent writes the inputs through it now
      * and reads the artifacts through it after everything here is dead. */
@@ -1169,7 +1136,34 @@ struct ci_sandbox_run {
     int bare_dir_fd;
     char *bare_env[MAX_ENV];
     char *bare_strs[2];
+    /* warm mode: init is a child of a zygote, known by its pidfd only */
+    bool warm;
 };
+
+static int sys_pidfd_send_signal(int pidfd, int sig)
+{
+    return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
+}
+
+/* Signals init: by pidfd when it is a zygote's child (never a reused pid). */
+static void signal_init(struct ci_sandbox_run *run, int sig)
+{
+    if (run->warm)
+        sys_pidfd_send_signal(run->pidfd, sig);
+    else
+        kill(run->pid, sig);
+}
+
+/* Has a zygote's child (not ours to wait for) ended? */
+static bool warm_exited(const struct ci_sandbox_run *run, int timeout_ms)
+{
+    struct pollfd p = {.fd = run->pidfd, .events = POLLIN};
+    int r;
+    do
+        r = poll(&p, 1, timeout_ms);
+    while (r < 0 && errno == EINTR);
+    return r != 0;
+}
 
 static void close_fd(int *fd)
 {
@@ -1186,6 +1180,13 @@ static void run_kill_now(struct ci_sandbox_run *run)
 {
     if (run->pid <= 0)
         return;
+    if (run->warm) {
+        /* SIGKILL on init kills its pid namespace; its zygote reaps it. */
+        signal_init(run, SIGKILL);
+        warm_exited(run, 5000);
+        run->pid = 0;
+        return;
+    }
     kill(run->pid, SIGKILL);
     if (!run->sb->ns)
         kill(-run->pid, SIGKILL);
@@ -1354,10 +1355,9 @@ static ci_status digest_inputs(struct ci_sandbox_run *run, const struct ci_sandb
 
 /* Receives one message from the child within timeout_ms; a READY carries
  * the workspace fd in *ret_fd. */
-static ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m,
-                          int *ret_fd)
+static ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd)
 {
-    struct pollfd p = {.fd = run->sock, .events = POLLIN};
+    struct pollfd p = {.fd = sock, .events = POLLIN};
     int r;
     do
         r = poll(&p, 1, timeout_ms);
@@ -1375,7 +1375,7 @@ static ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg
                         .msg_controllen = sizeof(cm.buf)};
     ssize_t n;
     do
-        n = recvmsg(run->sock, &mh, MSG_CMSG_CLOEXEC);
+        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
     if (n <= 0)
         return CI_ERR_IO; /* EOF: the child is gone */
@@ -1393,6 +1393,12 @@ static ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg
     else if (fd >= 0)
         close(fd);
     return CI_OK;
+}
+
+static ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m,
+                          int *ret_fd)
+{
+    return recv_msg_on(run->sock, timeout_ms, m, ret_fd);
 }
 
 /* Turns a MSG_FAILED into one sentence. */
@@ -1469,6 +1475,64 @@ static ci_status send_byte(struct ci_sandbox_run *run)
     return send(run->sock, &c, 1, MSG_NOSIGNAL) == 1 ? CI_OK : CI_ERR_IO;
 }
 
+static int warm_op_index(const struct ci_sandbox *sb, int op);
+
+/* The end of a start, cold or warm: init builds its sandbox and says READY
+ * with /workspace; the inputs go in; GO. A failure before READY sets
+ * *ret_fallback (when not NULL): nothing of the task has run. */
+static ci_status finish_start(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                              bool *ret_fallback, struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    bool dummy;
+    bool *fallback = ret_fallback ? ret_fallback : &dummy;
+    struct msg m;
+    int ws = -1;
+    ci_status s = recv_msg(run, READY_TIMEOUT_MS, &m, &ws);
+    *fallback = true;
+    if (s == CI_ERR_TIMEOUT)
+        return ci_error_set(err, CI_ERR_TIMEOUT, "the sandbox was not built within %d s",
+                            READY_TIMEOUT_MS / 1000);
+    if (s)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died during its setup");
+    if (m.type == MSG_FAILED) {
+        char what[256];
+        if (run->warm && m.step == STEP_OP)
+            m.op = warm_op_index(sb, m.op);
+        describe_failure(sb, &m, what, sizeof(what));
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox could not be set up: %s", what);
+    }
+    if (m.type != MSG_READY || ws < 0) {
+        if (ws >= 0)
+            close(ws);
+        return ci_error_set(err, CI_ERR_INTEGRITY, "the sandbox's init sent a bad message");
+    }
+    *fallback = false;
+    run->ws_fd = ws;
+    if ((s = write_inputs(run, job, err)))
+        return s;
+    if (send_byte(run) != CI_OK)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before the code started");
+    return CI_OK;
+}
+
+/* The task's cgroup exists, with its limits, before any of its processes. */
+static ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                                 struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    if (!sb->cgroups)
+        return CI_OK;
+    struct ci_cgroup_limits lim = {.memory_bytes = (uint64_t)job->memory_mb << 20,
+                                   .pids = sb->cfg->local.max_processes,
+                                   .cpus = sb->cfg->local.cpus};
+    struct ci_error cg_err = {{0}};
+    ci_status s = ci_cgroup_new(sb->cgroups, &lim, &run->cg, &cg_err);
+    if (s)
+        return ci_error_set(err, s, "the sandbox could not be set up: %s", cg_err.msg);
+    return CI_OK;
+}
+
 /* Namespace mode: clone init, map ids, wait for READY, inputs, GO. */
 static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
                           struct ci_error *err)
@@ -1476,16 +1540,9 @@ static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_sandbox_jo
     const struct ci_sandbox *sb = run->sb;
     run->args.workdir = "/workspace";
     run->args.envp = sb->envp_ns;
-    ci_status s;
-    /* The task's cgroup exists, with its limits, before any of its processes. */
-    if (sb->cgroups) {
-        struct ci_cgroup_limits lim = {.memory_bytes = (uint64_t)job->memory_mb << 20,
-                                       .pids = sb->cfg->local.max_processes,
-                                       .cpus = sb->cfg->local.cpus};
-        struct ci_error cg_err = {{0}};
-        if ((s = ci_cgroup_new(sb->cgroups, &lim, &run->cg, &cg_err)))
-            return ci_error_set(err, s, "the sandbox could not be set up: %s", cg_err.msg);
-    }
+    ci_status s = new_task_cgroup(run, job, err);
+    if (s)
+        return s;
 
     pid_t pid = sys_clone(sb->clone_flags | SIGCHLD);
     if (pid < 0)
@@ -1512,31 +1569,7 @@ static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_sandbox_jo
         return s;
     if (send_byte(run) != CI_OK)
         return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before its setup");
-
-    struct msg m;
-    int ws = -1;
-    s = recv_msg(run, READY_TIMEOUT_MS, &m, &ws);
-    if (s == CI_ERR_TIMEOUT)
-        return ci_error_set(err, CI_ERR_TIMEOUT, "the sandbox was not built within %d s",
-                            READY_TIMEOUT_MS / 1000);
-    if (s)
-        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died during its setup");
-    if (m.type == MSG_FAILED) {
-        char what[256];
-        describe_failure(sb, &m, what, sizeof(what));
-        return ci_error_set(err, CI_ERR_SYS, "the sandbox could not be set up: %s", what);
-    }
-    if (m.type != MSG_READY || ws < 0) {
-        if (ws >= 0)
-            close(ws);
-        return ci_error_set(err, CI_ERR_INTEGRITY, "the sandbox's init sent a bad message");
-    }
-    run->ws_fd = ws;
-    if ((s = write_inputs(run, job, err)))
-        return s;
-    if (send_byte(run) != CI_OK)
-        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before the code started");
-    return CI_OK;
+    return finish_start(run, job, NULL, err);
 }
 
 /* Bare mode: a private directory, the inputs, then fork and exec. */
@@ -1637,8 +1670,12 @@ static void send_code(struct ci_sandbox_run *run)
     close_fd(&run->code_fd);
 }
 
-ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job,
-                           struct ci_sandbox_run **ret, struct ci_error *err)
+static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                            bool *ret_fallback, struct ci_error *err);
+
+/* One start, cold or (warm) in a zygote. */
+static ci_status run_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job, bool warm,
+                           bool *ret_fallback, struct ci_sandbox_run **ret, struct ci_error *err)
 {
     struct ci_sandbox_run *run = calloc(1, sizeof(*run));
     if (!run)
@@ -1665,7 +1702,9 @@ ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *j
     if (!s)
         s = open_channels(run, err);
     if (!s)
-        s = sb->ns ? start_ns(run, job, err) : start_bare(run, job, err);
+        s = !sb->ns ? start_bare(run, job, err)
+            : warm  ? start_warm(run, job, ret_fallback, err)
+                    : start_ns(run, job, err);
     if (s) {
         ci_sandbox_run_free(run);
         return s;
@@ -1675,6 +1714,21 @@ ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *j
     send_code(run); /* usually all of it fits in the socket buffer now */
     *ret = run;
     return CI_OK;
+}
+
+ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job,
+                           struct ci_sandbox_run **ret, struct ci_error *err)
+{
+    if (sb->warm) {
+        bool fallback = false;
+        ci_status s = run_start(sb, job, true, &fallback, ret, err);
+        if (!s || !fallback)
+            return s;
+        /* No zygote could build this task's sandbox, and nothing of the task
+         * ran: run it cold. */
+        atomic_fetch_add(&sb->warm_fallbacks, 1);
+    }
+    return run_start(sb, job, false, NULL, ret, err);
 }
 
 void ci_sandbox_cancel(struct ci_sandbox_run *run)
@@ -1723,7 +1777,7 @@ static void kill_run(struct ci_sandbox_run *run, enum ci_sandbox_end why,
     if (run->sb->ns) {
         /* Init kills and reaps everything and reports; if it has not within
          * the grace time, SIGKILL on init kills the whole pid namespace. */
-        kill(run->pid, SIG_STOP);
+        signal_init(run, SIG_STOP);
         run->kill_at = run->t_end + STOP_GRACE_MS;
     } else {
         /* The process group is the best we have (and the leader itself, in
@@ -1737,13 +1791,15 @@ static void kill_run(struct ci_sandbox_run *run, enum ci_sandbox_end why,
 static void kill_hard(struct ci_sandbox_run *run, int64_t now)
 {
     if (run->pid > 0 && run->kill_at && now >= run->kill_at) {
-        kill(run->pid, SIGKILL);
+        signal_init(run, SIGKILL);
         run->kill_at = 0;
     }
 }
 
 static bool has_exited(struct ci_sandbox_run *run)
 {
+    if (run->warm)
+        return warm_exited(run, 0);
     siginfo_t si;
     memset(&si, 0, sizeof(si));
     if (waitid(P_PID, (id_t)run->pid, &si, WEXITED | WNOHANG | WNOWAIT | __WALL) != 0)
@@ -1759,7 +1815,8 @@ static void reap(struct ci_sandbox_run *run, int *ret_status, struct rusage *ru)
         kill(-run->pid, SIGKILL); /* the leader is a zombie: the group id is still ours */
     int st = 0;
     memset(ru, 0, sizeof(*ru));
-    while (wait4(run->pid, &st, __WALL, ru) < 0 && errno == EINTR)
+    /* A zygote's child is reaped by its zygote: its DONE has the rusage. */
+    while (!run->warm && wait4(run->pid, &st, __WALL, ru) < 0 && errno == EINTR)
         ;
     *ret_status = st;
     run->pid = 0;
@@ -1975,9 +2032,13 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     }
     if (end == CI_SANDBOX_EXITED && !r.has_status && !news.broken) {
         news.broken = true;
-        snprintf(news.why, sizeof(news.why),
-                 "the sandbox's init ended without a report (wait status 0x%x)",
-                 (unsigned)init_status);
+        if (run->warm)
+            snprintf(news.why, sizeof(news.why), "the sandbox's init ended without a report "
+                     "(the warm runtime it came from may have died)");
+        else
+            snprintf(news.why, sizeof(news.why),
+                     "the sandbox's init ended without a report (wait status 0x%x)",
+                     (unsigned)init_status);
     }
     if (news.broken)
         r.end = CI_SANDBOX_BROKEN;
@@ -2327,6 +2388,10 @@ static void remove_tree_at(int dirfd, int depth)
 /* 5. The probe                                                            */
 /* ---------------------------------------------------------------------- */
 
+static ci_status probe_warm(const struct ci_config *cfg, struct build_opts opts,
+                            struct ci_sandbox_probe *p);
+static ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error *err);
+
 /* Can this machine clone with flags? The child exits at once. */
 static int try_clone(unsigned long flags)
 {
@@ -2514,6 +2579,15 @@ ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe 
         *ret = p;
         return CI_ERR_NOMEM;
     }
+    p.warm_requested = cfg->local.mode == CI_MODE_WARM;
+    if (p.warm_requested && !p.sandboxed)
+        snprintf(p.warm_failure, sizeof(p.warm_failure),
+                 "warm mode needs the namespace sandbox, which is not in use");
+    if (p.warm_requested && p.sandboxed && probe_warm(cfg, opts, &p) == CI_ERR_NOMEM) {
+        snprintf(p.failure, sizeof(p.failure), "out of memory");
+        *ret = p;
+        return CI_ERR_NOMEM;
+    }
     if (!p.sandboxed)
         snprintf(p.isolation, sizeof(p.isolation), "none");
     if (!p.sandboxed && p.requested != CI_ISOLATION_REQUIRED) {
@@ -2588,6 +2662,13 @@ void ci_sandbox_probe_print(const struct ci_sandbox_probe *p, FILE *out)
                 p->cgroup_failure);
     else
         fprintf(out, "cgroup: not tried (only with the namespace sandbox)\n");
+    if (p->warm_ok)
+        fprintf(out, "warm: ok (a zygote was ready and ran a task in %lld ms)\n",
+                (long long)p->warm_start_ms);
+    else if (p->warm_requested)
+        fprintf(out, "warm: FAILED (%s) - tasks run cold\n", p->warm_failure);
+    else
+        fprintf(out, "warm: not requested (local.mode: cold)\n");
     static const char *const modes[] = {[CI_ISOLATION_AUTO] = "auto",
                                         [CI_ISOLATION_REQUIRED] = "required",
                                         [CI_ISOLATION_NONE] = "none"};
@@ -2698,6 +2779,372 @@ ci_status ci_sandbox_new(const struct ci_config *cfg, const struct ci_sandbox_pr
     }
     if (sb->ns)
         plan_font_cache(sb);
+    /* Warm when the probe could run a zygote; should that fail now, tasks
+     * run cold (ci_sandbox_mode() says which). */
+    if (sb->ns && cfg->local.mode == CI_MODE_WARM && probe->warm_ok) {
+        struct ci_error werr = {{0}};
+        if (warm_start(sb, cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1, &werr) ==
+            CI_ERR_NOMEM) {
+            ci_sandbox_free(sb);
+            return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+        }
+    }
     *ret = sb;
     return CI_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* 6. Warm mode                                                            */
+/* ---------------------------------------------------------------------- */
+
+/* A zygote (zygote_main.c) is built like the init of a cold sandbox, then
+ * executes ci-zygote instead of forking a task. Each task's init in the
+ * zygote runs the per-task part of the plan itself - its /workspace, /tmp,
+ * /dev/shm, /proc and what goes into /tmp - and speaks the same messages as
+ * a cold init, after a HELLO that carries a pidfd of itself: from there on a
+ * warm run is a cold run whose init is not our child. */
+
+/* The steps of the plan each task of a zygote runs in its own mount
+ * namespace, on top of the zygote's (identical) root. */
+static bool op_per_task(const struct op *op)
+{
+    const char *rel = op->path + strlen(NEWROOT);
+    switch (op->kind) {
+    case OP_TMPFS:
+        return strcmp(rel, "/workspace") == 0 || strcmp(rel, "/tmp") == 0 ||
+               strcmp(rel, "/dev/shm") == 0;
+    case OP_PROC:
+        return true;
+    case OP_DIR:
+    case OP_FILE:
+        return strncmp(rel, "/tmp/", 5) == 0;
+    default:
+        return false;
+    }
+}
+
+/* A task's failing step, as an index into sb->ops. */
+static int warm_op_index(const struct ci_sandbox *sb, int op)
+{
+    return op >= 0 && (size_t)op < sb->n_warm_ops ? sb->warm_ops[op] : -1;
+}
+
+/* The SETUP plan (sandbox_proto.h) for sb's zygotes. */
+static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
+{
+    static const uint32_t kinds[] = {[OP_TMPFS] = ZOP_TMPFS, [OP_DIR] = ZOP_DIR,
+                                     [OP_FILE] = ZOP_FILE, [OP_PROC] = ZOP_PROC};
+    struct zsetup_head h = {.clone_flags = sb->clone_flags,
+                            .filter_len = sb->seccomp.filter ? sb->seccomp.len : 0,
+                            .python_len = (uint32_t)strlen(sb->cfg->local.python) + 1};
+    if (sb->cgroups && (sb->clone_flags & CLONE_NEWCGROUP))
+        h.flags |= ZSETUP_CGROUPNS;
+    sb->n_warm_ops = 0;
+    for (size_t i = 0; i < sb->n_ops; i++)
+        if (op_per_task(&sb->ops[i])) {
+            if (sb->n_warm_ops == ZYGOTE_MAX_OPS)
+                return CI_ERR_LIMIT;
+            sb->warm_ops[sb->n_warm_ops++] = (int)i;
+        }
+    h.n_ops = (uint32_t)sb->n_warm_ops;
+    ci_status s = ci_buf_append(out, &h, sizeof(h));
+    for (size_t k = 0; k < sb->n_warm_ops && !s; k++) {
+        const struct op *op = &sb->ops[sb->warm_ops[k]];
+        const char *rel = op->path + strlen(NEWROOT);
+        const char *data = op->data ? op->data : "";
+        size_t len = op->kind == OP_FILE ? op->data_len : strlen(data);
+        struct zop_head oh = {.kind = kinds[op->kind], .path_len = (uint32_t)strlen(rel) + 1,
+                              .data_len = (uint32_t)len + 1, .flags = op->flags};
+        s = ci_buf_append(out, &oh, sizeof(oh));
+        if (!s)
+            s = ci_buf_append(out, rel, oh.path_len);
+        if (!s)
+            s = ci_buf_append(out, data, len);
+        if (!s)
+            s = ci_buf_append(out, "", 1);
+    }
+    if (!s && h.filter_len)
+        s = ci_buf_append(out, sb->seccomp.filter, h.filter_len * sizeof(struct sock_filter));
+    if (!s)
+        s = ci_buf_append(out, sb->cfg->local.python, h.python_len);
+    return s;
+}
+
+/* The pool's launch callback: a cold sandbox's init that becomes a zygote.
+ * Runs on the pool's thread, which the zygote dies with. */
+static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_error *err)
+{
+    struct ci_sandbox *sb = ctx;
+    struct child_args a;
+    memset(&a, 0, sizeof(a));
+    a.sb = sb;
+    a.zygote = true;
+    a.envp = sb->envp_ns;
+    a.workdir = "/";
+    int sv[2] = {-1, -1}, errp[2] = {-1, -1}, null = -1, pidfd = -1;
+    pid_t pid = -1;
+    ci_status s = CI_OK;
+    int prog = open(sb->zygote_path, O_PATH | O_CLOEXEC);
+    if (prog < 0) {
+        s = ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "cannot open the zygote program %s",
+                           sb->zygote_path);
+        goto out;
+    }
+    null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0 ||
+        pipe2(errp, O_CLOEXEC) != 0) {
+        s = ci_error_errno(err, CI_ERR_SYS, errno, "cannot create the zygote's channels");
+        goto out;
+    }
+    /* fd 0 carries the program to execute: a zygote reads no code. */
+    a.fds[FD_CODE] = prog;
+    a.fds[FD_OUT] = null;
+    a.fds[FD_ERR] = errp[1];
+    a.fds[FD_REPORT] = null;
+    a.fds[FD_SOCK] = sv[1];
+    pid = sys_clone(sb->clone_flags | SIGCHLD);
+    if (pid < 0) {
+        s = ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "clone of the zygote's sandbox failed");
+        goto out;
+    }
+    if (pid == 0)
+        init_main(&a);
+    pidfd = sys_pidfd_open(pid);
+    close_fd(&prog);
+    close_fd(&null);
+    close_fd(&errp[1]);
+    close_fd(&sv[1]);
+    if (pidfd < 0) {
+        s = ci_error_errno(err, CI_ERR_SYS, errno, "pidfd_open of the zygote");
+        goto out;
+    }
+    if ((!sb->outside_root && (s = write_proc_file(pid, "setgroups", "deny\n", err))) ||
+        (s = write_proc_file(pid, "uid_map", sb->uid_map, err)) ||
+        (s = write_proc_file(pid, "gid_map", sb->gid_map, err)))
+        goto out;
+    char go = 1;
+    if (send(sv[0], &go, 1, MSG_NOSIGNAL) != 1) {
+        s = ci_error_set(err, CI_ERR_SYS, "the zygote's init died before its setup");
+        goto out;
+    }
+    struct msg m;
+    s = recv_msg_on(sv[0], READY_TIMEOUT_MS, &m, NULL);
+    if (!s && m.type == MSG_FAILED) {
+        char what[256];
+        describe_failure(sb, &m, what, sizeof(what));
+        s = ci_error_set(err, CI_ERR_SYS, "the zygote's sandbox could not be set up: %s", what);
+    } else if (s || m.type != MSG_READY) {
+        s = ci_error_set(err, CI_ERR_SYS, "the zygote's init died during its setup");
+    }
+    if (s)
+        goto out;
+    ret->pid = pid;
+    ret->pidfd = pidfd;
+    ret->sock = sv[0];
+    ret->err_fd = errp[0];
+    return CI_OK;
+out:
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
+            ;
+    }
+    close_fd(&pidfd);
+    close_fd(&prog);
+    close_fd(&null);
+    close_fd(&sv[0]);
+    close_fd(&sv[1]);
+    close_fd(&errp[0]);
+    close_fd(&errp[1]);
+    return s;
+}
+
+/* Where ci-zygote is: local.zygote, or beside the running program. */
+static ci_status zygote_program(struct ci_sandbox *sb, struct ci_error *err)
+{
+    const char *conf = sb->cfg->local.zygote;
+    char path[4096];
+    if (conf && conf[0]) {
+        snprintf(path, sizeof(path), "%s", conf);
+    } else {
+        ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 32);
+        if (n <= 0)
+            return ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "readlink /proc/self/exe");
+        path[n] = '\0';
+        char *slash = strrchr(path, '/');
+        if (!slash)
+            return ci_error_set(err, CI_ERR_UNSUPPORTED, "cannot tell where ci-zygote is");
+        snprintf(slash + 1, sizeof(path) - (size_t)(slash + 1 - path), "ci-zygote");
+    }
+    if (path[0] != '/')
+        return ci_error_set(err, CI_ERR_INVALID, "local.zygote '%s' is not an absolute path",
+                            path);
+    if (access(path, X_OK) != 0)
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, errno,
+                              "the zygote program %s is missing (build ci-zygote beside "
+                              "ci-worker, or set local.zygote)", path);
+    sb->zygote_path = plan_str(sb, "%s", path);
+    sb->zygote_argv[0] = plan_str(sb, "ci-zygote");
+    sb->zygote_argv[1] = NULL;
+    if (!sb->zygote_path || !sb->zygote_argv[0])
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    return CI_OK;
+}
+
+/* Starts sb's zygotes; on success tasks run warm. */
+static ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error *err)
+{
+    const struct ci_config *cfg = sb->cfg;
+    if (!sb->ns || !sb->with_proc)
+        return ci_error_set(err, CI_ERR_UNSUPPORTED,
+                            "warm mode needs the namespace sandbox with its own /proc");
+    ci_status s = zygote_program(sb, err);
+    if (s)
+        return s;
+    struct ci_buf setup = CI_BUF_INIT;
+    if ((s = warm_setup(sb, &setup))) {
+        ci_buf_release(&setup);
+        return ci_error_set(err, s, "cannot prepare the zygote's setup");
+    }
+    struct ci_zygote_pool_config zc = {
+        .size = pool_size,
+        .rotate_after = cfg->local.warm_rotate_after ? cfg->local.warm_rotate_after : 200,
+        .setup = setup.data,
+        .setup_len = setup.len,
+        .launch = launch_zygote,
+        .launch_ctx = sb,
+    };
+    s = ci_zygote_pool_new(&zc, &sb->warm, err);
+    ci_buf_release(&setup);
+    return s;
+}
+
+/* The host pid behind a pidfd (its fdinfo), or -1. */
+static pid_t pidfd_pid(int pidfd)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", pidfd);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    const char *p = strstr(buf, "\nPid:");
+    long pid = -1;
+    if (p)
+        pid = strtol(p + 5, NULL, 10);
+    return pid > 0 ? (pid_t)pid : -1;
+}
+
+/* Warm mode: a zygote clones the task's init, which says HELLO with a pidfd
+ * of itself; we put it in the task's cgroup, then it builds its mounts like
+ * a cold init (finish_start). *ret_fallback: nothing of the task has run. */
+static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                            bool *ret_fallback, struct ci_error *err)
+{
+    struct ci_sandbox *sb = run->sb;
+    run->args.workdir = "/workspace";
+    run->args.envp = sb->envp_ns;
+    *ret_fallback = true;
+    ci_status s = new_task_cgroup(run, job, err);
+    if (s)
+        return s;
+    struct zmsg_spawn req;
+    memset(&req, 0, sizeof(req));
+    req.type = ZMSG_SPAWN;
+    for (int r = 0; r < RLIM_NLIMITS; r++)
+        if (run->args.limit_set[r]) {
+            req.limits[r].cur = run->args.limits[r].rlim_cur;
+            req.limits[r].max = run->args.limits[r].rlim_max;
+            req.limits[r].set = 1;
+        }
+    if ((s = ci_zygote_pool_spawn(sb->warm, &req, sizeof(req), run->args.fds, FD_COUNT, err)))
+        return s;
+    close_child_ends(run);
+
+    struct msg m;
+    int pidfd = -1;
+    s = recv_msg(run, READY_TIMEOUT_MS, &m, &pidfd);
+    if (s || m.type != MSG_HELLO || pidfd < 0) {
+        char what[256] = "";
+        if (!s && m.type == MSG_FAILED)
+            describe_failure(sb, &m, what, sizeof(what));
+        if (pidfd >= 0)
+            close(pidfd);
+        return ci_error_set(err, CI_ERR_SYS, "the warm runtime did not start the task: %s",
+                            what[0] ? what : s == CI_ERR_TIMEOUT ? "no answer" : "it is gone");
+    }
+    run->warm = true;
+    run->pidfd = pidfd;
+    run->pid = pidfd_pid(pidfd);
+    if (run->pid <= 0)
+        return ci_error_set(err, CI_ERR_SYS, "the task's init ended before its setup");
+    /* Init waits for our byte: in its cgroup before it mounts or forks. */
+    if (run->cg) {
+        struct ci_error cg_err = {{0}};
+        if ((s = ci_cgroup_attach(run->cg, run->pid, &cg_err)))
+            return ci_error_set(err, s, "the sandbox could not be set up: %s", cg_err.msg);
+    }
+    if (send_byte(run) != CI_OK)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before its setup");
+    return finish_start(run, job, ret_fallback, err);
+}
+
+const char *ci_sandbox_mode(const struct ci_sandbox *sb)
+{
+    return sb->warm ? "warm" : "cold";
+}
+
+bool ci_sandbox_warm_stats(struct ci_sandbox *sb, struct ci_zygote_stats *ret,
+                           uint64_t *ret_fallbacks)
+{
+    if (!sb->warm)
+        return false;
+    ci_zygote_pool_stats(sb->warm, ret);
+    *ret_fallbacks = atomic_load(&sb->warm_fallbacks);
+    return true;
+}
+
+/* The probe's try: start one zygote and run `pass` in a child of it (not
+ * falling back to cold). Fills p's warm fields; fails only for NOMEM. */
+static ci_status probe_warm(const struct ci_config *cfg, struct build_opts opts,
+                            struct ci_sandbox_probe *p)
+{
+    struct ci_error err = {{0}};
+    struct ci_sandbox *sb = NULL;
+    int64_t t0 = ci_mono_ms();
+    opts.cgroups = NULL; /* the cgroups were probed apart */
+    ci_status s = sandbox_build(cfg, &opts, &sb, &err);
+    if (!s)
+        s = warm_start(sb, 1, &err);
+    if (!s) {
+        p->warm_start_ms = ci_mono_ms() - t0;
+        static const char code[] = "pass\n";
+        struct ci_sandbox_job job = {.code = code, .code_len = sizeof(code) - 1,
+                                     .timeout_ms = 20000, .memory_mb = 1024};
+        struct ci_sandbox_run *run = NULL;
+        bool fallback = false;
+        s = run_start(sb, &job, true, &fallback, &run, &err);
+        struct ci_sandbox_result r;
+        if (!s && (s = ci_sandbox_wait(run, &r)) == CI_OK) {
+            if (r.end != CI_SANDBOX_EXITED || !r.has_status || r.status != 0) {
+                size_t len = r.outcome.err_len > 200 ? 200 : r.outcome.err_len;
+                s = ci_error_set(&err, CI_ERR_UNSUPPORTED,
+                                 "a task in the zygote failed: %s (wait status 0x%x, stderr: "
+                                 "%.*s)", r.outcome.error ? r.outcome.error : "it failed",
+                                 (unsigned)r.status, (int)len,
+                                 r.outcome.err ? r.outcome.err : "");
+            }
+            ci_sandbox_result_release(&r);
+        }
+        ci_sandbox_run_free(run);
+    }
+    p->warm_ok = s == CI_OK;
+    if (s)
+        snprintf(p->warm_failure, sizeof(p->warm_failure), "%.479s", err.msg);
+    ci_sandbox_free(sb);
+    return s == CI_ERR_NOMEM ? s : CI_OK;
 }

@@ -41,6 +41,18 @@
  * local.require_cgroup requires the cgroup too. The no-isolation fallback
  * never uses cgroups.
  *
+ * Warm mode (local.mode: warm, see zygote.h and zygote_main.c): a zygote
+ * with numpy, pandas, matplotlib and openpyxl imported sits in a sandbox
+ * built as above (its own user, pid, mount, net, ipc and uts namespaces,
+ * the read-only root), started by an execve of ci-zygote so that it holds
+ * nothing of the worker. Per task it clones a child with new user, pid,
+ * mount, net, ipc, uts (and cgroup) namespaces: that child is the task's
+ * init, mounts the task's own /workspace, /tmp, /dev/shm and /proc, joins
+ * the task's cgroup (the worker moves it), and forks the task, which gets
+ * the same rlimits and seccomp filter and runs the driver in the already
+ * warm interpreter. Every layer above stays, and so does the isolation
+ * string; timeouts, cancels, limits and artifacts work as in a cold run.
+ *
  * When the machine cannot create the namespaces (and local.isolation is not
  * `required`), or when local.isolation is `none`, a run is a plain fork with
  * the same rlimits, its own process group and a private 0700 temp directory:
@@ -61,6 +73,7 @@
 #include "config.h"
 #include "provider.h"
 #include "status.h"
+#include "zygote.h"
 
 /* The Python driver (runtime/driver.py), compiled in by cmake/embed.cmake. */
 extern const char ci_driver_py[];
@@ -101,6 +114,13 @@ struct ci_sandbox_probe {
     char isolation[128]; /* what a result will say: "user,pid,net,mnt,ipc,uts,..." or "none" */
     char failure[512];   /* the first failure, one sentence; "" when none */
     char warning[512];   /* for the log when `auto` fell back to no sandbox; "" otherwise */
+    /* Warm mode (local.mode: warm), tried only with the namespace sandbox:
+     * a zygote started and a task ran in one of its children. Without it
+     * tasks run cold, with the same isolation. */
+    bool warm_requested;
+    bool warm_ok;
+    int64_t warm_start_ms;  /* from the launch to that task's end */
+    char warm_failure[480]; /* why not; "" when it worked or was not asked for */
 };
 
 /* Tries every layer the sandbox needs (clone with each namespace, the uid
@@ -130,6 +150,19 @@ ci_status ci_sandbox_new(const struct ci_config *cfg, const struct ci_sandbox_pr
 void ci_sandbox_free(struct ci_sandbox *sb);
 /* The isolation string every result of this sandbox carries. */
 const char *ci_sandbox_isolation(const struct ci_sandbox *sb);
+
+/* "warm" when tasks fork from zygotes (zygote.h), else "cold". Warm tasks
+ * get the same isolation (and isolation string) as cold ones: their own
+ * user, pid, mount, net, ipc, uts and cgroup namespaces, tmpfs /workspace,
+ * /tmp and /dev/shm, rlimits, seccomp filter and cgroup. A warm start that
+ * fails before anything of the task ran (no zygote ready, a zygote died)
+ * runs the task cold instead. */
+const char *ci_sandbox_mode(const struct ci_sandbox *sb);
+
+/* Warm mode's counters, and how many tasks ran cold because no zygote could
+ * take them. Returns false (and leaves ret alone) in cold mode. */
+bool ci_sandbox_warm_stats(struct ci_sandbox *sb, struct ci_zygote_stats *ret,
+                           uint64_t *ret_fallbacks);
 
 /* One task for the sandbox; borrowed until ci_sandbox_start() returns (the
  * code is copied, the inputs are written before it returns). */

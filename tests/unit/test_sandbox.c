@@ -48,6 +48,12 @@ static struct ci_config *make_config(enum ci_isolation isolation)
     c->local.max_processes = 64;
     c->local.max_open_files = 256;
     c->local.cpus = 1;
+    /* CI_SANDBOX_MODE=warm runs every test with the warm pool (ctest does both). */
+    const char *mode = getenv("CI_SANDBOX_MODE");
+    c->local.mode = mode && strcmp(mode, "warm") == 0 ? CI_MODE_WARM : CI_MODE_COLD;
+    c->local.warm_pool_size = 1;
+    c->local.warm_rotate_after = 200;
+    c->local.zygote = CI_ZYGOTE_PATH;
     return c;
 }
 
@@ -134,6 +140,11 @@ static void t_print(void)
     CHECK_CONTAINS(o.isolation, "user,pid,net,mnt,ipc,uts");
     CHECK(o.memory_mb > 0 && o.memory_mb < 200);
     CHECK(o.n_artifacts == 0);
+    ci_outcome_release(&o);
+
+    /* The mode really ran: a warm task finds the runtime imported. */
+    REQUIRE(run_code("import sys\nprint('pandas' in sys.modules)\n", &o) == CI_OK);
+    CHECK_STR(o.out, cfg->local.mode == CI_MODE_WARM ? "True\n" : "False\n");
     ci_outcome_release(&o);
 }
 
@@ -1225,6 +1236,280 @@ static void t_probe_print(void)
     free(buf);
 }
 
+/* --- warm mode only (CI_SANDBOX_MODE=warm): the zygotes themselves --- */
+
+/* A sandbox of our own in warm mode, to see its zygotes' counters. */
+static struct ci_sandbox *warm_sandbox(struct ci_config *c)
+{
+    c->local.mode = CI_MODE_WARM;
+    struct ci_sandbox_probe pr;
+    if (ci_sandbox_probe(c, &pr) != CI_OK || !pr.warm_ok) {
+        fprintf(stderr, "warm probe: %s\n", pr.warm_failure);
+        return NULL;
+    }
+    struct ci_sandbox *sb = NULL;
+    struct ci_error err = {{0}};
+    if (ci_sandbox_new(c, &pr, &sb, &err) != CI_OK) {
+        fprintf(stderr, "sandbox: %s\n", err.msg);
+        return NULL;
+    }
+    if (strcmp(ci_sandbox_mode(sb), "warm") != 0) {
+        fprintf(stderr, "the sandbox runs %s\n", ci_sandbox_mode(sb));
+        ci_sandbox_free(sb);
+        return NULL;
+    }
+    return sb;
+}
+
+/* Runs code in sb; returns stdout (malloc'ed, "" when the run failed). */
+static char *sb_output(struct ci_sandbox *sb, const char *code, int *ret_status)
+{
+    struct ci_sandbox_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
+                                 .memory_mb = 1024};
+    struct ci_sandbox_run *run = NULL;
+    struct ci_error err = {{0}};
+    *ret_status = -1;
+    if (ci_sandbox_start(sb, &job, &run, &err) != CI_OK) {
+        fprintf(stderr, "start: %s\n", err.msg);
+        return strdup("");
+    }
+    struct ci_sandbox_result r;
+    char *out = NULL;
+    if (ci_sandbox_wait(run, &r) == CI_OK) {
+        if (r.end == CI_SANDBOX_EXITED && r.has_status)
+            *ret_status = r.status;
+        if (r.outcome.err_len)
+            fprintf(stderr, "stderr: %.2000s\n", r.outcome.err);
+        if (r.outcome.error)
+            fprintf(stderr, "error: %s\n", r.outcome.error);
+        out = strdup(r.outcome.out ? r.outcome.out : "");
+        ci_sandbox_result_release(&r);
+    }
+    ci_sandbox_run_free(run);
+    return out ? out : strdup("");
+}
+
+static uint64_t fallbacks_of(struct ci_sandbox *sb, struct ci_zygote_stats *st)
+{
+    uint64_t fb = 0;
+    memset(st, 0, sizeof(*st));
+    ci_sandbox_warm_stats(sb, st, &fb);
+    return fb;
+}
+
+/* numpy's BLAS in several children in a row: single-threaded, no hang. */
+static void t_warm_blas(void)
+{
+    static const char code[] =
+        "import os, sys, numpy as np\n"
+        "a = np.random.rand(300, 300)\n"
+        "b = a @ a.T\n"
+        "c = np.linalg.inv(b + np.eye(300) * 300)\n"
+        "print('warm' if 'pandas' in sys.modules else 'cold', len(os.listdir('/proc/self/task')),\n"
+        "      bool(np.isfinite(c).all()), b.shape)\n";
+    for (int i = 0; i < 5; i++) {
+        struct ci_outcome o;
+        int64_t t0 = ci_mono_ms();
+        REQUIRE(run_code(code, &o) == CI_OK);
+        CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+        CHECK_STR(o.out, "warm 1 True (300, 300)\n");
+        CHECK(ci_mono_ms() - t0 < 10000);
+        ci_outcome_release(&o);
+    }
+}
+
+/* Nothing of one task is in the next: globals, module attributes, builtins,
+ * sys.modules, seeds. */
+static void t_warm_nothing_carries_over(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("import builtins, sys, numpy, pandas, random\n"
+                     "LEAK = 'global'\n"
+                     "builtins.LEAK = 'builtin'\n"
+                     "numpy.LEAK = 'module'\n"
+                     "pandas.set_option('display.max_rows', 3)\n"
+                     "sys.modules['leaked_module'] = sys\n"
+                     "random.seed(1234)\n"
+                     "numpy.random.seed(1234)\n"
+                     "print('set')\n", &o) == CI_OK);
+    CHECK_STR(o.out, "set\n");
+    ci_outcome_release(&o);
+    REQUIRE(run_code("import builtins, sys, numpy, pandas\n"
+                     "print('LEAK' in globals(), hasattr(builtins, 'LEAK'), hasattr(numpy, 'LEAK'),\n"
+                     "      pandas.get_option('display.max_rows'), 'leaked_module' in sys.modules)\n",
+                     &o) == CI_OK);
+    CHECK_STR(o.out, "False False False 60 False\n");
+    ci_outcome_release(&o);
+
+    /* Two children draw different numbers from every generator. */
+    static const char draw[] =
+        "import random, numpy, os\n"
+        "print(random.random(), numpy.random.rand(), numpy.random.randint(1 << 30),\n"
+        "      numpy.random.default_rng().random(), os.urandom(8).hex())\n";
+    char *first = NULL;
+    for (int i = 0; i < 2; i++) {
+        REQUIRE(run_code(draw, &o) == CI_OK);
+        CHECK(o.exit_code == 0 && o.out && strlen(o.out) > 20);
+        if (i == 0) {
+            first = strdup(o.out ? o.out : "");
+        } else if (first && o.out) {
+            /* Field by field: every generator was reseeded. */
+            char a[5][64], b[5][64];
+            int na = sscanf(first, "%63s %63s %63s %63s %63s", a[0], a[1], a[2], a[3], a[4]);
+            int nb = sscanf(o.out, "%63s %63s %63s %63s %63s", b[0], b[1], b[2], b[3], b[4]);
+            CHECK(na == 5 && nb == 5);
+            for (int k = 0; k < 5 && na == 5 && nb == 5; k++)
+                CHECK(strcmp(a[k], b[k]) != 0);
+        }
+        ci_outcome_release(&o);
+    }
+    free(first);
+}
+
+/* A killed zygote: the next task still runs (cold, or in the replacement),
+ * a new zygote comes up and later tasks run warm again. */
+static void t_warm_zygote_killed(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    REQUIRE(st.ready == 1 && st.pids[0] > 0);
+    pid_t old = st.pids[0];
+    int status;
+    char *out = sb_output(sb, "import sys\nprint('pandas' in sys.modules)\n", &status);
+    CHECK_STR(out, "True\n");
+    free(out);
+    CHECK(kill(old, SIGKILL) == 0);
+    /* Right away: either the dead zygote refuses it and it runs cold, or
+     * the replacement already took it. Either way it succeeds. */
+    out = sb_output(sb, "print('after the kill')\n", &status);
+    CHECK_STR(out, "after the kill\n");
+    CHECK(status == 0);
+    free(out);
+    bool replaced = false;
+    for (int i = 0; i < 300 && !replaced; i++) { /* up to 30 s */
+        fallbacks_of(sb, &st);
+        replaced = st.ready == 1 && st.pids[0] != old;
+        if (!replaced)
+            usleep(100 * 1000);
+    }
+    CHECK(replaced);
+    CHECK(st.crashed == 1);
+    out = sb_output(sb, "import sys\nprint('pandas' in sys.modules)\n", &status);
+    CHECK_STR(out, "True\n");
+    free(out);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
+/* A task running when its zygote dies ends with a clear error. */
+static void t_warm_zygote_dies_under_a_task(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    REQUIRE(st.ready == 1);
+    static const char code[] = "import time\nprint('up', flush=True)\ntime.sleep(30)\n";
+    struct ci_sandbox_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
+                                 .memory_mb = 1024};
+    struct ci_sandbox_run *run = NULL;
+    struct ci_error err = {{0}};
+    REQUIRE(ci_sandbox_start(sb, &job, &run, &err) == CI_OK);
+    usleep(300 * 1000);
+    CHECK(kill(st.pids[0], SIGKILL) == 0);
+    int64_t t0 = ci_mono_ms();
+    struct ci_sandbox_result r;
+    CHECK(ci_sandbox_wait(run, &r) == CI_OK);
+    CHECK(ci_mono_ms() - t0 < 5000);
+    CHECK(r.end == CI_SANDBOX_BROKEN);
+    CHECK_CONTAINS(r.outcome.error, "warm runtime");
+    ci_sandbox_result_release(&r);
+    ci_sandbox_run_free(run);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
+/* After rotate_after tasks a fresh zygote takes over: another pid, another
+ * hash seed, another address layout. */
+static void t_warm_rotation(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->local.warm_rotate_after = 4;
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    static const char code[] = "import sys\nprint(hash('ci-rotation'), id(sys), 'pandas' in sys.modules)\n";
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    pid_t first_pid = st.pids[0];
+    char *first = NULL;
+    int status;
+    for (int i = 0; i < 4; i++) {
+        char *out = sb_output(sb, code, &status);
+        CHECK(status == 0 && strstr(out, " True\n"));
+        if (!first)
+            first = strdup(out);
+        else
+            CHECK_STR(out, first); /* one zygote: one seed, one layout */
+        free(out);
+    }
+    bool rotated = false;
+    for (int i = 0; i < 300 && !rotated; i++) {
+        fallbacks_of(sb, &st);
+        rotated = st.retired >= 1 && st.ready == 1 && st.pids[0] != first_pid;
+        if (!rotated)
+            usleep(100 * 1000);
+    }
+    CHECK(rotated);
+    char *out = sb_output(sb, code, &status);
+    CHECK(status == 0 && strstr(out, " True\n"));
+    CHECK(first && strcmp(out, first) != 0);
+    free(out);
+    free(first);
+    uint64_t fb = fallbacks_of(sb, &st);
+    CHECK(fb == 0);
+    CHECK(st.crashed == 0 && st.failed == 0);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
+/* A zygote that cannot start (a broken program) makes the probe say why,
+ * and the provider runs cold. */
+static void t_warm_unavailable(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->local.mode = CI_MODE_WARM;
+    c->local.zygote = "/bin/false";
+    struct ci_sandbox_probe pr;
+    CHECK(ci_sandbox_probe(c, &pr) == CI_OK);
+    CHECK(pr.warm_requested && !pr.warm_ok);
+    CHECK_CONTAINS(pr.warm_failure, "the warm runtime did not start");
+    struct ci_provider *p = NULL;
+    struct ci_error err = {{0}};
+    CHECK(ci_provider_local_new(c, &p, &err) == CI_OK);
+    CHECK_CONTAINS(err.msg, "tasks run cold");
+    struct ci_outcome o;
+    if (p && run_with(p, "import sys\nprint('pandas' in sys.modules)\n", NULL, 0, 20000, 1024,
+                      &o) == CI_OK) {
+        CHECK_STR(o.out, "False\n");
+        ci_outcome_release(&o);
+    }
+    ci_provider_free(p);
+    c->local.zygote = "relative/ci-zygote";
+    CHECK(ci_sandbox_probe(c, &pr) == CI_OK);
+    CHECK_CONTAINS(pr.warm_failure, "not an absolute path");
+    free(c);
+}
+
 static void t_bad_python(void)
 {
     struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
@@ -1280,6 +1565,9 @@ int main(void)
         /* cgroups: from here on only when the probe found them */
         T(t_cgroup_memory), T(t_cgroup_peak),    T(t_cgroup_pids),  T(t_cgroup_cpu),
         T(t_cgroup_layout),
+        /* warm mode: only with CI_SANDBOX_MODE=warm */
+        T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
+        T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
     };
     cg_version = pr.cgroup_version;
     size_t n_cases = sizeof(cases) / sizeof(cases[0]), k = 0;
@@ -1288,8 +1576,11 @@ int main(void)
     bool skipped_cgroup = false;
     for (size_t i = 0; i < n_cases; i++) {
         bool cgroup_test = strncmp(cases[i].name, "t_cgroup_", 9) == 0;
+        bool warm_test = strncmp(cases[i].name, "t_warm_", 7) == 0;
         if (only && !strstr(cases[i].name, only))
             continue;
+        if (warm_test && cfg->local.mode != CI_MODE_WARM)
+            continue; /* the warm run of this program has them */
         if (cgroup_test && !cg_version) {
             skipped_cgroup = true;
             continue;
