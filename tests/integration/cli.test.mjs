@@ -3,13 +3,15 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, lstatSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { headers as natsHeaders } from "@nats-io/transport-node";
 
 import { startStack } from "./lib/stack.mjs";
 import { CLI_BIN } from "./lib/worker.mjs";
 import { PNG_MAGIC, sha256hex, show } from "./lib/checks.mjs";
+import { newTaskId, proto } from "./lib/client.mjs";
 
 // Runs `ci args...` in cwd with CI_NATS_URL; resolves { code, stdout, stderr }.
 // Killed after timeoutMs.
@@ -180,5 +182,107 @@ describe("ci command-line client", () => {
     const res = await ci(["get", "no-such-task-here"], { cwd, url });
     assert.notEqual(res.code, 0);
     assert.ok(res.stderr.length > 0);
+  });
+
+  // Every path under root, without following symlinks: "d/", "f", "l -> target".
+  function tree(root, rel = "") {
+    const out = [];
+    for (const name of readdirSync(join(root, rel)).sort()) {
+      const p = rel ? `${rel}/${name}` : name;
+      const st = lstatSync(join(root, p));
+      if (st.isSymbolicLink()) out.push(`${p} -> ${readlinkSync(join(root, p))}`);
+      else if (st.isDirectory()) out.push(`${p}/`, ...tree(root, p));
+      else out.push(p);
+    }
+    return out;
+  }
+
+  test("ci run saves only artifacts with safe names: no hidden file, no odd extension, nothing through a symlink", async () => {
+    // The names are the untrusted code's choice, and any file starting like
+    // a PNG is an artifact.
+    const cwd = fresh("unsafe");
+    const outside = fresh("outside");
+    symlinkSync(outside, join(cwd, "sub2"));
+    symlinkSync(join(outside, "victim.png"), join(cwd, "link.png"));
+    writeFileSync(
+      join(cwd, "s.py"),
+      [
+        "import os",
+        "png = b'\\x89PNG\\r\\n\\x1a\\n' + b'\\nssh-ed25519 AAAA attacker\\n'",
+        "open('.bashrc', 'wb').write(png)",
+        "os.makedirs('.ssh')",
+        "open('.ssh/authorized_keys', 'wb').write(png)",
+        "open('noext', 'wb').write(png)",
+        "open('fake.csv', 'wb').write(png)",
+        "open('link.png', 'wb').write(png)",
+        "open('x.png', 'wb').write(png)",
+        "os.makedirs('sub')",
+        "open('sub/ok.csv', 'w').write('a\\n1\\n')",
+        "os.makedirs('sub2')",
+        "open('sub2/y.csv', 'w').write('b\\n2\\n')",
+        "print('wrote them')",
+      ].join("\n"),
+    );
+    const around = readdirSync(dir).sort();
+    const res = await ci(["run", "s.py"], { cwd, url });
+    // The script succeeded; artifacts it could not save make it exit 3.
+    assert.equal(res.code, 3, `exit code; stderr:\n${res.stderr}`);
+    assert.equal(res.stdout, "wrote them\n");
+    assert.deepEqual(tree(cwd), [`link.png -> ${join(outside, "victim.png")}`, "s.py", "sub/", "sub/ok.csv", `sub2 -> ${outside}`, "x.png"]);
+    assert.equal(readFileSync(join(cwd, "x.png")).toString("latin1"), "\x89PNG\r\n\x1a\n\nssh-ed25519 AAAA attacker\n");
+    assert.equal(readFileSync(join(cwd, "sub/ok.csv"), "utf8"), "a\n1\n");
+    assert.deepEqual(readdirSync(outside), [], "nothing was written through a symlink");
+    assert.deepEqual(readdirSync(dir).sort(), around, "nothing was written next to the working directory");
+    // Each refusal names its culprit.
+    for (const name of [".bashrc", ".ssh/authorized_keys", "noext", "fake.csv"]) {
+      const re = new RegExp(`not saving artifact '${name.replace(/\./g, "\\.")}' here: its name is unsafe`);
+      assert.match(res.stderr, re, res.stderr);
+    }
+    assert.match(res.stderr, /cannot write 'sub2\/y\.csv'/, res.stderr);
+    assert.match(res.stderr, /cannot write 'link\.png'/, res.stderr);
+    assert.match(res.stderr, /saved x\.png/, res.stderr);
+    assert.match(res.stderr, /saved sub\/ok\.csv/, res.stderr);
+  });
+
+  test("ci watch ends on the stored result when the terminal event never came", async () => {
+    const c = stack.client;
+    const kv = await c.kvBucket();
+    const { StatusEvent } = proto();
+    // Two tasks whose RUNNING event is in the stream and whose terminal
+    // result is in the bucket, but whose terminal event was lost.
+    const ok = newTaskId("lostok");
+    const bad = newTaskId("lostbad");
+    for (const [id, at] of [[ok, 100], [bad, 200]]) {
+      const h = natsHeaders();
+      h.set("Ci-Task-Id", id);
+      h.set("Ci-Status", "running");
+      h.set("Content-Type", "application/protobuf");
+      const ev = StatusEvent.encode(StatusEvent.fromObject({ taskId: id, status: "TASK_STATUS_RUNNING", atMs: at, worker: "w9" })).finish();
+      await c.js.publish(`ci.status.${id}`, ev, { headers: h, timeout: 10000 });
+    }
+    await kv.put(ok, JSON.stringify({ taskId: ok, status: "TASK_STATUS_SUCCEEDED", worker: "w9", startedAtMs: "100", finishedAtMs: "123", exitCode: 0 }));
+    await kv.put(bad, JSON.stringify({ taskId: bad, status: "TASK_STATUS_FAILED", worker: "w9", startedAtMs: "200", finishedAtMs: "456", exitCode: 2, error: "boom" }));
+    const t0 = Date.now();
+    const [human, json] = await Promise.all([
+      ci(["watch", ok, "--wait-ms", "20000"], { cwd: dir, url, timeoutMs: 30000 }),
+      ci(["watch", bad, "--json", "--wait-ms", "20000"], { cwd: dir, url, timeoutMs: 30000 }),
+    ]);
+    const took = Date.now() - t0;
+    assert.equal(human.code, 0, human.stderr);
+    assert.equal(human.stdout, "100 running w9\n123 succeeded w9\n", "the stored result is printed as the missed event");
+    assert.equal(human.stderr, "");
+    assert.equal(json.code, 0, json.stderr);
+    const lines = json.stdout.trim().split("\n").map((l) => JSON.parse(l));
+    assert.deepEqual(
+      lines.map((e) => [e.status, e.atMs, e.worker]),
+      [
+        ["TASK_STATUS_RUNNING", "200", "w9"],
+        ["TASK_STATUS_FAILED", "456", "w9"],
+      ],
+    );
+    assert.equal(lines[1].taskId, bad);
+    assert.equal(lines[1].message, "boom", "the result's error is the event's message");
+    assert.equal(lines[1].exitCode, 2);
+    assert.ok(took < 15000, `watch gave up waiting for the event after ${took} ms, not at --wait-ms`);
   });
 });

@@ -1,0 +1,192 @@
+// The worker when something goes wrong around the code rather than in it:
+// a refused request too large to echo, a hostile Nats-Msg-Id, an artifact the
+// object store can never take, a terminal event that could not be published,
+// an artifact upload that fails, and a NATS connection that closes for good.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+
+import { startStack } from "./lib/stack.mjs";
+import { startNatsServer } from "./lib/nats-server.mjs";
+import { startWorker } from "./lib/worker.mjs";
+import { connectClient, newTaskId, runTask } from "./lib/client.mjs";
+import { checkEvents, checkRefused, show } from "./lib/checks.mjs";
+
+// Resolves to what promise gives, or to null after ms.
+function within(promise, ms) {
+  let timer;
+  const timeout = new Promise((resolve) => {
+    timer = setTimeout(() => resolve(null), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+const SANITIZER = /ERROR: (Address|Leak)Sanitizer|runtime error: |SUMMARY: UndefinedBehaviorSanitizer/;
+
+describe("worker robustness", () => {
+  let stack;
+  let worker;
+  before(async () => {
+    stack = await startStack({ workers: 1 });
+    worker = stack.workers[0];
+  });
+  after(async () => {
+    await stack?.stop();
+  });
+
+  const taskLines = (taskId, event) => worker.lines().filter((l) => l.task_id === taskId && (!event || l.event === event));
+
+  // 120 labels of 69875 bytes: the request just fits in the server's 8 MB
+  // max_payload, so a result echoing them cannot. Refused for the count of
+  // labels, it must still end FAILED, its echo of the labels dropped.
+  const hugeLabels = () => {
+    const labels = {};
+    for (let i = 0; i < 120; i++) labels[`k${i}`] = "x".repeat(69875);
+    return labels;
+  };
+
+  for (const json of [false, true]) {
+    const encoding = json ? "json" : "protobuf";
+    test(`a request refused for megabytes of labels still ends FAILED (${encoding})`, async () => {
+      const c = stack.client;
+      const { taskId, result: r, encoding: got } = await runTask(c, { code: "print('must not run')", labels: hugeLabels() }, { json, timeoutMs: 20000 });
+      assert.equal(got, encoding, "the result is in the encoding of the request");
+      checkRefused(r, taskId, [/120 labels/, /limit is 64/]);
+      assert.deepEqual(r.labels, {}, "the labels that made the result too large are not echoed");
+      const evs = await c.events(taskId, { timeoutMs: 10000, settleMs: 500 });
+      checkEvents(evs, { taskId, result: r, encoding, ran: false, worker: worker.id });
+    });
+  }
+
+  test("a dropped message's log line carries at most 64 bytes of its Nats-Msg-Id, cut on a UTF-8 boundary", async () => {
+    // 60 KB: an invalid task id, and no body to take one from.
+    const msgId = "x" + "é".repeat(30000);
+    await stack.client.submit(null, { body: "not json", msgId, contentType: "application/json" });
+    const l = await worker.waitLog((x) => x.event === "task.dropped" && typeof x.nats_msg_id === "string" && x.nats_msg_id.startsWith("xé"), 10000);
+    assert.ok(Buffer.byteLength(l.nats_msg_id) <= 64, `nats_msg_id is ${Buffer.byteLength(l.nats_msg_id)} bytes`);
+    // 64 bytes would end inside the 32nd 'é': the cut goes back to 63.
+    assert.equal(l.nats_msg_id, "x" + "é".repeat(31));
+    assert.equal(l.level, "warn");
+    assert.match(l.reason, /undecodable body/);
+    const line = worker.logText().split("\n").find((t) => t.includes('"task.dropped"') && t.includes("xé"));
+    assert.ok(line.length < 1024, `the log line is ${line.length} characters`);
+  });
+
+  test("an artifact path longer than an object name may be is dropped with a note; the others are kept and the code runs once", async () => {
+    const c = stack.client;
+    const code = [
+      "import os",
+      "d = '/'.join(['d' * 250] * 4)",
+      "os.makedirs(d)",
+      "open(d + '/x.csv', 'w').write('a\\n1\\n')",
+      "open('ok.csv', 'w').write('b\\n2\\n')",
+      "print('ran once')",
+    ].join("\n");
+    const { taskId, result: r } = await runTask(c, { code }, { timeoutMs: 30000 });
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.attempt, 1, show(r));
+    assert.equal(r.stdout, "ran once\n");
+    assert.deepEqual(r.artifacts.map((a) => a.name), ["ok.csv"]);
+    assert.equal((await c.getObject(r.artifacts[0].object)).toString(), "b\n2\n");
+    // The note names the culprit and the limit.
+    assert.match(r.error, /artifact not kept/, show(r));
+    assert.match(r.error, new RegExp(`object name '${taskId}/d{100}`), show(r));
+    assert.match(r.error, /is \d+ bytes; the limit is 1024/, show(r));
+    assert.equal(taskLines(taskId, "task.start").length, 1, "the code ran once");
+    assert.deepEqual(taskLines(taskId, "task.infra_error"), []);
+    const evs = await c.events(taskId, { timeoutMs: 10000, settleMs: 500 });
+    checkEvents(evs, { taskId, result: r, encoding: "protobuf", worker: worker.id });
+  });
+
+  // Last in this block: it points the status stream elsewhere for a while.
+  test("a terminal event that could not be published is published when the finished task is redelivered", async () => {
+    const c = stack.client;
+    const taskId = newTaskId("repair");
+    const { config } = await c.jsm.streams.info("CI_STATUS");
+    await c.submit({ taskId, language: "python", code: "import time\ntime.sleep(2)\nprint('done')" });
+    await c.waitStatus(taskId, "TASK_STATUS_RUNNING");
+    // RUNNING is out; from now on a publish on ci.status.<id> finds no stream.
+    await c.jsm.streams.update("CI_STATUS", { ...config, subjects: ["ci.statusx.>"] });
+    try {
+      // The result is stored, its event fails (retried ~7 s), the task is nak'ed.
+      await worker.waitLog((l) => l.task_id === taskId && l.event === "task.infra_error", 30000);
+    } finally {
+      await c.jsm.streams.update("CI_STATUS", { ...config, subjects: config.subjects });
+    }
+    const { result: r } = await c.waitResult(taskId, 10000);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.stdout, "done\n");
+    assert.equal(r.attempt, 1, "the result of the only run");
+    const evs = await c.events(taskId, { timeoutMs: 15000, settleMs: 2000 });
+    checkEvents(evs, { taskId, result: r, encoding: "protobuf", worker: worker.id });
+    await worker.waitLog((l) => l.task_id === taskId && l.event === "task.event_repaired", 5000);
+    assert.equal(taskLines(taskId, "task.start").length, 1, "the code was not run again");
+    assert.equal(taskLines(taskId, "task.duplicate").length, 1, "the redelivery was acked as a finished task");
+  });
+});
+
+describe("worker robustness: a failed artifact upload", () => {
+  let stack;
+  before(async () => {
+    // Two deliveries: the first fails to upload, the second ends it.
+    stack = await startStack({ workers: 1, worker: { jetstream: { max_deliver: 2 } } });
+  });
+  after(async () => {
+    await stack?.stop();
+  });
+
+  test("leaks nothing: the worker drains to exit 0 without a LeakSanitizer report", async () => {
+    const c = stack.client;
+    const w = stack.workers[0];
+    const taskId = newTaskId("upfail");
+    await c.submit({
+      taskId,
+      language: "python",
+      code: "import time\nopen('a.csv', 'w').write('a\\n1\\n')\nopen('b.csv', 'w').write('b\\n1\\n')\ntime.sleep(1.5)",
+    });
+    await c.waitStatus(taskId, "TASK_STATUS_RUNNING");
+    await c.jsm.streams.delete("OBJ_ci-files"); // the files bucket is gone
+    const { result: r } = await c.waitResult(taskId, 40000);
+    assert.equal(r.status, "TASK_STATUS_FAILED", show(r));
+    assert.deepEqual(r.artifacts, []);
+    const infra = w.lines().find((l) => l.task_id === taskId && l.event === "task.infra_error");
+    assert.ok(infra, `the upload failed; log:\n${w.logText()}`);
+    assert.match(infra.step, /artifacts/);
+    const x = await w.stop("SIGTERM", 30000);
+    const log = w.logText();
+    assert.doesNotMatch(log, SANITIZER, `sanitizer report:\n${log.slice(-6000)}`);
+    assert.deepEqual(x, { code: 0, signal: null });
+  });
+});
+
+describe("worker robustness: the NATS connection closes for good", () => {
+  let srv;
+  let w;
+  let client;
+  after(async () => {
+    await client?.close();
+    await w?.cleanup().catch(() => {});
+    await srv?.stop().catch(() => {});
+  });
+
+  test("once nats.max_reconnects is used up the worker exits 1 and says why", async () => {
+    srv = await startNatsServer({ config: "max_payload: 8MB" });
+    w = await startWorker({ natsUrl: srv.url, nats: { max_reconnects: 1, reconnect_wait_ms: 50 } });
+    // One task first: its slot is bound and pulling (a server gone before
+    // the bind is another failure, slot.bind_failed).
+    client = await connectClient(srv.url);
+    const { result: r } = await runTask(client, { code: "print('up')" }, { timeoutMs: 30000 });
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    await client.close();
+    await srv.stop();
+    const x = await within(w.exitPromise, 15000);
+    assert.ok(x, `the worker still runs 15 s after its server stopped; log:\n${w.logText()}`);
+    assert.deepEqual({ code: x.code, signal: x.signal }, { code: 1, signal: null }, w.logText());
+    const lines = w.lines();
+    const closed = lines.find((l) => l.event === "slot.connection_closed");
+    assert.ok(closed, `the log says the connection closed; log:\n${w.logText()}`);
+    assert.equal(closed.level, "error");
+    assert.ok(typeof closed.error === "string" && closed.error.length > 0, "with the error");
+    assert.ok(lines.some((l) => l.event === "worker.stopped"), "it stopped in order");
+    assert.doesNotMatch(w.logText(), SANITIZER);
+  });
+});
