@@ -29,7 +29,7 @@
 #define NUID_MAX_LEN 128          /* nuids written by other clients */
 #define API_WAIT_MS 10000         /* every JetStream request and publish ack */
 #define GET_DEADLINE_MS 120000    /* a whole get, however many chunks */
-#define GET_ATTEMPTS 3            /* a get that finds chunks missing re-reads the meta */
+#define GET_ATTEMPTS 8 /* a get that finds chunks missing (replaced under it) re-reads the meta */
 #define DIGEST_PREFIX "SHA-256="
 #define SHOWN_MAX 200             /* bytes of a name quoted in a message */
 
@@ -928,9 +928,11 @@ ci_status ci_objstore_get(struct ci_objstore *os, const char *name, size_t max_l
             return CI_OK;
         }
         free(buf);
-        if (!missing)
+        /* Replaced while we read (its old chunks purged), or a replica
+         * behind: take the newest meta again, a little later each time. */
+        if (!missing || ci_mono_ms() > deadline)
             return s;
-        nats_Sleep(50 * (attempt + 1));
+        nats_Sleep(25 * (attempt + 1));
     }
     return s;
 }
