@@ -31,6 +31,7 @@ struct task {
     int64_t queue_wait_ms;   /* -1 when the message carried no timestamp */
     uint64_t input_bytes;    /* inline and object inputs read */
     uint64_t artifact_bytes; /* artifacts stored */
+    bool running_stored;     /* this attempt wrote the RUNNING record */
 };
 
 static void task_release(struct task *t)
@@ -284,15 +285,18 @@ static ci_status store_final(const struct task *t, struct result *r, struct ci_e
     return s;
 }
 
-/* Whether the task already has a result, and its status. */
-static bool existing_status(const struct task *t, Ci__V1__TaskStatus *ret)
+/* Whether an earlier attempt left the task RUNNING without a word: the
+ * worker running it died (or lost NATS before it could say why). An
+ * attempt that gave up on an infrastructure failure leaves its reason in
+ * the record's error (note_retry), and did not die. */
+static bool died_before(const struct task *t)
 {
     Ci__V1__ExecutionResult *m = existing_result(t);
     if (!m)
         return false;
-    *ret = m->status;
+    bool died = m->status == CI__V1__TASK_STATUS__TASK_STATUS_RUNNING && !(m->error && m->error[0]);
     ci_message_free(&m->base);
-    return true;
+    return died;
 }
 
 /* A redelivered task that already ended: a worker may have stored the
@@ -602,6 +606,26 @@ static void task_ended(const struct task *t, const struct result *r)
         free(keys[i]);
 }
 
+/* Leaves why this attempt gives up in the RUNNING record's error (KV
+ * only, best effort): a client sees it, and the next attempt knows that
+ * this one did not die. */
+static void note_retry(const struct task *t, const struct result *r, const char *what,
+                       const struct ci_error *e)
+{
+    struct result note;
+    result_init(&note, t, CI__V1__TASK_STATUS__TASK_STATUS_RUNNING);
+    note.msg.runtime = r->msg.runtime;
+    snprintf(note.error, sizeof(note.error), "attempt %u: the worker could not %s (%s); it will be tried again",
+             ci_delivery_attempt(t->d), what, e->msg);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    struct ci_error ignored = {{0}};
+    if (encode_result(t, &note, &buf, &len, &ignored) == CI_OK)
+        ci_broker_result_put(t->env->broker, t->id, buf, len, &ignored);
+    free(buf);
+    result_release(&note);
+}
+
 /* Disposes of a message whose processing met an infrastructure failure:
  * a later try may succeed, unless this was the last one. */
 static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const char *what,
@@ -609,6 +633,8 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
 {
     ci_log(CI_LOG_ERROR, "task.infra_error", "task_id", t->id, "step", what, "error", e->msg, NULL);
     if (!ci_delivery_last_attempt(t->d)) {
+        if (t->running_stored)
+            note_retry(t, r, what, e);
         slot_detach(t->slot);
         ci_delivery_nak(t->d, 2000);
         return CI_TASK_END_RETRY;
@@ -671,10 +697,9 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     }
 
     /* A worker that died mid-task leaves RUNNING behind; on the last try
-     * we end it rather than risk dying again with nobody left to end it. */
-    Ci__V1__TaskStatus prev;
-    if (ci_delivery_last_attempt(t->d) && ci_delivery_attempt(t->d) > 1 &&
-        existing_status(t, &prev) && prev == CI__V1__TASK_STATUS__TASK_STATUS_RUNNING) {
+     * we end it rather than risk dying again with nobody left to end it.
+     * (One that gave up on NATS and said so did not die: try again.) */
+    if (ci_delivery_last_attempt(t->d) && ci_delivery_attempt(t->d) > 1 && died_before(t)) {
         uint32_t n = ci_delivery_attempt(t->d) - 1;
         result_fail(r, "the task was started %u time%s and never finished: each time the worker running it stopped or could not reach NATS",
                     n, n == 1 ? "" : "s");
@@ -688,6 +713,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     result_release(&running);
     if (s)
         return give_up_or_retry(t, r, "record the task as running", &e);
+    t->running_stored = true;
 
     s = fetch_inputs(t, r, &e);
     if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT)
