@@ -14,7 +14,10 @@
 // file SKIPS loudly: it prints why and exits 77 before any test is
 // registered, so the battery never passes without a sandbox.
 // CI_SEC_ISOLATION=none|auto|required runs the worker with that
-// local.isolation (none: to see the skip path).
+// local.isolation (none: to see the skip path). CI_SANDBOX_MODE=cold|warm
+// runs it with that local.mode; the probe task checks that the mode really
+// ran (a warm task finds pandas imported already), so a warm battery never
+// passes on a silent cold fallback.
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
@@ -72,6 +75,8 @@ export function parseReport(stdout) {
 export async function startBattery(group, { worker = {}, concurrency = 2 } = {}) {
   const local = { ...(worker.local ?? {}) };
   if (process.env.CI_SEC_ISOLATION) local.isolation = process.env.CI_SEC_ISOLATION;
+  const mode = process.env.CI_SANDBOX_MODE;
+  if (mode) local.mode = mode;
   const stack = await startStack({ workers: 1, worker: { concurrency, ...worker, local } });
   const w = stack.workers[0];
   const client = stack.client;
@@ -79,8 +84,10 @@ export async function startBattery(group, { worker = {}, concurrency = 2 } = {})
   // The probe: what does a task say about its isolation?
   let probe;
   try {
-    probe = (await runTask(client, { code: "print('probe')" })).result;
+    probe = (await runTask(client, { code: "import sys\nprint('probe', 'pandas' in sys.modules)" })).result;
     assert.equal(probe.status, "TASK_STATUS_SUCCEEDED", show(probe));
+    if (mode && probe.isolation !== "none")
+      assert.equal(probe.stdout, `probe ${mode === "warm" ? "True" : "False"}\n`, `the worker runs tasks in ${mode} mode: ${show(probe)}; log:\n${w.logText().slice(-3000)}`);
   } catch (e) {
     await stack.stop();
     throw e;
@@ -185,6 +192,6 @@ export async function startBattery(group, { worker = {}, concurrency = 2 } = {})
       });
     },
   };
-  process.stderr.write(`# ${group}: tasks run with isolation "${isolation}"\n`);
+  process.stderr.write(`# ${group}: tasks run with isolation "${isolation}"${mode ? ` in ${mode} mode` : ""}\n`);
   return b;
 }
