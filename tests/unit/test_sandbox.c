@@ -1547,6 +1547,13 @@ int main(void)
         free(cfg);
         return rc ? rc : 77;
     }
+    if (cfg->local.mode == CI_MODE_WARM && !pr.warm_ok) {
+        /* Only a build without ci-zygote (no libpython3-dev) may skip. */
+        fprintf(stderr, "\n*** %s: warm mode is unavailable: %s\n",
+                CI_ZYGOTE_PATH[0] ? "FAILED" : "SKIPPED", pr.warm_failure);
+        free(cfg);
+        return CI_ZYGOTE_PATH[0] ? 1 : 77;
+    }
     struct ci_error err = {{0}};
     if (ci_provider_local_new(cfg, &prov, &err) != CI_OK) {
         fprintf(stderr, "provider: %s\n", err.msg);
