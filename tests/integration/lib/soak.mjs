@@ -1,0 +1,120 @@
+// The soak shared by tests/integration/soak.test.mjs (1,000 tasks, ASan
+// build, LeakSanitizer at exit) and bench/soak.mjs (10,000, Release): one
+// worker takes a long stream of tasks of every kind (print, an inline input
+// and a CSV artifact, a failure, a timeout), and its resident memory and
+// open file descriptors are sampled from /proc as it goes. Both must stay
+// flat once it is warm; the worker must exit 0 on SIGTERM with no sanitizer
+// report.
+//
+//   const r = await runSoak({ tasks: 1000, log: console.log });
+//   r.rss_kb.{warm,end,max}, r.fds.{warm,end,max}, r.samples, r.problems
+import { readFileSync, readdirSync } from "node:fs";
+
+import { startStack } from "./stack.mjs";
+import { TERMINAL } from "./client.mjs";
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+export function rssKb(pid) {
+  const m = /^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+  return m ? Number(m[1]) : NaN;
+}
+export function fdCount(pid) {
+  return readdirSync(`/proc/${pid}/fd`).length;
+}
+
+// What task i is: mostly prints, and every path that allocates (inputs,
+// artifacts, tracebacks, kills) regularly.
+function request(i, taskId) {
+  if (i % 100 === 99)
+    return { kind: "timeout", req: { taskId, language: "python", code: "import time\ntime.sleep(5)", limits: { timeoutMs: 300 } } };
+  if (i % 25 === 7) return { kind: "fail", req: { taskId, language: "python", code: `raise ValueError('soak ${i}')` } };
+  if (i % 10 === 3)
+    return {
+      kind: "artifact",
+      req: {
+        taskId,
+        language: "python",
+        code: "d = open('in.csv').read()\nopen('out.csv', 'w').write(d + 'x,' + str(len(d)) + '\\n')\nprint(len(d))",
+        files: [{ name: "in.csv", content: Buffer.from(`a,b\n${i},${i * 2}\n`) }],
+      },
+    };
+  return { kind: "print", req: { taskId, language: "python", code: `print(${i})` } };
+}
+
+const EXPECTED = { print: "TASK_STATUS_SUCCEEDED", artifact: "TASK_STATUS_SUCCEEDED", fail: "TASK_STATUS_FAILED", timeout: "TASK_STATUS_TIMED_OUT" };
+
+export async function runSoak({ tasks = 1000, concurrency = 2, warmup = 100, window = 50, sampleEvery = 100, env = {}, log = () => {} } = {}) {
+  const problems = [];
+  const stack = await startStack({ workers: 0 });
+  try {
+    const w = await stack.addWorker({ concurrency, env });
+    const c = stack.client;
+    const run = Date.now().toString(36);
+    const ids = Array.from({ length: tasks }, (_, i) => `soak-${run}-${i}`);
+    const kinds = ids.map((id, i) => request(i, id));
+    const samples = [];
+    const sample = (done) => {
+      const s = { done, rss_kb: rssKb(w.pid), fds: fdCount(w.pid), at_ms: Date.now() - t0 };
+      samples.push(s);
+      return s;
+    };
+    const t0 = Date.now();
+    sample(0);
+    // At most `window` tasks queued at a time: the worker is never idle,
+    // and the measure is of the worker, not of a backlog.
+    let next = 0;
+    let done = 0;
+    const statuses = {};
+    const wrong = [];
+    let warm = null;
+    const inflight = new Set();
+    const finish = async (i) => {
+      const { result } = await c.waitResult(ids[i], 120000);
+      statuses[result.status] = (statuses[result.status] ?? 0) + 1;
+      if (result.status !== EXPECTED[kinds[i].kind]) wrong.push(`${ids[i]} (${kinds[i].kind}): ${result.status} ${result.error}`);
+      done++;
+    };
+    while (done < tasks) {
+      while (next < tasks && inflight.size < window) {
+        const i = next++;
+        await c.submit(kinds[i].req);
+        const p = finish(i).finally(() => inflight.delete(p));
+        inflight.add(p);
+      }
+      await Promise.race(inflight);
+      if (done >= warmup && !warm) {
+        warm = sample(done);
+        log(`warm after ${done} tasks: RSS ${warm.rss_kb} kB, ${warm.fds} fds`);
+      } else if (done % sampleEvery === 0 && samples[samples.length - 1].done !== done) {
+        sample(done);
+      }
+      if (w.crashed()) throw new Error(`the worker died:\n${w.logText().slice(-8000)}`);
+    }
+    // Idle again: every slot free, every sandbox gone.
+    await sleep(1000);
+    const end = sample(tasks);
+    const elapsed = Date.now() - t0;
+    log(`end after ${tasks} tasks: RSS ${end.rss_kb} kB, ${end.fds} fds (${Math.round((tasks / elapsed) * 10000) / 10} tasks/s)`);
+    if (wrong.length) problems.push(`${wrong.length} tasks ended unexpectedly: ${wrong.slice(0, 5).join("; ")}`);
+    const x = await w.stop("SIGTERM", 60000);
+    if (x.code !== 0) problems.push(`the worker exited ${x.code} (signal ${x.signal}) on SIGTERM`);
+    if (/ERROR: (Address|Leak)Sanitizer|runtime error: |SUMMARY: UndefinedBehaviorSanitizer/.test(w.logText()))
+      problems.push(`a sanitizer report in the worker's log:\n${w.logText().slice(-8000)}`);
+    const after = samples.filter((s) => s.done >= warmup);
+    return {
+      tasks,
+      concurrency,
+      duration_ms: elapsed,
+      throughput_per_s: Math.round((tasks / (elapsed / 1000)) * 10) / 10,
+      statuses,
+      rss_kb: { start: samples[0].rss_kb, warm: warm.rss_kb, end: end.rss_kb, max: Math.max(...after.map((s) => s.rss_kb)) },
+      fds: { start: samples[0].fds, warm: warm.fds, end: end.fds, max: Math.max(...after.map((s) => s.fds)) },
+      samples,
+      problems,
+      terminal: Object.keys(statuses).every((s) => TERMINAL.has(s)),
+    };
+  } finally {
+    await stack.stop();
+  }
+}
