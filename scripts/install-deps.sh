@@ -14,6 +14,8 @@ packages=(
   python3 python3-numpy python3-pandas python3-matplotlib python3-openpyxl libpython3-dev
   # broker and test tools
   nats-server nodejs npm procps iproute2 ca-certificates
+  # the Helm chart's check (tests/helm/check_chart.py)
+  python3-yaml
 )
 
 missing=()
