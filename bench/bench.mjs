@@ -1,33 +1,44 @@
 // The latency and throughput benchmark of the service, against a baseline of
 // the same run: bare `/usr/bin/python3 script.py`, no broker, no sandbox.
 //
-//   bench/run.sh [--n 30] [--fanout 200] [--modes cold]
+//   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
+//                [--soak 0] [--out FILE]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it measures submit -> terminal status event through NATS,
 // N times one after the other, and reports p50/p95/p99 and their ratio to the
-// baseline's; then a fan-out of --fanout pandas tasks published at once
-// (throughput with the default concurrency), and the worker's RSS before and
-// after. Results go to stdout as a table and to bench/results/latest.json.
+// baseline's; then a fan-out of pandas tasks published at once (throughput
+// with the default concurrency: --fanout in warm mode, --fanout-cold in cold
+// mode, where each task costs ~1 s), the worker's RSS before and after, and in
+// warm mode the memory of the zygote and of one warm child (PSS and USS from
+// /proc/<pid>/smaps_rollup while the child runs a pandas task that then
+// sleeps). --soak N then runs N more print(1) tasks and reports the worker's
+// RSS after them (flat RSS over 10,000 tasks: --soak 10000). Every service
+// task runs with local.isolation required, in the mode named, and the bench
+// checks that the mode really ran. Results go to stdout as a table and to
+// bench/results/latest.json.
 import { spawnSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { cpus as osCpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 
 import { startStack } from "../tests/integration/lib/stack.mjs";
-import { newTaskId } from "../tests/integration/lib/client.mjs";
+import { newTaskId, runTask } from "../tests/integration/lib/client.mjs";
 
 const { values: args } = parseArgs({
   options: {
     n: { type: "string", default: "30" },
-    fanout: { type: "string", default: "200" },
-    modes: { type: "string", default: "cold" },
+    fanout: { type: "string", default: "1000" },
+    "fanout-cold": { type: "string", default: "100" },
+    modes: { type: "string", default: "cold,warm" },
+    soak: { type: "string", default: "0" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
 });
 const N = Number(args.n);
-const FANOUT = Number(args.fanout);
+const FANOUT = { warm: Number(args.fanout), cold: Number(args["fanout-cold"]) };
+const SOAK = Number(args.soak);
 
 const csv = ["day,region,units,price"];
 for (let i = 0; i < 1000; i++) csv.push(`${i % 28},${["N", "S", "E", "W"][i % 4]},${(i * 7) % 13},${(i % 9) + 0.5}`);
@@ -61,6 +72,7 @@ function stats(ms) {
   return { n: s.length, p50: pct(s, 50), p95: pct(s, 95), p99: pct(s, 99), min: s[0], max: s[s.length - 1] };
 }
 const round = (x) => Math.round(x * 10) / 10;
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function baseline(name) {
   const sc = SCENARIOS[name];
@@ -80,16 +92,16 @@ function baseline(name) {
   return stats(ms);
 }
 
-// Submits one task and resolves with the time to its terminal event.
-async function once(client, name, terminal) {
-  const sc = SCENARIOS[name];
+// Submits one task; resolves with the time to its terminal event.
+async function once(client, name, terminal, extra = {}) {
+  const sc = SCENARIOS[name] ?? { code: name, files: [] };
   const taskId = newTaskId("b");
   const done = new Promise((resolve) => terminal.set(taskId, resolve));
   const t0 = process.hrtime.bigint();
-  await client.submit({ taskId, language: "python", code: sc.code, files: sc.files });
+  await client.submit({ taskId, language: "python", code: sc.code, files: sc.files, ...extra });
   const status = await done;
   const ms = Number(process.hrtime.bigint() - t0) / 1e6;
-  if (status !== "succeeded") throw new Error(`task ${taskId} (${name}) ended ${status}`);
+  if (status !== "succeeded") throw new Error(`task ${taskId} (${String(name).slice(0, 40)}) ended ${status}`);
   return ms;
 }
 
@@ -98,12 +110,69 @@ function rssKiB(pid) {
   return m ? Number(m[1]) : NaN;
 }
 
+// Rss, Pss and Uss (private clean + dirty) of a process, in KiB.
+function memoryOf(pid) {
+  const text = readFileSync(`/proc/${pid}/smaps_rollup`, "utf8");
+  const field = (k) => Number((new RegExp(`^${k}:\\s+(\\d+) kB`, "m").exec(text) ?? [0, NaN])[1]);
+  return { rss_kib: field("Rss"), pss_kib: field("Pss"), uss_kib: field("Private_Clean") + field("Private_Dirty") };
+}
+
+// pid -> [child pids], from /proc/*/stat.
+function processTree() {
+  const kids = new Map();
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const stat = readFileSync(`/proc/${d}/stat`, "utf8");
+      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+      if (!kids.has(ppid)) kids.set(ppid, []);
+      kids.get(ppid).push(Number(d));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return kids;
+}
+
+// While a warm task runs (pandas, then a sleep): the worker's zygotes are
+// its children running ci-zygote, a task's init is a zygote's child and the
+// task is that init's child.
+async function warmMemory(client, workerPid, terminal) {
+  const code = SCENARIOS.pandas.code + "import time\ntime.sleep(4)\n";
+  const running = once(client, code, terminal, { files: SCENARIOS.pandas.files, limits: { timeoutMs: 30000 } });
+  let found = null;
+  for (let i = 0; i < 100 && !found; i++) {
+    await sleep(100);
+    const tree = processTree();
+    for (const z of tree.get(workerPid) ?? []) {
+      let cmd = "";
+      try {
+        cmd = readFileSync(`/proc/${z}/cmdline`, "utf8");
+      } catch {
+        continue;
+      }
+      if (!cmd.startsWith("ci-zygote")) continue;
+      for (const init of tree.get(z) ?? []) for (const task of tree.get(init) ?? []) found = { zygote: z, init, task };
+    }
+  }
+  if (!found) throw new Error("no warm child found under the worker");
+  await sleep(1500); // the pandas part is done, the task sleeps
+  const out = { zygote: memoryOf(found.zygote), init: memoryOf(found.init), child: memoryOf(found.task) };
+  await running;
+  return out;
+}
+
 async function service(mode, base) {
-  const stack = await startStack({ workers: 1, worker: { local: { isolation: "auto" } } });
-  const out = { mode, scenarios: {}, fanout: null, rss_kib: {} };
+  const stack = await startStack({ workers: 1, worker: { local: { isolation: "required", mode } } });
+  const out = { mode, scenarios: {}, fanout: null, rss_kib: {}, memory: null, soak: null };
   try {
     const client = stack.client;
     const w = stack.workers[0];
+    // The mode really ran: a warm task finds pandas imported.
+    const { result: probe } = await runTask(client, { code: "import sys\nprint('pandas' in sys.modules)\n" });
+    if (probe.stdout !== (mode === "warm" ? "True\n" : "False\n") || probe.isolation === "none")
+      throw new Error(`the worker does not run tasks ${mode} in the sandbox: ${JSON.stringify(probe)}\n${w.logText().slice(-3000)}`);
+    out.isolation = probe.isolation;
     const terminal = new Map();
     const sub = client.nc.subscribe("ci.status.>");
     (async () => {
@@ -124,11 +193,23 @@ async function service(mode, base) {
       const s = stats(ms);
       out.scenarios[name] = { ...s, ratio_p50: s.p50 / base[name].p50, ratio_p99: s.p99 / base[name].p99 };
     }
-    const t0 = process.hrtime.bigint();
-    await Promise.all(Array.from({ length: FANOUT }, () => once(client, "pandas", terminal)));
-    const secs = Number(process.hrtime.bigint() - t0) / 1e9;
-    out.fanout = { tasks: FANOUT, seconds: round(secs), tasks_per_s: round(FANOUT / secs) };
+    const fan = FANOUT[mode] ?? FANOUT.warm;
+    if (fan > 0) {
+      const t0 = process.hrtime.bigint();
+      await Promise.all(Array.from({ length: fan }, () => once(client, "pandas", terminal)));
+      const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+      out.fanout = { tasks: fan, seconds: round(secs), tasks_per_s: round(fan / secs) };
+    }
     out.rss_kib.end = rssKiB(w.pid);
+    if (mode === "warm") out.memory = await warmMemory(client, w.pid, terminal);
+    if (SOAK > 0) {
+      const before = rssKiB(w.pid);
+      const t0 = process.hrtime.bigint();
+      for (let done = 0; done < SOAK; done += 50)
+        await Promise.all(Array.from({ length: Math.min(50, SOAK - done) }, () => once(client, "print", terminal)));
+      const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+      out.soak = { tasks: SOAK, seconds: round(secs), rss_kib_before: before, rss_kib_after: rssKiB(w.pid) };
+    }
     sub.unsubscribe();
   } finally {
     await stack.stop();
@@ -138,20 +219,35 @@ async function service(mode, base) {
 
 const base = {};
 for (const name of Object.keys(SCENARIOS)) base[name] = baseline(name);
-const results = { date: new Date().toISOString(), n: N, cpus: (await import("node:os")).cpus().length, baseline: base, modes: [] };
+const results = {
+  date: new Date().toISOString(),
+  n: N,
+  cpus: osCpus().length,
+  loadavg_start: loadavg(),
+  baseline: base,
+  modes: [],
+};
 for (const mode of args.modes.split(",")) results.modes.push(await service(mode, base));
+results.loadavg_end = loadavg();
 
+const kib = (k) => `${round(k / 1024)} MiB`;
 console.log(`\nbaseline: bare /usr/bin/python3 script.py (n=${N})`);
 console.log("scenario     p50 ms   p95 ms   p99 ms");
 for (const [k, s] of Object.entries(base)) console.log(`${k.padEnd(12)} ${String(round(s.p50)).padStart(6)} ${String(round(s.p95)).padStart(8)} ${String(round(s.p99)).padStart(8)}`);
 for (const m of results.modes) {
-  console.log(`\nservice, ${m.mode} mode: submit -> terminal event through NATS (n=${N})`);
+  console.log(`\nservice, ${m.mode} mode: submit -> terminal event through NATS (n=${N}, isolation ${m.isolation})`);
   console.log("scenario     p50 ms   p95 ms   p99 ms   p50/baseline  p99/baseline");
   for (const [k, s] of Object.entries(m.scenarios))
     console.log(`${k.padEnd(12)} ${String(round(s.p50)).padStart(6)} ${String(round(s.p95)).padStart(8)} ${String(round(s.p99)).padStart(8)} ${String(round(s.ratio_p50 * 100) / 100).padStart(10)}x ${String(round(s.ratio_p99 * 100) / 100).padStart(12)}x`);
-  console.log(`fan-out: ${m.fanout.tasks} pandas tasks in ${m.fanout.seconds} s = ${m.fanout.tasks_per_s} tasks/s`);
+  if (m.fanout) console.log(`fan-out: ${m.fanout.tasks} pandas tasks in ${m.fanout.seconds} s = ${m.fanout.tasks_per_s} tasks/s`);
   console.log(`worker RSS: ${m.rss_kib.start} KiB at start, ${m.rss_kib.end} KiB after`);
+  if (m.memory)
+    console.log(`memory: zygote RSS ${kib(m.memory.zygote.rss_kib)} (PSS ${kib(m.memory.zygote.pss_kib)}); ` +
+                `warm child RSS ${kib(m.memory.child.rss_kib)}, PSS ${kib(m.memory.child.pss_kib)}, USS ${kib(m.memory.child.uss_kib)}; ` +
+                `its init USS ${kib(m.memory.init.uss_kib)}`);
+  if (m.soak) console.log(`soak: ${m.soak.tasks} print(1) tasks in ${m.soak.seconds} s; worker RSS ${m.soak.rss_kib_before} -> ${m.soak.rss_kib_after} KiB`);
 }
+console.log(`\nload average: ${results.loadavg_start.map(round).join(" ")} at start, ${results.loadavg_end.map(round).join(" ")} at the end`);
 mkdirSync(join(args.out, ".."), { recursive: true });
 writeFileSync(args.out, JSON.stringify(results, null, 2) + "\n");
-console.log(`\nwrote ${args.out}`);
+console.log(`wrote ${args.out}`);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the benchmark on a Release build: bench/run.sh [--n 30] [--fanout 200] [--modes cold]
+# Runs the benchmark on a Release build:
+#   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100] [--soak 0]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bash "$root/scripts/install-deps.sh"

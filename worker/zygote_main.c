@@ -677,6 +677,30 @@ static void python_start(void)
     /* mod stays alive: _warm_main's globals. */
 }
 
+/* The runtime must not keep a file open: every child closes all fds but
+ * its five (move_fds), and a Python object still holding one would then use
+ * whatever the task opens under that number. */
+static void check_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        fail(errno, "cannot list /proc/self/fd");
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char *end = NULL;
+        long fd = strtol(e->d_name, &end, 10);
+        if (e->d_name[0] == '.' || !end || *end || fd < FD_COUNT || fd == dirfd(d))
+            continue;
+        char path[64], target[256];
+        snprintf(path, sizeof(path), "/proc/self/fd/%ld", fd);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        target[n > 0 ? n : 0] = '\0';
+        fail(EBUSY, "the runtime left fd %ld open (%s): its children would inherit it", fd,
+             target);
+    }
+    closedir(d);
+}
+
 /* Receives one SPAWN; 1 with rq filled, 0 at EOF, -1 for nothing usable. */
 static int recv_request(struct task_req *rq)
 {
@@ -691,7 +715,7 @@ static int recv_request(struct task_req *rq)
     if (n == 0)
         return 0;
     if (n < 0)
-        return errno == EINTR || errno == EAGAIN ? -1 : 0;
+        return -1; /* EINTR, EAGAIN: the EOF case reads 0 */
     int got = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
@@ -797,6 +821,7 @@ int main(int argc, char **argv)
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     read_setup();
     python_start();
+    check_fds();
     z.task_dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     int threads = count_threads();
     if (threads != 1)
