@@ -265,6 +265,19 @@ export async function runChaos({
       latency_during_faults_ms: { n: during.length, p50: percentile(during, 50), p99: percentile(during, 99), max: Math.max(...during) },
       throughput_per_s: Math.round((tasks / ((endAt - t0) / 1000)) * 10) / 10,
     });
+    // What the live workers' /metrics say of the run (reconnects after the
+    // leader's node went away, tasks by status).
+    report.metrics = {};
+    for (const w of workers.filter((x) => !x.exited() && x.monitorUrl)) {
+      const text = await fetch(`${w.monitorUrl}/metrics`).then((r) => r.text()).catch(() => "");
+      const val = (name) => Number((new RegExp(`^${name.replace(/[{}"]/g, "\\$&")} (\\S+)$`, "m").exec(text) ?? [])[1] ?? NaN);
+      report.metrics[w.id] = {
+        reconnects: val("ci_nats_reconnects_total"),
+        succeeded: val('ci_tasks_total{status="succeeded",provider="local"}'),
+        retries: val('ci_task_deliveries_total{outcome="retry"}'),
+        duplicates: val('ci_task_deliveries_total{outcome="duplicate"}'),
+      };
+    }
     for (const w of workers) {
       if (SANITIZER.test(w.logText())) report.problems.push(`worker ${w.id}: a sanitizer report in its log`);
     }
