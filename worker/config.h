@@ -88,7 +88,7 @@ struct ci_config {
         uint32_t max_open_files; /* 256 */
         uint32_t cpus;          /* 1: CPUs of time a task may use at once (cgroup cpu.max) */
         bool require_cgroup;    /* false: refuse to start without per-task cgroups */
-        enum ci_sandbox_mode mode; /* cold */
+        enum ci_sandbox_mode mode; /* warm (cold where the probe cannot start a zygote) */
         uint32_t warm_pool_size;   /* 1: zygotes kept ready in warm mode */
         uint32_t warm_rotate_after; /* 200: tasks per zygote before it is replaced */
         char *zygote;           /* "" = ci-zygote beside the running program */
