@@ -32,6 +32,7 @@ struct task {
     uint64_t input_bytes;    /* inline and object inputs read */
     uint64_t artifact_bytes; /* artifacts stored */
     bool running_stored;     /* this attempt wrote the RUNNING record */
+    bool final_started;      /* this attempt began to store its terminal result */
 };
 
 static void task_release(struct task *t)
@@ -633,7 +634,9 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
 {
     ci_log(CI_LOG_ERROR, "task.infra_error", "task_id", t->id, "step", what, "error", e->msg, NULL);
     if (!ci_delivery_last_attempt(t->d)) {
-        if (t->running_stored)
+        /* Never over a terminal result that may be stored already (its
+         * event failed): the redelivery must find it and not run again. */
+        if (t->running_stored && !t->final_started)
             note_retry(t, r, what, e);
         slot_detach(t->slot);
         ci_delivery_nak(t->d, 2000);
@@ -656,6 +659,7 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
 static enum ci_task_end finish(struct task *t, struct result *r)
 {
     struct ci_error e = {{0}};
+    t->final_started = true;
     if (store_final(t, r, &e))
         return give_up_or_retry(t, r, "store the result", &e);
     slot_detach(t->slot);
