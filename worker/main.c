@@ -170,11 +170,8 @@ static void collect_live(void *closure, struct ci_metrics_live *ret)
     struct worker *w = closure;
     ret->nats_reconnects = ci_broker_reconnects(w->env.broker);
     ret->nats_connected = ci_broker_connected(w->env.broker);
-    /* Hook for the warm pool (local.mode: warm): the number of zygotes ready
-     * to take a task is ci_sandbox_warm_stats().ready, which main cannot
-     * reach through the provider yet; until provider.h offers it (e.g. a
-     * `warm_ready` op of the local provider), this reads 0. */
-    ret->warm_pool_size = 0;
+    /* The warm pool (local.mode: warm): zygotes ready to take a task. */
+    ret->warm_pool_size = ci_provider_warm_ready(w->env.provider);
 }
 
 static void fill_heartbeat(void *closure, struct ci_heartbeat_info *info)

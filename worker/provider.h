@@ -103,6 +103,9 @@ ci_status ci_provider_new(const struct ci_config *cfg, struct ci_provider **ret,
 void ci_provider_free(struct ci_provider *p);
 
 static inline const char *ci_provider_name(const struct ci_provider *p) { return p->ops->name; }
+/* Zygotes of the local provider ready to take a task (local.mode: warm,
+ * zygote.h); 0 for another provider or in cold mode. Thread-safe. */
+unsigned ci_provider_warm_ready(struct ci_provider *p);
 ci_status ci_provider_start(struct ci_provider *p, const struct ci_task *task,
                             struct ci_run **ret_run, struct ci_error *err);
 ci_status ci_provider_wait(struct ci_provider *p, struct ci_run *run, struct ci_outcome *ret);

@@ -296,6 +296,18 @@ static void local_destroy(void *ctx)
     free(l);
 }
 
+static const struct ci_provider_ops local_ops;
+
+unsigned ci_provider_warm_ready(struct ci_provider *p)
+{
+    if (!p || p->ops != &local_ops)
+        return 0;
+    const struct local *l = p->ctx;
+    struct ci_zygote_stats st;
+    uint64_t fallbacks;
+    return ci_sandbox_warm_stats(l->sb, &st, &fallbacks) ? st.ready : 0;
+}
+
 static const struct ci_provider_ops local_ops = {
     .name = "local",
     .start = local_start,
