@@ -3087,6 +3087,12 @@ static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_
         struct ci_error cg_err = {{0}};
         if ((s = ci_cgroup_attach(run->cg, run->pid, &cg_err)))
             return ci_error_set(err, s, "the sandbox could not be set up: %s", cg_err.msg);
+        /* Init waits for our byte and lives on until something kills it
+         * (its zygote's death does): then its pid was free between
+         * pidfd_pid() and the attach, but pids are handed out in turn, so
+         * none was reused in that moment. Fail now rather than later. */
+        if (warm_exited(run, 0))
+            return ci_error_set(err, CI_ERR_SYS, "the task's init ended before its setup");
     }
     if (send_byte(run) != CI_OK)
         return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before its setup");
