@@ -497,7 +497,8 @@ static void t_timeout(void)
     /* The CPU time of a killed run is still counted. */
     REQUIRE(run_with(prov, "while True:\n    pass\n", NULL, 0, 1000, 1024, &o) == CI_OK);
     CHECK(o.kind == CI_OUTCOME_TIMED_OUT);
-    CHECK(o.cpu_ms >= 700 && o.cpu_ms < 3000);
+    /* Lower bound loose: on a loaded machine the spin gets little CPU. */
+    CHECK(o.cpu_ms >= 200 && o.cpu_ms < 3000);
     ci_outcome_release(&o);
 }
 
@@ -879,7 +880,7 @@ static void t_cgroup_cpu(void)
     fprintf(stderr, "    4 busy processes, cpus 1: %llu ms of CPU in %llu ms\n",
             (unsigned long long)o.cpu_ms, (unsigned long long)o.duration_ms);
     CHECK(o.duration_ms >= 2000);
-    CHECK(o.cpu_ms >= 1000);                     /* it did spin */
+    CHECK(o.cpu_ms >= 300);                      /* it did spin (loosely: load) */
     CHECK(o.cpu_ms * 10 <= o.duration_ms * 13);  /* at most ~1.3 CPU */
     ci_outcome_release(&o);
 }
