@@ -175,12 +175,16 @@ describe("metrics, health and ci stats", () => {
     }
     await sleep(500);
     const q = JSON.parse(ciStats(url, "--json").stdout).queue;
-    assert.equal(Number(q.ackPending), 2, `two slots busy: ${JSON.stringify(q)}`);
-    assert.equal(Number(q.pending), 3, `three waiting: ${JSON.stringify(q)}`);
+    // Two slots are busy. nats.c 3.4.1 can leave a slot with a second pull
+    // request open after a stale 408 (NATS-NOTES), so one more task may be
+    // delivered and wait in that slot's queue: 2 or 3 in flight, never more.
+    const inFlight = Number(q.ackPending);
+    assert.ok(inFlight === 2 || inFlight === 3, `two slots busy: ${JSON.stringify(q)}`);
+    assert.equal(Number(q.pending), 5 - inFlight, `the rest waiting: ${JSON.stringify(q)}`);
     const text = ciStats(url);
     assert.equal(text.code, 0, text.stderr);
-    assert.match(text.stdout, /^queue: +3 waiting for a worker/m);
-    assert.match(text.stdout, /^in flight: +2 /m);
+    assert.match(text.stdout, new RegExp(`^queue: +${5 - inFlight} waiting for a worker`, "m"));
+    assert.match(text.stdout, new RegExp(`^in flight: +${inFlight} `, "m"));
     assert.match(text.stdout, new RegExp(`^workers: +1 alive`, "m"));
     assert.match(text.stdout, new RegExp(`^  ${w.id} +local +slots 2 +running 2 +ready`, "m"));
     for (const id of ids) await c.waitResult(id, 60000);
