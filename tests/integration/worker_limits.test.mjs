@@ -76,7 +76,8 @@ describe("worker limits", () => {
     });
     assert.equal(r.status, "TASK_STATUS_TIMED_OUT", show(r));
     assert.equal(r.stdout, "spinning\n");
-    assert.ok(r.usage.cpuMs >= 500, `the loop used CPU: ${r.usage.cpuMs} ms`);
+    // Loose bound: on a loaded machine the loop gets little CPU, but never none.
+    assert.ok(r.usage.cpuMs >= 100, `the loop used CPU: ${r.usage.cpuMs} ms`);
   });
 
   test("output truncation: stdout and stderr are cut at 1 MiB and the result says how much was written", async () => {
