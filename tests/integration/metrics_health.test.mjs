@@ -6,7 +6,10 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 
+import { createServer, connect as tcpConnect } from "node:net";
+
 import { startStack } from "./lib/stack.mjs";
+import { startWorker } from "./lib/worker.mjs";
 import { newTaskId } from "./lib/client.mjs";
 import { show } from "./lib/checks.mjs";
 import { CLI_BIN } from "./lib/worker.mjs";
@@ -66,7 +69,8 @@ describe("metrics, health and ci stats", () => {
     assert.equal(before.ci_slots_free, 2);
     assert.equal(before.ci_slots_active, 0);
     assert.equal(before.ci_nats_connected, 1);
-    assert.equal(before.ci_warm_pool_size, 0);
+    // Zygotes ready in warm mode (local.warm_pool_size, 1 by default), 0 cold.
+    assert.ok(before.ci_warm_pool_size >= 0 && before.ci_warm_pool_size <= 16, `ci_warm_pool_size ${before.ci_warm_pool_size}`);
 
     const input = Buffer.alloc(3000, "a");
     const objName = `inputs/metrics/${newTaskId("in")}.csv`;
@@ -189,6 +193,55 @@ describe("metrics, health and ci stats", () => {
     assert.match(text.stdout, new RegExp(`^  ${w.id} +local +slots 2 +running 2 +ready`, "m"));
     for (const id of ids) await c.waitResult(id, 60000);
     assert.equal(ciStats(url, "extra").code, 2, "stats takes no argument");
+  });
+
+  test("a lost NATS connection: /readyz 503 and ci_nats_connected 0 while it is down, then a reconnect is counted", async () => {
+    // A TCP proxy in front of the server that the test can cut.
+    const sockets = new Set();
+    let refusing = false;
+    const proxy = createServer((client) => {
+      if (refusing) return client.destroy();
+      const upstream = tcpConnect(stack.server.port, "127.0.0.1");
+      for (const s of [client, upstream]) {
+        sockets.add(s);
+        s.on("close", () => sockets.delete(s));
+        s.on("error", () => {});
+      }
+      client.pipe(upstream);
+      upstream.pipe(client);
+      client.on("close", () => upstream.destroy());
+      upstream.on("close", () => client.destroy());
+    });
+    await new Promise((r) => proxy.listen(0, "127.0.0.1", r));
+    const w2 = await startWorker({ natsUrl: `nats://127.0.0.1:${proxy.address().port}`, nats: { reconnect_wait_ms: 100 }, worker: { heartbeat_s: 1 } });
+    try {
+      const metrics = async () => parseMetrics((await getText(`${w2.monitorUrl}/metrics`)).text).samples;
+      assert.equal((await metrics()).ci_nats_reconnects_total, 0);
+      assert.equal((await getText(`${w2.monitorUrl}/readyz`)).status, 200);
+      refusing = true;
+      for (const s of sockets) s.destroy();
+      let r = null;
+      for (let i = 0; i < 100; i++) {
+        r = await getText(`${w2.monitorUrl}/readyz`);
+        if (r.status === 503) break;
+        await sleep(50);
+      }
+      assert.equal(r.status, 503);
+      assert.equal(r.text, "not ready: not connected to NATS\n");
+      assert.equal((await metrics()).ci_nats_connected, 0);
+      assert.equal((await getText(`${w2.monitorUrl}/healthz`)).status, 200, "still live: nothing to restart");
+      refusing = false;
+      for (let i = 0; i < 100 && (await getText(`${w2.monitorUrl}/readyz`)).status !== 200; i++) await sleep(100);
+      const m = await metrics();
+      assert.equal(m.ci_nats_connected, 1);
+      assert.equal(m.ci_nats_reconnects_total, 1);
+      assert.equal((await getText(`${w2.monitorUrl}/readyz`)).status, 200);
+      assert.equal((await w2.stop("SIGTERM", 30000)).code, 0);
+    } finally {
+      await w2.cleanup();
+      proxy.close();
+      for (const s of sockets) s.destroy();
+    }
   });
 
   test("SIGTERM: /readyz turns 503 while the worker drains, its heartbeat is removed at exit", async () => {

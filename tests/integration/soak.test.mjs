@@ -24,8 +24,8 @@ test(`soak: ${TASKS} tasks through one worker, RSS and fds flat, no leak`, { tim
   assert.deepEqual(r.problems, []);
   assert.equal(Object.values(r.statuses).reduce((a, b) => a + b, 0), TASKS);
   assert.ok(r.rss_kb.end - r.rss_kb.warm <= MAX_GROWTH_KB, `RSS grew from ${r.rss_kb.warm} kB (warm) to ${r.rss_kb.end} kB`);
-  // Idle at the start and at the end: the same fds (a leak of one per task
-  // would show as hundreds).
-  assert.ok(r.fds.end <= r.fds.start + 2, `open fds grew from ${r.fds.start} (idle, start) to ${r.fds.end} (idle, end)`);
-  assert.ok(r.fds.max <= r.fds.warm + 4 * r.concurrency, `open fds peaked at ${r.fds.max} (warm ${r.fds.warm})`);
+  // Idle after the warm-up and idle at the end: the same fds (a leak of one
+  // per task would show as hundreds).
+  assert.ok(r.fds.end <= r.fds.warm, `open fds grew from ${r.fds.warm} (idle, warm) to ${r.fds.end} (idle, end)`);
+  assert.ok(r.fds.max <= r.fds.warm + 8 * r.concurrency, `open fds peaked at ${r.fds.max} (idle: ${r.fds.warm})`);
 });

@@ -4,10 +4,11 @@
 // and a CSV artifact, a failure, a timeout), and its resident memory and
 // open file descriptors are sampled from /proc as it goes. Both must stay
 // flat once it is warm; the worker must exit 0 on SIGTERM with no sanitizer
-// report.
+// report. RSS and fds are compared idle to idle: after the warm-up tasks and
+// after the last one.
 //
 //   const r = await runSoak({ tasks: 1000, log: console.log });
-//   r.rss_kb.{warm,end,max}, r.fds.{warm,end,max}, r.samples, r.problems
+//   r.rss_kb.{start,warm,end,max}, r.fds.{start,warm,end,max}, r.samples, r.problems
 import { readFileSync, readdirSync } from "node:fs";
 
 import { startStack } from "./stack.mjs";
@@ -54,62 +55,74 @@ export async function runSoak({ tasks = 1000, concurrency = 2, warmup = 100, win
     const ids = Array.from({ length: tasks }, (_, i) => `soak-${run}-${i}`);
     const kinds = ids.map((id, i) => request(i, id));
     const samples = [];
+    const t0 = Date.now();
     const sample = (done) => {
       const s = { done, rss_kb: rssKb(w.pid), fds: fdCount(w.pid), at_ms: Date.now() - t0 };
       samples.push(s);
       return s;
     };
-    const t0 = Date.now();
-    sample(0);
-    // At most `window` tasks queued at a time: the worker is never idle,
-    // and the measure is of the worker, not of a backlog.
-    let next = 0;
+    // Idle: no task queued or running. The lowest of a few readings, so that
+    // a sandbox still being torn down does not count.
+    const idleSample = async (done) => {
+      await sleep(500);
+      let best = null;
+      for (let k = 0; k < 5; k++) {
+        const s = { done, rss_kb: rssKb(w.pid), fds: fdCount(w.pid), at_ms: Date.now() - t0 };
+        if (!best || s.fds < best.fds || (s.fds === best.fds && s.rss_kb < best.rss_kb)) best = s;
+        await sleep(200);
+      }
+      samples.push(best);
+      return best;
+    };
+    const start = await idleSample(0);
     let done = 0;
     const statuses = {};
     const wrong = [];
-    let warm = null;
-    const inflight = new Set();
     const finish = async (i) => {
       const { result } = await c.waitResult(ids[i], 120000);
       statuses[result.status] = (statuses[result.status] ?? 0) + 1;
       if (result.status !== EXPECTED[kinds[i].kind]) wrong.push(`${ids[i]} (${kinds[i].kind}): ${result.status} ${result.error}`);
       done++;
     };
-    while (done < tasks) {
-      while (next < tasks && inflight.size < window) {
-        const i = next++;
-        await c.submit(kinds[i].req);
-        const p = finish(i).finally(() => inflight.delete(p));
-        inflight.add(p);
+    // Runs tasks [from, to) with at most `window` queued at a time: the
+    // worker is never idle, and the measure is of it, not of a backlog.
+    const phase = async (from, to) => {
+      let next = from;
+      const inflight = new Set();
+      while (next < to || inflight.size) {
+        while (next < to && inflight.size < window) {
+          const i = next++;
+          await c.submit(kinds[i].req);
+          const p = finish(i).finally(() => inflight.delete(p));
+          inflight.add(p);
+        }
+        await Promise.race(inflight);
+        if (done % sampleEvery === 0 && samples[samples.length - 1].done !== done) sample(done);
+        if (w.crashed()) throw new Error(`the worker died:\n${w.logText().slice(-8000)}`);
       }
-      await Promise.race(inflight);
-      if (done >= warmup && !warm) {
-        warm = sample(done);
-        log(`warm after ${done} tasks: RSS ${warm.rss_kb} kB, ${warm.fds} fds`);
-      } else if (done % sampleEvery === 0 && samples[samples.length - 1].done !== done) {
-        sample(done);
-      }
-      if (w.crashed()) throw new Error(`the worker died:\n${w.logText().slice(-8000)}`);
-    }
-    // Idle again: every slot free, every sandbox gone.
-    await sleep(1000);
-    const end = sample(tasks);
+    };
+    await phase(0, Math.min(warmup, tasks));
+    const warm = await idleSample(done);
+    log(`warm (idle after ${done} tasks): RSS ${warm.rss_kb} kB, ${warm.fds} fds`);
+    await phase(done, tasks);
+    const end = await idleSample(tasks);
     const elapsed = Date.now() - t0;
-    log(`end after ${tasks} tasks: RSS ${end.rss_kb} kB, ${end.fds} fds (${Math.round((tasks / elapsed) * 10000) / 10} tasks/s)`);
+    log(`end (idle after ${tasks} tasks): RSS ${end.rss_kb} kB, ${end.fds} fds (${Math.round((tasks / elapsed) * 10000) / 10} tasks/s)`);
     if (wrong.length) problems.push(`${wrong.length} tasks ended unexpectedly: ${wrong.slice(0, 5).join("; ")}`);
     const x = await w.stop("SIGTERM", 60000);
     if (x.code !== 0) problems.push(`the worker exited ${x.code} (signal ${x.signal}) on SIGTERM`);
     if (/ERROR: (Address|Leak)Sanitizer|runtime error: |SUMMARY: UndefinedBehaviorSanitizer/.test(w.logText()))
       problems.push(`a sanitizer report in the worker's log:\n${w.logText().slice(-8000)}`);
-    const after = samples.filter((s) => s.done >= warmup);
+    const after = samples.filter((s) => s.done >= warm.done);
     return {
       tasks,
       concurrency,
       duration_ms: elapsed,
       throughput_per_s: Math.round((tasks / (elapsed / 1000)) * 10) / 10,
       statuses,
-      rss_kb: { start: samples[0].rss_kb, warm: warm.rss_kb, end: end.rss_kb, max: Math.max(...after.map((s) => s.rss_kb)) },
-      fds: { start: samples[0].fds, warm: warm.fds, end: end.fds, max: Math.max(...after.map((s) => s.fds)) },
+      // start, warm and end are idle readings; max is over the busy ones too.
+      rss_kb: { start: start.rss_kb, warm: warm.rss_kb, end: end.rss_kb, max: Math.max(...after.map((s) => s.rss_kb)) },
+      fds: { start: start.fds, warm: warm.fds, end: end.fds, max: Math.max(...after.map((s) => s.fds)) },
       samples,
       problems,
       terminal: Object.keys(statuses).every((s) => TERMINAL.has(s)),
