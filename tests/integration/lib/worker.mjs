@@ -14,7 +14,8 @@
 //                  (e.g. local: { isolation: "required" })
 //   env            extra environment variables for the worker
 //   extraYaml      text appended to the generated YAML as is (e.g. comments)
-//   readyTimeoutMs how long to wait for the "worker.ready" log line (default 30000)
+//   readyTimeoutMs how long to wait for the "worker.ready" log line (default 90000:
+//                  a loaded machine starting warm zygotes under ASan is slow)
 //   (worker.metrics_addr defaults to 127.0.0.1:0 here; handle.monitorUrl is
 //   the base URL of /metrics, /healthz and /readyz, or null when "")
 //   bin            the binary (default $CI_BUILD_DIR/ci-worker, CI_BUILD_DIR
@@ -85,7 +86,7 @@ export async function startWorker(opts = {}) {
     id = `itest-${process.pid}-${++serial}`,
     concurrency = 1,
     env = {},
-    readyTimeoutMs = 30000,
+    readyTimeoutMs = 90000,
     bin = WORKER_BIN,
   } = opts;
   if (!natsUrl) throw new Error("startWorker: natsUrl is required");
