@@ -314,11 +314,18 @@ static int run_worker(const struct ci_config *cfg)
             break;
         }
     }
+    /* "ready" in the log means what /readyz means: every slot is bound. A
+     * slot that cannot bind stops the worker (g_stop). */
+    while (!g_stop && atomic_load(&w.bound_slots) < (int)w.n_slots) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     char urls[1024];
     ci_broker_redact_urls(cfg->nats.url, urls, sizeof(urls));
-    ci_log_num(CI_LOG_INFO, "worker.ready", "slots", (int64_t)w.n_slots, "provider",
-               ci_provider_name(w.env.provider), "nats", urls, "metrics_addr",
-               ci_monitor_address(w.monitor), NULL);
+    if (!g_stop)
+        ci_log_num(CI_LOG_INFO, "worker.ready", "slots", (int64_t)w.n_slots, "provider",
+                   ci_provider_name(w.env.provider), "nats", urls, "metrics_addr",
+                   ci_monitor_address(w.monitor), NULL);
 
     while (!g_stop) {
         struct timespec ts = {0, 100 * 1000000L};

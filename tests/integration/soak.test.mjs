@@ -27,5 +27,8 @@ test(`soak: ${TASKS} tasks through one worker, RSS and fds flat, no leak`, { tim
   // Idle after the warm-up and idle at the end: the same fds (a leak of one
   // per task would show as hundreds).
   assert.ok(r.fds.end <= r.fds.warm, `open fds grew from ${r.fds.warm} (idle, warm) to ${r.fds.end} (idle, end)`);
-  assert.ok(r.fds.max <= r.fds.warm + 8 * r.concurrency, `open fds peaked at ${r.fds.max} (idle: ${r.fds.warm})`);
+  // A running task holds about eight (the zygote's socket, output pipes,
+  // cgroup and pidfds, the result's files); a sample can catch one slot
+  // between two tasks holding both, hence twelve.
+  assert.ok(r.fds.max <= r.fds.warm + 12 * r.concurrency, `open fds peaked at ${r.fds.max} (idle: ${r.fds.warm})`);
 });
