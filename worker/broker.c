@@ -31,6 +31,7 @@ struct ci_broker {
 struct ci_puller {
     struct ci_broker *b;
     natsSubscription *sub;
+    int64_t empty_ms; /* when its queue was last seen empty (monotonic) */
 };
 
 struct ci_delivery {
@@ -38,6 +39,7 @@ struct ci_delivery {
     uint32_t attempt;
     uint32_t max_deliver;
     int64_t published_ms;
+    int64_t queued_ms; /* -1, or a bound: see ci_delivery_queued_ms */
 };
 
 struct ci_watch {
@@ -429,6 +431,7 @@ ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_e
         free(p);
         return nats_fail(err, s, jerr, "cannot bind to the task consumer");
     }
+    p->empty_ms = ci_mono_ms();
     *ret = p;
     return CI_OK;
 }
@@ -442,13 +445,37 @@ void ci_puller_free(struct ci_puller *p)
     free(p);
 }
 
+/* The messages and bytes waiting in the subscription's own queue; 0 when
+ * unknown (the subscription is closed: Fetch fails too). */
+static int queue_len(natsSubscription *sub, int *ret_bytes)
+{
+    int msgs = 0, bytes = 0;
+    if (natsSubscription_GetPending(sub, &msgs, &bytes) != NATS_OK)
+        msgs = bytes = 0;
+    *ret_bytes = bytes;
+    return msgs;
+}
+
+/* Why the queue: nats.c 3.4.1 sends every Fetch's pull request with the
+ * subscription's one inbox as reply subject, and a request can outlive its
+ * Fetch on the server (a late 408 ends the next Fetch early, which then
+ * leaves its own request open; the slot sends another). A message given to
+ * such a request while the slot runs a task waits in the queue, its ack
+ * timer running; the next Fetch takes it first. Whatever sits in the queue
+ * came after it was last seen empty, which bounds how long it waited. */
 ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_delivery **ret,
                           struct ci_error *err)
 {
     natsMsgList list = {0};
     jsErrCode jerr = 0;
+    int queued_bytes = 0;
+    int queued = queue_len(p->sub, &queued_bytes);
+    int64_t since = queued ? p->empty_ms : ci_mono_ms();
     /* Batch 1: larger batches hit a heap overflow in nats.c 3.4.1. */
     natsStatus s = natsSubscription_Fetch(&list, p->sub, 1, timeout_ms, &jerr);
+    int64_t now = ci_mono_ms();
+    int left_bytes = 0;
+    p->empty_ms = queue_len(p->sub, &left_bytes) ? since : now;
     if (s == NATS_TIMEOUT || (s == NATS_OK && list.Count == 0)) {
         natsMsgList_Destroy(&list);
         return CI_ERR_TIMEOUT;
@@ -466,6 +493,16 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
     d->msg = list.Msgs[0];
     list.Msgs[0] = NULL;
     natsMsgList_Destroy(&list);
+    /* Fetch takes what is queued before it asks the server, so a message
+     * came from the queue if one was there, unless the queue held only
+     * status messages (a late 408 of a request that expired while the slot
+     * was busy): Fetch drops those and asks for a fresh message. The queue
+     * counts header and data bytes, a status message has no data: with
+     * fewer bytes queued than this message's data, it cannot have been
+     * queued. A smaller message after a 408 still passes for queued. */
+    d->queued_ms = -1;
+    if (queued > 0 && queued_bytes >= natsMsg_GetDataLength(d->msg))
+        d->queued_ms = now - since;
     d->max_deliver = p->b->cfg->jetstream.max_deliver;
     jsMsgMetaData *md = NULL;
     if (natsMsg_GetMetaData(&md, d->msg) == NATS_OK) {
@@ -497,6 +534,8 @@ const char *ci_delivery_header(const struct ci_delivery *d, const char *key)
 uint32_t ci_delivery_attempt(const struct ci_delivery *d) { return d->attempt; }
 
 int64_t ci_delivery_published_ms(const struct ci_delivery *d) { return d->published_ms; }
+
+int64_t ci_delivery_queued_ms(const struct ci_delivery *d) { return d->queued_ms; }
 
 bool ci_delivery_last_attempt(const struct ci_delivery *d)
 {

@@ -52,7 +52,8 @@ bool ci_broker_closed(const struct ci_broker *b);
 
 ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err);
 void ci_puller_free(struct ci_puller *p);
-/* Takes one task. CI_ERR_TIMEOUT when none came within timeout_ms. */
+/* Takes one task. CI_ERR_TIMEOUT when none came within timeout_ms. Not
+ * thread-safe: one slot fetches from a puller. */
 ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_delivery **ret,
                           struct ci_error *err);
 
@@ -65,6 +66,12 @@ uint32_t ci_delivery_attempt(const struct ci_delivery *d);
  * the same on every redelivery; 0 when unknown. */
 int64_t ci_delivery_published_ms(const struct ci_delivery *d);
 bool ci_delivery_last_attempt(const struct ci_delivery *d);
+/* -1 when the message came on the fetch's own pull request. Otherwise it
+ * had been waiting in the puller's queue, delivered to a pull request that
+ * outlived an earlier fetch, its ack timer running (the server may have
+ * redelivered it elsewhere already): at most this many ms. A fresh message
+ * behind a late 408 may pass for queued: never the other way round. */
+int64_t ci_delivery_queued_ms(const struct ci_delivery *d);
 ci_status ci_delivery_ack(struct ci_delivery *d);
 /* Removes the message for good: never redelivered. */
 ci_status ci_delivery_term(struct ci_delivery *d);

@@ -19,6 +19,7 @@
 #include "metrics.h"
 #include "monitor.h"
 #include "provider.h"
+#include "request.h"
 #include "sandbox.h"
 #include "task.h"
 #include "util.h"
@@ -53,6 +54,42 @@ struct slot_arg {
     struct ci_slot *slot;
 };
 
+/* Whether the slot may run a message that waited in its own queue (see
+ * ci_delivery_queued_ms) while it ran another task. Past half the ack wait
+ * the server may have redelivered it to another worker, which may be
+ * running it now: running this copy too would run the task twice. So it is
+ * left alone, neither acked nor nak'ed (a nak of a message delivered again
+ * elsewhere could bring a third delivery), and the server redelivers it
+ * once its ack wait runs out: nothing is lost. On its last attempt no
+ * redelivery will come, so it runs. A fresh message behind a late 408 may
+ * pass for queued: it then costs one redelivery after the ack wait, never a
+ * loss or a second run. */
+static bool take_queued(const struct worker *w, struct ci_delivery *d)
+{
+    int64_t queued = ci_delivery_queued_ms(d);
+    if (queued < 0)
+        return true;
+    int64_t ack_wait_ms = (int64_t)w->env.cfg->jetstream.ack_wait_s * 1000;
+    bool fresh = queued < ack_wait_ms / 2; /* no redelivery can have happened yet */
+    bool run = fresh || ci_delivery_last_attempt(d);
+    if (run) /* its ack timer has been running: reset it before the task starts */
+        ci_delivery_in_progress(d);
+    /* Clients set Nats-Msg-Id to the task id; the body is not decoded here. */
+    const char *id = ci_delivery_header(d, "Nats-Msg-Id");
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", id && ci_task_id_valid(id) ? id : ""),
+        CI_LOG_N("attempt", ci_delivery_attempt(d)),
+        CI_LOG_N("waited_ms", queued), /* at most */
+        CI_LOG_N("ack_wait_ms", ack_wait_ms),
+        CI_LOG_S("action", !run ? "left_for_redelivery" : fresh ? "run" : "run_last_attempt"),
+    };
+    ci_log_fields(fresh ? CI_LOG_DEBUG : CI_LOG_WARN, "task.stale_delivery", f,
+                  sizeof(f) / sizeof(f[0]));
+    if (!run)
+        ci_metrics_delivery(w->env.metrics, CI_METRICS_STALE);
+    return run;
+}
+
 static void *slot_main(void *p)
 {
     struct slot_arg *a = p;
@@ -83,6 +120,10 @@ static void *slot_main(void *p)
             ci_log(CI_LOG_DEBUG, "slot.fetch_failed", "error", e.msg, NULL);
             struct timespec ts = {0, 200 * 1000000L};
             nanosleep(&ts, NULL);
+            continue;
+        }
+        if (!take_queued(w, d)) {
+            ci_delivery_free(d);
             continue;
         }
         if (g_stop) {

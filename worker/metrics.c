@@ -27,7 +27,7 @@ struct histogram {
 static const char *const status_names[] = {"succeeded", "failed", "timed_out", "cancelled",
                                            "other"};
 #define N_STATUS (sizeof(status_names) / sizeof(status_names[0]))
-static const char *const outcome_names[] = {"done", "duplicate", "dropped", "retry"};
+static const char *const outcome_names[] = {"done", "duplicate", "dropped", "retry", "stale"};
 static const char *const direction_names[] = {"download", "upload"};
 
 _Static_assert(sizeof(outcome_names) / sizeof(outcome_names[0]) == CI_METRICS_N_OUTCOMES,
@@ -225,7 +225,8 @@ ci_status ci_metrics_render(struct ci_metrics *m, struct ci_buf *b)
         s = header(b, "ci_task_deliveries_total", "counter",
                    "Messages taken from the work queue, by how they were disposed of: done "
                    "(terminal result, acked), duplicate (had a result already), dropped (no "
-                   "valid task id), retry (nak'ed after an infrastructure failure).");
+                   "valid task id), retry (nak'ed after an infrastructure failure), stale "
+                   "(waited in the worker past half the ack wait: left for redelivery).");
     for (size_t i = 0; i < CI_METRICS_N_OUTCOMES && !s; i++)
         s = ci_buf_appendf(b, "ci_task_deliveries_total{outcome=\"%s\"} %" PRIu64 "\n",
                            outcome_names[i], (uint64_t)atomic_load(&m->deliveries[i]));
