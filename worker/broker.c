@@ -458,11 +458,12 @@ static int queue_len(natsSubscription *sub, int *ret_bytes)
 
 /* Why the queue: nats.c 3.4.1 sends every Fetch's pull request with the
  * subscription's one inbox as reply subject, and a request can outlive its
- * Fetch on the server (a late 408 ends the next Fetch early, which then
- * leaves its own request open; the slot sends another). A message given to
- * such a request while the slot runs a task waits in the queue, its ack
- * timer running; the next Fetch takes it first. Whatever sits in the queue
- * came after it was last seen empty, which bounds how long it waited. */
+ * Fetch on the server: the server got it a little late and the Fetch timed
+ * out first, or a late 408 ended the next Fetch early (waited out below).
+ * A message given to such a request while the slot runs a task waits in the
+ * queue, its ack timer running; the next Fetch takes it first. Whatever sits
+ * in the queue came after it was last seen empty, which bounds how long it
+ * waited. */
 ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_delivery **ret,
                           struct ci_error *err)
 {
@@ -470,10 +471,28 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
     jsErrCode jerr = 0;
     int queued_bytes = 0;
     int queued = queue_len(p->sub, &queued_bytes);
-    int64_t since = queued ? p->empty_ms : ci_mono_ms();
+    int64_t start = ci_mono_ms();
+    int64_t since = queued ? p->empty_ms : start;
     /* Batch 1: larger batches hit a heap overflow in nats.c 3.4.1. */
     natsStatus s = natsSubscription_Fetch(&list, p->sub, 1, timeout_ms, &jerr);
     int64_t now = ci_mono_ms();
+    if (s == NATS_TIMEOUT && now - start + 20 < timeout_ms) {
+        /* Ended early (nats.c asks the server to expire the request 10 ms
+         * before the timeout, so its own 408 cannot come this soon): by the
+         * late 408 of an earlier request, which nats.c 3.4.1 cannot tell
+         * from its own. This Fetch's request is still open. Another Fetch
+         * now would open a second one, either could take a task while the
+         * slot runs one the other gave it, and each 408 of the two would end
+         * the next Fetch early again: two for good. Wait until something is
+         * queued (a task: the next Fetch takes it; its 408) or the request
+         * has expired. */
+        int ignored = 0;
+        while (now < start + timeout_ms + 100 && queue_len(p->sub, &ignored) == 0) {
+            struct timespec ts = {0, 5 * NS_PER_MS};
+            nanosleep(&ts, NULL);
+            now = ci_mono_ms();
+        }
+    }
     int left_bytes = 0;
     p->empty_ms = queue_len(p->sub, &left_bytes) ? since : now;
     if (s == NATS_TIMEOUT || (s == NATS_OK && list.Count == 0)) {

@@ -15,7 +15,8 @@ import assert from "node:assert/strict";
 
 import { startNatsServer } from "./lib/nats-server.mjs";
 import { startWorker } from "./lib/worker.mjs";
-import { connectClient, newTaskId, TERMINAL } from "./lib/client.mjs";
+import { connectClient, newTaskId, runTask, TERMINAL } from "./lib/client.mjs";
+import { headers as natsHeaders } from "@nats-io/transport-node";
 import { show } from "./lib/checks.mjs";
 import { SERVER_CONFIG } from "./lib/stack.mjs";
 
@@ -184,6 +185,40 @@ describe("a task delivered to a stale pull request of a busy slot", () => {
     assert.equal(result.attempt, 1, "run on its first delivery, not left for a redelivery");
     assert.deepEqual(taskLines([a], z, "task.stale_delivery"), []);
     assert.equal(taskLines([a], z, "task.start").length, 1);
+  });
+
+  test("a late 408 that ends an idle slot's fetch early does not leave it with two pull requests open", async () => {
+    const c = ctx.client;
+    for (const w of ctx.workers) if (w !== ctx.a && !w.exited()) await w.stop(); // A alone
+    const inbox = await pullInbox(ctx.server.monitorUrl, "stale-a");
+    const waiting = async () => (await c.jsm.consumers.info(STREAM, CONSUMER)).num_waiting;
+    // nats.c 3.4.1 takes any 408 on the slot's inbox for the end of its
+    // Fetch, whose own request stays open on the server. A Fetch at once
+    // would open a second one; then each expiry's 408 ends the next Fetch
+    // early, which opens another: two for good, and one of them can take a
+    // task while the slot is busy with one the other gave it.
+    const seen = [];
+    for (let i = 0; i < 5; i++) {
+      await waitFor("A's pull request is open", async () => (await waiting()) >= 1, 5000);
+      c.nc.publish(inbox, new Uint8Array(0), { headers: natsHeaders(408, "Request Timeout") });
+      await c.nc.flush();
+      await sleep(150);
+      seen.push(await waiting());
+      await sleep(1000 + i * 100); // another phase of A's one-second fetch cycle
+    }
+    // A few ms of overlap are possible (a request outlives its Fetch on the
+    // server): the fewest seen over a second is what stays open.
+    await sleep(1500);
+    const after = [];
+    for (let i = 0; i < 8; i++) {
+      after.push(await waiting());
+      await sleep(125);
+    }
+    assert.ok(Math.min(...after) <= 1, `pull requests open: ${after} (150 ms after each late 408: ${seen})`);
+    // A still takes tasks at once.
+    const { result } = await runTask(c, { code: "print(7)" }, { timeoutMs: 30000 });
+    assert.equal(result.status, "TASK_STATUS_SUCCEEDED", show(result));
+    assert.equal(result.attempt, 1);
   });
 });
 
