@@ -5,15 +5,17 @@
 //                [--soak 0] [--out FILE]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
-// a matplotlib PNG) it measures submit -> terminal status event through NATS,
+// a matplotlib PNG) it also measures the floor of any fork-based warm start on
+// this machine: a python3 that imported the runtime forks one child per run
+// (no sandbox, no broker). Then it measures submit -> terminal status event through NATS,
 // N times one after the other, and reports p50/p95/p99 and their ratio to the
 // baseline's; then a fan-out of pandas tasks published at once (throughput
 // with the default concurrency: --fanout in warm mode, --fanout-cold in cold
 // mode, where each task costs ~1 s), the worker's RSS before and after, and in
 // warm mode the memory of the zygote and of one warm child (PSS and USS from
 // /proc/<pid>/smaps_rollup while the child runs a pandas task that then
-// sleeps). --soak N then runs N more print(1) tasks and reports the worker's
-// RSS after them (flat RSS over 10,000 tasks: --soak 10000). Every service
+// sleeps). --soak N then runs N more print(1) tasks in warm mode and reports
+// the worker's RSS after them (flat RSS over 10,000 tasks: --soak 10000). Every service
 // task runs with local.isolation required, in the mode named, and the bench
 // checks that the mode really ran. Results go to stdout as a table and to
 // bench/results/latest.json.
@@ -90,6 +92,45 @@ function baseline(name) {
   }
   rmSync(dir, { recursive: true, force: true });
   return stats(ms);
+}
+
+// The fork floor: one python3 imports numpy, pandas, matplotlib (Agg) and
+// openpyxl, freezes its heap, then forks a child per run of each scenario
+// and waits for it; times fork to exit, in ms.
+function forkFloor() {
+  const dir = mkdtempSync(join(tmpdir(), "ci-bench-"));
+  for (const sc of Object.values(SCENARIOS)) for (const f of sc.files) writeFileSync(join(dir, f.name), f.content);
+  const script = `
+import gc, json, os, sys, time
+import numpy, pandas, matplotlib, matplotlib.pyplot, openpyxl
+gc.collect(); gc.freeze()
+codes = json.loads(sys.stdin.read())
+out = {}
+for name, code in codes.items():
+    ms = []
+    for i in range(${N + 1}):
+        t0 = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, 1)
+            exec(compile(code, "main.py", "exec"), {"__name__": "__main__"})
+            sys.stdout.flush()
+            os._exit(0)
+        _, st = os.waitpid(pid, 0)
+        if st:
+            raise SystemExit("fork floor %s failed: %d" % (name, st))
+        if i:
+            ms.append((time.perf_counter() - t0) * 1000)
+    out[name] = ms
+print(json.dumps(out))
+`;
+  const env = { PATH: "/usr/bin:/bin", HOME: dir, MPLCONFIGDIR: join(dir, ".mpl"), MPLBACKEND: "Agg", OPENBLAS_NUM_THREADS: "1" };
+  const codes = Object.fromEntries(Object.entries(SCENARIOS).map(([k, sc]) => [k, sc.code]));
+  const r = spawnSync("/usr/bin/python3", ["-c", script], { cwd: dir, env, input: JSON.stringify(codes), encoding: "utf8" });
+  rmSync(dir, { recursive: true, force: true });
+  if (r.status !== 0) throw new Error(`fork floor failed: ${r.stderr}`);
+  return Object.fromEntries(Object.entries(JSON.parse(r.stdout)).map(([k, ms]) => [k, stats(ms)]));
 }
 
 // Submits one task; resolves with the time to its terminal event.
@@ -202,7 +243,7 @@ async function service(mode, base) {
     }
     out.rss_kib.end = rssKiB(w.pid);
     if (mode === "warm") out.memory = await warmMemory(client, w.pid, terminal);
-    if (SOAK > 0) {
+    if (SOAK > 0 && mode === "warm") {
       const before = rssKiB(w.pid);
       const t0 = process.hrtime.bigint();
       for (let done = 0; done < SOAK; done += 50)
@@ -219,12 +260,14 @@ async function service(mode, base) {
 
 const base = {};
 for (const name of Object.keys(SCENARIOS)) base[name] = baseline(name);
+const floor = forkFloor();
 const results = {
   date: new Date().toISOString(),
   n: N,
   cpus: osCpus().length,
   loadavg_start: loadavg(),
   baseline: base,
+  fork_floor: floor,
   modes: [],
 };
 for (const mode of args.modes.split(",")) results.modes.push(await service(mode, base));
@@ -233,18 +276,22 @@ results.loadavg_end = loadavg();
 const kib = (k) => `${round(k / 1024)} MiB`;
 console.log(`\nbaseline: bare /usr/bin/python3 script.py (n=${N})`);
 console.log("scenario     p50 ms   p95 ms   p99 ms");
-for (const [k, s] of Object.entries(base)) console.log(`${k.padEnd(12)} ${String(round(s.p50)).padStart(6)} ${String(round(s.p95)).padStart(8)} ${String(round(s.p99)).padStart(8)}`);
+const row = (k, s) => `${k.padEnd(12)} ${String(round(s.p50)).padStart(6)} ${String(round(s.p95)).padStart(8)} ${String(round(s.p99)).padStart(8)}`;
+for (const [k, s] of Object.entries(base)) console.log(row(k, s));
+console.log(`\nfork floor: a python3 with the runtime imported forks a child per run (no sandbox, no NATS)`);
+console.log("scenario     p50 ms   p95 ms   p99 ms");
+for (const [k, s] of Object.entries(floor)) console.log(row(k, s));
 for (const m of results.modes) {
   console.log(`\nservice, ${m.mode} mode: submit -> terminal event through NATS (n=${N}, isolation ${m.isolation})`);
   console.log("scenario     p50 ms   p95 ms   p99 ms   p50/baseline  p99/baseline");
   for (const [k, s] of Object.entries(m.scenarios))
-    console.log(`${k.padEnd(12)} ${String(round(s.p50)).padStart(6)} ${String(round(s.p95)).padStart(8)} ${String(round(s.p99)).padStart(8)} ${String(round(s.ratio_p50 * 100) / 100).padStart(10)}x ${String(round(s.ratio_p99 * 100) / 100).padStart(12)}x`);
+    console.log(`${row(k, s)} ${s.ratio_p50.toFixed(3).padStart(12)}x ${s.ratio_p99.toFixed(3).padStart(12)}x`);
   if (m.fanout) console.log(`fan-out: ${m.fanout.tasks} pandas tasks in ${m.fanout.seconds} s = ${m.fanout.tasks_per_s} tasks/s`);
   console.log(`worker RSS: ${m.rss_kib.start} KiB at start, ${m.rss_kib.end} KiB after`);
   if (m.memory)
     console.log(`memory: zygote RSS ${kib(m.memory.zygote.rss_kib)} (PSS ${kib(m.memory.zygote.pss_kib)}); ` +
                 `warm child RSS ${kib(m.memory.child.rss_kib)}, PSS ${kib(m.memory.child.pss_kib)}, USS ${kib(m.memory.child.uss_kib)}; ` +
-                `its init USS ${kib(m.memory.init.uss_kib)}`);
+                `its init USS ${m.memory.init.uss_kib} KiB`);
   if (m.soak) console.log(`soak: ${m.soak.tasks} print(1) tasks in ${m.soak.seconds} s; worker RSS ${m.soak.rss_kib_before} -> ${m.soak.rss_kib_after} KiB`);
 }
 console.log(`\nload average: ${results.loadavg_start.map(round).join(" ")} at start, ${results.loadavg_end.map(round).join(" ")} at the end`);
