@@ -61,9 +61,28 @@ export async function runSoak({ tasks = 1000, concurrency = 2, warmup = 100, win
       samples.push(s);
       return s;
     };
-    // Idle: no task queued or running. The lowest of a few readings, so that
-    // a sandbox still being torn down does not count.
+    // The warm pool's size from /metrics: a zygote being replaced (rotation
+    // every local.warm_rotate_after tasks) holds its fds until it is ready.
+    const poolSize = async () => {
+      const r = await fetch(`${w.monitorUrl}/metrics`);
+      const m = /^ci_warm_pool_size (\d+)$/m.exec(await r.text());
+      return m ? Number(m[1]) : 0;
+    };
+    let poolWanted = null; // found at the first idle reading: 0 when cold
+    const poolFull = async () => {
+      const deadline = Date.now() + 30000;
+      let n = await poolSize();
+      while (n < (poolWanted ?? 1) && Date.now() < deadline) {
+        await sleep(100);
+        n = await poolSize();
+      }
+      if (poolWanted === null) poolWanted = n;
+      else if (n < poolWanted) problems.push(`the warm pool stayed at ${n} of ${poolWanted} for 30 s`);
+    };
+    // Idle: no task queued or running, the warm pool full. The lowest of a
+    // few readings, so that a sandbox still being torn down does not count.
     const idleSample = async (done) => {
+      await poolFull();
       await sleep(500);
       let best = null;
       for (let k = 0; k < 5; k++) {
