@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "nkey.h"
@@ -544,9 +545,18 @@ const uint8_t *ci_delivery_data(const struct ci_delivery *d, size_t *ret_len)
 const char *ci_delivery_header(const struct ci_delivery *d, const char *key)
 {
     const char *v = NULL;
-    if (natsMsgHeader_Get(d->msg, key, &v) != NATS_OK) {
+    if (natsMsgHeader_Get(d->msg, key, &v) == NATS_OK)
+        return v;
+    /* nats.c matches names exactly; clients that write HTTP-style headers
+     * may send "content-type", and HTTP header names are case-insensitive. */
+    const char **keys = NULL;
+    int n = 0;
+    if (natsMsgHeader_Keys(d->msg, &keys, &n) != NATS_OK)
         return NULL;
-    }
+    for (int i = 0; i < n && !v; i++)
+        if (strcasecmp(keys[i], key) == 0 && natsMsgHeader_Get(d->msg, keys[i], &v) != NATS_OK)
+            v = NULL;
+    free((void *)keys);
     return v;
 }
 

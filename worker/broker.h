@@ -58,7 +58,7 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
                           struct ci_error *err);
 
 const uint8_t *ci_delivery_data(const struct ci_delivery *d, size_t *ret_len);
-/* The header's first value, or NULL. */
+/* The header's first value, its name matched in any case, or NULL. */
 const char *ci_delivery_header(const struct ci_delivery *d, const char *key);
 /* JetStream delivery count, 1 on the first try. */
 uint32_t ci_delivery_attempt(const struct ci_delivery *d);

@@ -148,6 +148,17 @@ describe("worker basic", () => {
     checkEvents(evs, { taskId, result: r, encoding: "json", worker: worker.id });
   });
 
+  test("a header name in another case (content-type) is still read: header names are case-insensitive", async () => {
+    const c = stack.client;
+    const taskId = newTaskId("lcct");
+    const body = JSON.stringify({ taskId, language: "python", code: "print(2)" });
+    await c.submit(null, { body, msgId: taskId, contentType: null, headers: { "content-type": "application/json" } });
+    const { result: r, encoding } = await c.waitResult(taskId, 30000);
+    assert.equal(encoding, "json", "the result follows the request's encoding");
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.stdout, "2\n");
+  });
+
   test("JSON request with snake_case names is accepted", async () => {
     const c = stack.client;
     const taskId = newTaskId("snake");
