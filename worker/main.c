@@ -126,9 +126,11 @@ static void *slot_main(void *p)
             ci_delivery_free(d);
             continue;
         }
-        if (g_stop) {
+        if (g_stop && !ci_delivery_last_attempt(d)) {
             /* Came in after SIGTERM: a draining worker takes no new task, so
-             * hand it back at once for another worker. */
+             * hand it back at once for another worker. Not on its last
+             * attempt: the server would never deliver it again, so it runs
+             * here, within the drain. */
             ci_delivery_nak(d, 0);
             ci_delivery_free(d);
             break;
