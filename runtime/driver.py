@@ -22,9 +22,11 @@
 # (zygote_main.c) as the module `ci_driver`, which calls _warm_prepare() to
 # import the runtime, then forks one child per task; each child calls
 # _warm_main() in a fresh sandbox with the same fds, cwd and environment as
-# above. The child reseeds `random` and numpy (hash() is randomized per
-# zygote, which is replaced every local.warm_rotate_after tasks) and ends the
-# way Python's own exit would, without tearing the interpreter down.
+# above. The child is forked ahead of its task and runs _warm_up() (our
+# fixed code) before the task's code and fds reach it. Then it reseeds
+# `random` and numpy (hash() is randomized per zygote, which is replaced
+# every local.warm_rotate_after tasks) and ends the way Python's own exit
+# would, without tearing the interpreter down.
 
 import sys
 import os
@@ -326,6 +328,17 @@ def _warm_prepare():
     _warm_exercise()
     gc.collect()
     gc.freeze()
+
+
+def _warm_up():
+    """In a spare task process (a child forked ahead of any task, which
+    waits for one afterwards): the same run once more, so that the child's
+    own first calls and copy-on-write faults are paid before a task exists
+    rather than by it. Our fixed code only: no task data, no file written
+    (StringIO and BytesIO), nothing left that a task could see."""
+    import gc
+    _warm_exercise()
+    gc.collect()
 
 
 def _reseed():

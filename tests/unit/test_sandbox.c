@@ -952,6 +952,54 @@ static void read_text(const char *dir, const char *name, char *buf, size_t size)
     buf[n > 0 ? n : 0] = '\0';
 }
 
+/* Which pids of the sandbox's namespace (the last NSpid field) are listed
+ * in dir/cgroup.procs: bit 0 for 1 (init), bit 1 for 2 (the code). */
+static unsigned ns_pids_in(const char *dir)
+{
+    char buf[4096];
+    unsigned seen = 0;
+    read_text(dir, "cgroup.procs", buf, sizeof(buf));
+    for (char *p = buf; *p;) {
+        char *end = NULL;
+        long pid = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        char path[64], st[4096];
+        snprintf(path, sizeof(path), "/proc/%ld", pid);
+        read_text(path, "status", st, sizeof(st));
+        const char *ns = strstr(st, "\nNSpid:");
+        const char *eol = ns ? strchr(ns + 1, '\n') : NULL;
+        if (ns && eol) {
+            const char *last = eol;
+            while (last > ns && last[-1] != '\t' && last[-1] != ' ')
+                last--;
+            long inner = strtol(last, NULL, 10);
+            if (inner == 1 || inner == 2)
+                seen |= 1u << (inner - 1);
+        }
+        p = end;
+        while (*p == '\n')
+            p++;
+    }
+    return seen;
+}
+
+/* The code sees itself in init's cgroups, at the root of its cgroup
+ * namespace (a warm task's process exists before init is placed: the
+ * worker must move it too). */
+static void t_cgroup_self(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("me, init = open('/proc/self/cgroup').read(), open('/proc/1/cgroup').read()\n"
+                     "print('same' if me == init else 'differ: ' + me + init)\n"
+                     "print(all(l.endswith(':/') for l in me.splitlines()))\n",
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_STR(o.out, strstr(o.isolation ? o.isolation : "", "cgroupns") ? "same\nTrue\n"
+                                                                       : "same\nFalse\n");
+    ci_outcome_release(&o);
+}
+
 /* While a task runs: its cgroup holds init and the code, with the limits. */
 static void t_cgroup_layout(void)
 {
@@ -981,6 +1029,10 @@ static void t_cgroup_layout(void)
             usleep(10000);
     }
     CHECK(procs >= 2);
+    /* In every hierarchy, by their pids inside: init (1) and the code (2). */
+    CHECK(!found || ns_pids_in(mem) == 3);
+    CHECK(!found || ns_pids_in(pids) == 3);
+    CHECK(!found || ns_pids_in(cpu) == 3);
     if (found && cg_version == 2) {
         read_text(mem, "memory.max", buf, sizeof(buf));
         CHECK_STR(buf, "314572800\n");
@@ -1572,7 +1624,7 @@ int main(void)
         T(t_bad_python),    T(t_tmpfs_limits),   T(t_require_cgroup),
         /* cgroups: from here on only when the probe found them */
         T(t_cgroup_memory), T(t_cgroup_peak),    T(t_cgroup_pids),  T(t_cgroup_cpu),
-        T(t_cgroup_layout),
+        T(t_cgroup_layout),      T(t_cgroup_self),
         /* warm mode: only with CI_SANDBOX_MODE=warm */
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
