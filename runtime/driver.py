@@ -286,18 +286,12 @@ _WARM_IMPORTS = (
 )
 
 
-def _warm_exercise():
-    """One small run through what tasks use most, so that the lazy imports
-    and caches it fills (csv parsing, groupby, PNG output, font lookup) are
-    filled once in the zygote instead of in every child. It leaves nothing a
-    task could see: no figure stays open, no option or random state changes,
-    warnings are ignored (an ignored warning is not recorded as shown), and
-    no file stays open (matplotlib's font objects keep theirs: they go)."""
+def _warm_pandas():
+    """csv parsing, arithmetic, groupby, describe and text output."""
     import io
     import warnings
     import numpy as np
     import pandas as pd
-    import matplotlib.pyplot as plt
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         df = pd.read_csv(io.StringIO("k,x,y\na,1,2.5\nb,2,3.5\na,3,4.5\n"))
@@ -305,6 +299,16 @@ def _warm_exercise():
         df.groupby("k")["z"].sum().to_string()
         df.describe().to_string()
         np.linalg.inv(np.eye(3) * 2.0) @ np.ones(3)
+
+
+def _warm_matplotlib():
+    """A figure saved as PNG into memory, font lookup included."""
+    import gc
+    import io
+    import warnings
+    import matplotlib.pyplot as plt
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         fig, ax = plt.subplots()
         ax.plot([1, 2, 3], [1, 4, 9])
         ax.set_title("warm")
@@ -315,6 +319,18 @@ def _warm_exercise():
     clear = getattr(getattr(fm, "_get_font", None), "cache_clear", None)
     if clear is not None:
         clear()
+    gc.collect()  # the figure's cycles
+
+
+def _warm_exercise():
+    """One small run through what tasks use most, so that the lazy imports
+    and caches it fills (csv parsing, groupby, PNG output, font lookup) are
+    filled once in the zygote instead of in every child. It leaves nothing a
+    task could see: no figure stays open, no option or random state changes,
+    warnings are ignored (an ignored warning is not recorded as shown), and
+    no file stays open (matplotlib's font objects keep theirs: they go)."""
+    for step in _warm_up():
+        step()
 
 
 def _warm_prepare():
@@ -331,14 +347,13 @@ def _warm_prepare():
 
 
 def _warm_up():
-    """In a spare task process (a child forked ahead of any task, which
-    waits for one afterwards): the same run once more, so that the child's
-    own first calls and copy-on-write faults are paid before a task exists
-    rather than by it. Our fixed code only: no task data, no file written
-    (StringIO and BytesIO), nothing left that a task could see."""
-    import gc
-    _warm_exercise()
-    gc.collect()
+    """The steps of _warm_exercise(), most used first. A spare task process
+    (forked ahead of any task, waiting for one afterwards) runs them again,
+    so that its own first calls and copy-on-write faults are paid before a
+    task exists rather than by it; it stops between two steps once its task
+    has come. Our fixed code only: no task data, no file written (StringIO,
+    BytesIO), nothing left that a task could see."""
+    return (_warm_pandas, _warm_matplotlib)
 
 
 def _reseed():

@@ -27,12 +27,14 @@
  *     ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS[|NEWCGROUP])──▶ init (pid 1)
  *   init: writes its own uid/gid map (1000 -> the zygote's 1000), forks the
  *     task process, waits for a SPAWN on a socketpair kept by the zygote.
- *   task process: PyOS_AfterFork_Child(), ci_driver._warm_up() (our fixed
- *     code: a small csv/groupby and a PNG into BytesIO), then waits for init.
+ *   task process: PyOS_AfterFork_Child(), the steps of ci_driver._warm_up()
+ *     (our fixed code: a small csv/groupby, a PNG into BytesIO) until init
+ *     notes that a task came, then waits for init.
  *
  * One task (one SPAWN with the task's five channel fds): the zygote passes
- * it to the spare's init and makes the next spare. The init then does what
- * the init of a cold sandbox does, with the same messages: sends the worker
+ * it to the spare's init and makes the next spare. The init tells the task
+ * process (one byte: stop warming up), then does what the init of a cold
+ * sandbox does, with the same messages: sends the worker
  * pidfds of itself and of the task process (HELLO) and waits until the
  * worker has put both in the task's cgroup (moving init would not move a
  * child it already has); makes mounts private and mounts what the task
@@ -426,14 +428,27 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     PyOS_AfterFork_Child();
-    PyObject *r = PyObject_CallNoArgs(z.warm_up);
-    if (!r)
+    /* Step by step, and no further once a task has come (init's note): with
+     * tasks queued, a spare is taken before it is warm, and the steps left
+     * would cost CPU the queue needs more. */
+    PyObject *steps = PyObject_CallNoArgs(z.warm_up);
+    Py_ssize_t n = steps && PyTuple_Check(steps) ? PyTuple_GET_SIZE(steps) : 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct pollfd p = {.fd = chan, .events = POLLIN};
+        if (poll(&p, 1, 0) != 0)
+            break;
+        PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(steps, i));
+        if (!r)
+            break;
+        Py_DECREF(r);
+    }
+    if (PyErr_Occurred())
         PyErr_Print(); /* only slower: to the zygote's stderr, the task still runs */
-    Py_XDECREF(r);
+    Py_XDECREF(steps);
 
     struct zmsg_spawn sp;
     int fds[FD_COUNT];
-    if (recv_fds(chan, &sp, sizeof(sp), fds, 0) != 1)
+    if (!wait_byte(chan) || recv_fds(chan, &sp, sizeof(sp), fds, 0) != 1)
         _exit(0); /* init went away before a task came */
     if (sp.type != ZMSG_SPAWN || move_fds(fds, -1) != 0)
         child_fail(fds[FD_SOCK], STEP_FDS, 0, errno);
@@ -603,6 +618,11 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
         _exit(0); /* EOF: the zygote retires */
     if (rq.spawn.type != ZMSG_SPAWN || move_fds(rq.fds, chan) != 0)
         child_fail(rq.fds[FD_SOCK], STEP_FDS, 0, errno);
+    if (chan >= 0) { /* the note: the task process stops warming up */
+        char note = 1;
+        ssize_t w = send(FD_COUNT, &note, 1, MSG_NOSIGNAL);
+        (void)w;
+    }
     if (failed)
         child_fail(FD_SOCK, failed, 0, failed_err);
     if (task_gone(task))
