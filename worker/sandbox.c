@@ -204,6 +204,7 @@ struct ci_sandbox {
     atomic_ulong warm_fallbacks; /* tasks that ran cold because no zygote took them */
     int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
     size_t n_warm_ops;
+    bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
     /* Every string the plan points to, freed with the sandbox. */
     char **strs;
     size_t n_strs, cap_strs;
@@ -2853,6 +2854,17 @@ static int warm_op_index(const struct ci_sandbox *sb, int op)
     return op >= 0 && (size_t)op < sb->n_warm_ops ? sb->warm_ops[op] : -1;
 }
 
+/* Can we take another process out of SCHED_IDLE (CAP_SYS_NICE)? */
+static bool can_renice(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    if (syscall(SYS_capget, &hdr, data) != 0)
+        return false;
+    return (data[CAP_TO_INDEX(CAP_SYS_NICE)].effective & CAP_TO_MASK(CAP_SYS_NICE)) != 0;
+}
+
 /* The SETUP plan (sandbox_proto.h) for sb's zygotes. */
 static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
 {
@@ -2863,6 +2875,12 @@ static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
                             .python_len = (uint32_t)strlen(sb->cfg->local.python) + 1};
     if (sb->cgroups && (sb->clone_flags & CLONE_NEWCGROUP))
         h.flags |= ZSETUP_CGROUPNS;
+    /* A spare's warm-up then takes only CPU nothing else wants, and we put
+     * its task back to normal when it comes: without the capability we
+     * could not, and the warm-up competes with the tasks running. */
+    sb->warm_idle = can_renice();
+    if (sb->warm_idle)
+        h.flags |= ZSETUP_IDLE_WARMUP;
     sb->n_warm_ops = 0;
     for (size_t i = 0; i < sb->n_ops; i++)
         if (op_per_task(&sb->ops[i])) {
@@ -3135,6 +3153,13 @@ static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_
             close(pfd[1]);
             return ci_error_set(err, CI_ERR_SYS, "the task's init ended before its setup");
         }
+    }
+    /* Its warm-up ran at SCHED_IDLE: the task runs at the normal policy. */
+    struct sched_param normal = {.sched_priority = 0};
+    if (sb->warm_idle && sched_setscheduler(task_pid, SCHED_OTHER, &normal) != 0) {
+        s = ci_error_errno(err, CI_ERR_SYS, errno, "cannot reset the task's scheduling policy");
+        close(pfd[1]);
+        return s;
     }
     close(pfd[1]);
     if (send_byte(run) != CI_OK)

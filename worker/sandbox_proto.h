@@ -136,6 +136,8 @@ struct zmsg_setup {
 };
 
 #define ZSETUP_CGROUPNS 1u /* each task's init unshares its cgroup namespace once placed */
+#define ZSETUP_IDLE_WARMUP 2u /* spare task processes warm up at SCHED_IDLE; the worker
+                               * resets each to SCHED_OTHER when it places it (HELLO) */
 
 struct zsetup_head {
     uint64_t clone_flags; /* the namespaces of each task (CLONE_NEW*) */

@@ -91,6 +91,7 @@ extern const size_t ci_driver_py_len;
 
 #define SETUP_TIMEOUT_MS 30000
 #define SPARE_FD 3 /* in a spare's init until its SPAWN: the socket to the zygote */
+#define WARM_UP_DELAY_MS 150 /* a spare idle this long starts to warm up */
 
 struct zop {
     uint32_t kind;
@@ -105,6 +106,7 @@ struct zop {
 static struct {
     unsigned long clone_flags;
     bool cgroupns;
+    bool idle_warmup;
     struct zop ops[ZYGOTE_MAX_OPS];
     size_t n_ops;
     struct sock_fprog filter; /* .filter NULL: no filter */
@@ -427,15 +429,22 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    /* Only CPU nothing else wants (the worker resets it when a task comes):
+     * a queue of tasks then runs first. */
+    struct sched_param idle = {.sched_priority = 0};
+    if (z.idle_warmup)
+        (void)sched_setscheduler(0, SCHED_IDLE, &idle);
     PyOS_AfterFork_Child();
-    /* Step by step, and no further once a task has come (init's note): with
-     * tasks queued, a spare is taken before it is warm, and the steps left
-     * would cost CPU the queue needs more. */
+    /* Step by step, and no further once a task has come (init's note). A
+     * step cannot be cut short, and a task that comes in the middle of one
+     * waits for it: so none starts while tasks come back to back (the next
+     * one is then likely within WARM_UP_DELAY_MS), where the warm-up would
+     * only move the cost from one task to the next. */
     PyObject *steps = PyObject_CallNoArgs(z.warm_up);
     Py_ssize_t n = steps && PyTuple_Check(steps) ? PyTuple_GET_SIZE(steps) : 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         struct pollfd p = {.fd = chan, .events = POLLIN};
-        if (poll(&p, 1, 0) != 0)
+        if (poll(&p, 1, i == 0 ? WARM_UP_DELAY_MS : 0) != 0)
             break;
         PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(steps, i));
         if (!r)
@@ -772,6 +781,7 @@ static void read_setup(void)
     memcpy(&h, blob, sizeof(h));
     z.clone_flags = (unsigned long)h.clone_flags;
     z.cgroupns = (h.flags & ZSETUP_CGROUPNS) != 0;
+    z.idle_warmup = (h.flags & ZSETUP_IDLE_WARMUP) != 0;
     if (h.n_ops > ZYGOTE_MAX_OPS)
         fail(EPROTO, "%u setup steps, at most %d", h.n_ops, ZYGOTE_MAX_OPS);
     size_t off = sizeof(h);
