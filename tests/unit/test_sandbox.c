@@ -1490,6 +1490,114 @@ static void t_warm_zygote_dies_under_a_task(void)
     free(c);
 }
 
+/* The children of pid (at most max), from /proc; their number. */
+static int children_of(pid_t pid, pid_t *out, int max)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/task/%d", (int)pid, (int)pid);
+    read_text(path, "children", buf, sizeof(buf));
+    int n = 0;
+    for (char *p = buf; *p && n < max;) {
+        char *end = NULL;
+        long c = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        out[n++] = (pid_t)c;
+        p = end;
+        while (*p == ' ')
+            p++;
+    }
+    return n;
+}
+
+static long session_of(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d", (int)pid);
+    read_text(path, "stat", buf, sizeof(buf));
+    const char *p = strrchr(buf, ')');
+    int ppid, pgrp, sid;
+    char state;
+    if (!p || sscanf(p + 1, " %c %d %d %d", &state, &ppid, &pgrp, &sid) != 4)
+        return -1;
+    return sid;
+}
+
+/* The zygote's spare: its one child (init) with one child (the task
+ * process, warm and waiting, still in the zygote's session). */
+static bool spare_of(pid_t zygote, pid_t *ret_init, pid_t *ret_task)
+{
+    pid_t inits[8], tasks[8];
+    for (int i = 0; i < 500; i++) { /* up to 5 s */
+        int n = children_of(zygote, inits, 8);
+        if (n == 1 && children_of(inits[0], tasks, 8) == 1 &&
+            session_of(tasks[0]) != tasks[0]) {
+            *ret_init = inits[0];
+            *ret_task = tasks[0];
+            return true;
+        }
+        usleep(10 * 1000);
+    }
+    return false;
+}
+
+static bool gone_within(pid_t pid, int ms)
+{
+    for (int i = 0; i < ms / 10; i++) {
+        if (kill(pid, 0) != 0 && errno == ESRCH)
+            return true;
+        usleep(10 * 1000);
+    }
+    return false;
+}
+
+/* Each zygote keeps a spare made ahead of the next task; the task runs in
+ * it (at the normal scheduling policy, whatever the warm-up ran at), the
+ * zygote makes another, and a retired zygote's spare goes with it. */
+static void t_warm_spare(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->local.warm_rotate_after = 2;
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    pid_t zygote = st.pids[0], init1 = 0, task1 = 0, init2 = 0, task2 = 0;
+    REQUIRE(spare_of(zygote, &init1, &task1));
+    usleep(800 * 1000); /* idle: the spare warms up */
+    int status;
+    char *out = sb_output(sb, "import os\nprint(os.sched_getscheduler(0), os.getpid(), os.getppid())\n",
+                          &status);
+    CHECK_STR(out, "0 2 1\n"); /* SCHED_OTHER, the task process under its init */
+    free(out);
+    CHECK(gone_within(init1, 5000) && gone_within(task1, 1000)); /* it served the task */
+    CHECK(spare_of(zygote, &init2, &task2));
+    CHECK(init2 != init1);
+    out = sb_output(sb, "print('second')\n", &status); /* the zygote's last task */
+    CHECK_STR(out, "second\n");
+    free(out);
+    bool retired = false;
+    for (int i = 0; i < 300 && !retired; i++) {
+        fallbacks_of(sb, &st);
+        retired = st.retired >= 1;
+        if (!retired)
+            usleep(100 * 1000);
+    }
+    CHECK(retired);
+    CHECK(gone_within(zygote, 10000));
+    pid_t init3 = 0, task3 = 0;
+    CHECK(spare_of(st.pids[0], &init3, &task3)); /* the new zygote's */
+    /* The old one's spare: the one made after its last task. */
+    pid_t inits[8];
+    CHECK(children_of(zygote, inits, 8) == 0);
+    CHECK(init3 != init2 && gone_within(init2, 1000));
+    CHECK(fallbacks_of(sb, &st) == 0);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
 /* After rotate_after tasks a fresh zygote takes over: another pid, another
  * hash seed, another address layout. */
 static void t_warm_rotation(void)
@@ -1628,6 +1736,7 @@ int main(void)
         /* warm mode: only with CI_SANDBOX_MODE=warm */
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
+        T(t_warm_spare),
     };
     cg_version = pr.cgroup_version;
     size_t n_cases = sizeof(cases) / sizeof(cases[0]), k = 0;
