@@ -315,19 +315,21 @@ def _warm_matplotlib():
     import io
     import warnings
     import matplotlib.pyplot as plt
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fig, ax = plt.subplots()
-        ax.plot([1, 2, 3], [1, 4, 9])
-        ax.set_title("warm")
-        fig.savefig(io.BytesIO(), format="png")
-        plt.close(fig)
-        plt.close("all")
     import matplotlib.font_manager as fm
-    clear = getattr(getattr(fm, "_get_font", None), "cache_clear", None)
-    if clear is not None:
-        clear()
-    gc.collect()  # the figure's cycles
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fig, ax = plt.subplots()
+            ax.plot([1, 2, 3], [1, 4, 9])
+            ax.set_title("warm")
+            fig.savefig(io.BytesIO(), format="png")
+    finally:
+        plt.close("all")
+        # Open font files must not outlive this: a child closes every fd.
+        clear = getattr(getattr(fm, "_get_font", None), "cache_clear", None)
+        if clear is not None:
+            clear()
+        gc.collect()  # the figure's cycles
 
 
 def _warm_exercise():
