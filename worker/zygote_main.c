@@ -27,27 +27,28 @@
  *     ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS[|NEWCGROUP])──▶ init (pid 1)
  *   init: writes its own uid/gid map (1000 -> the zygote's 1000), forks the
  *     task process, waits for a SPAWN on a socketpair kept by the zygote.
- *   task process: PyOS_AfterFork_Child(), the steps of ci_driver._warm_up()
- *     (our fixed code: a small csv/groupby, a PNG into BytesIO) until init
- *     notes that a task came, then waits for init.
+ *   task process: the zygote's signal dispositions back,
+ *     PyOS_AfterFork_Child(); once idle for WARM_UP_DELAY_MS, the steps of
+ *     ci_driver._warm_up() (our fixed code: a small csv/groupby, a PNG into
+ *     BytesIO; at SCHED_IDLE when the worker can undo that) until init tells
+ *     it a task came; then it waits for init.
  *
  * One task (one SPAWN with the task's five channel fds): the zygote passes
  * it to the spare's init and makes the next spare. The init tells the task
  * process (one byte: stop warming up), then does what the init of a cold
- * sandbox does, with the same messages: sends the worker
- * pidfds of itself and of the task process (HELLO) and waits until the
- * worker has put both in the task's cgroup (moving init would not move a
- * child it already has); makes mounts private and mounts what the task
- * owns - fresh tmpfs /workspace, /tmp and /dev/shm (size, inode limits,
- * nosuid, nodev, nosymfollow on /workspace), a fresh /proc, matplotlib's
- * font list - then READY with the /workspace fd, drops every capability,
- * waits for GO, passes the SPAWN and the task's fds to the task process
- * and reaps everything.
+ * sandbox does, with the same messages: sends the worker pidfds of itself
+ * and of the task process (HELLO) and waits until the worker has put both
+ * in the task's cgroup (moving init would not move a child it already
+ * has); makes mounts private and mounts what the task owns - fresh tmpfs
+ * /workspace, /tmp and /dev/shm (size, inode limits, nosuid, nodev,
+ * nosymfollow on /workspace), a fresh /proc, matplotlib's font list - then
+ * READY with the /workspace fd, drops every capability, waits for GO,
+ * passes the SPAWN and the task's fds to the task process and reaps.
  *   task: its cgroup namespace, ids and privileges dropped as init's were,
- *     the zygote's signal dispositions back, dumpable, OOM score 1000,
- *     setsid, the task's rlimits, cwd /workspace, the same seccomp filter,
- *     then ci_driver._warm_main(): reseed random and numpy, run the code,
- *     exit like Python would (threads, atexit, flush).
+ *     dumpable, OOM score 1000, setsid, the task's rlimits, cwd /workspace,
+ *     the same seccomp filter, then ci_driver._warm_main(): reseed random
+ *     and numpy, run the code, exit like Python would (threads, atexit,
+ *     flush).
  * Each spare serves exactly one task; it dies with its zygote (parent-death
  * signal, and EOF on its socket when the zygote retires).
  *
