@@ -2,13 +2,14 @@
 // the same run: bare `/usr/bin/python3 script.py`, no broker, no sandbox.
 //
 //   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
-//                [--soak 0] [--out FILE]
+//                [--soak 0] [--gap 0] [--out FILE]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it also measures the floor of any fork-based warm start on
 // this machine: a python3 that imported the runtime forks one child per run
 // (no sandbox, no broker). Then it measures submit -> terminal status event through NATS,
-// N times one after the other, and reports p50/p95/p99 and their ratio to the
+// N times one after the other (--gap MS: with that pause before each, an
+// agent's think time; 0: back to back), and reports p50/p95/p99 and their ratio to the
 // baseline's; then a fan-out of pandas tasks published at once (throughput
 // with the default concurrency: --fanout in warm mode, --fanout-cold in cold
 // mode, where each task costs ~1 s), the worker's RSS before and after, and in
@@ -35,12 +36,14 @@ const { values: args } = parseArgs({
     "fanout-cold": { type: "string", default: "100" },
     modes: { type: "string", default: "cold,warm" },
     soak: { type: "string", default: "0" },
+    gap: { type: "string", default: "0" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
 });
 const N = Number(args.n);
 const FANOUT = { warm: Number(args.fanout), cold: Number(args["fanout-cold"]) };
 const SOAK = Number(args.soak);
+const GAP_MS = Number(args.gap);
 
 const csv = ["day,region,units,price"];
 for (let i = 0; i < 1000; i++) csv.push(`${i % 28},${["N", "S", "E", "W"][i % 4]},${(i * 7) % 13},${(i % 9) + 0.5}`);
@@ -175,9 +178,21 @@ function processTree() {
   return kids;
 }
 
+// Session id of a process (our namespace's pid), or -1.
+function sessionOf(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[3]);
+  } catch {
+    return -1;
+  }
+}
+
 // While a warm task runs (pandas, then a sleep): the worker's zygotes are
 // its children running ci-zygote, a task's init is a zygote's child and the
-// task is that init's child.
+// task is that init's child, in a session of its own; a zygote's spare is
+// the same pair, its task process (warm, waiting) still in the zygote's
+// session.
 async function warmMemory(client, workerPid, terminal) {
   const code = SCENARIOS.pandas.code + "import time\ntime.sleep(4)\n";
   const running = once(client, code, terminal, { files: SCENARIOS.pandas.files, limits: { timeoutMs: 30000 } });
@@ -193,12 +208,25 @@ async function warmMemory(client, workerPid, terminal) {
         continue;
       }
       if (!cmd.startsWith("ci-zygote")) continue;
-      for (const init of tree.get(z) ?? []) for (const task of tree.get(init) ?? []) found = { zygote: z, init, task };
+      let spare = null;
+      for (const init of tree.get(z) ?? [])
+        for (const task of tree.get(init) ?? []) {
+          if (sessionOf(task) === task) found = { zygote: z, init, task };
+          else spare = task;
+        }
+      if (found) found.spare = spare;
     }
   }
   if (!found) throw new Error("no warm child found under the worker");
   await sleep(1500); // the pandas part is done, the task sleeps
   const out = { zygote: memoryOf(found.zygote), init: memoryOf(found.init), child: memoryOf(found.task) };
+  if (found.spare) {
+    try {
+      out.spare = memoryOf(found.spare);
+    } catch {
+      // taken meanwhile
+    }
+  }
   await running;
   return out;
 }
@@ -230,7 +258,10 @@ async function service(mode, base) {
     for (const name of Object.keys(SCENARIOS)) {
       await once(client, name, terminal); // warm-up
       const ms = [];
-      for (let i = 0; i < N; i++) ms.push(await once(client, name, terminal));
+      for (let i = 0; i < N; i++) {
+        if (GAP_MS > 0) await sleep(GAP_MS);
+        ms.push(await once(client, name, terminal));
+      }
       const s = stats(ms);
       out.scenarios[name] = { ...s, ratio_p50: s.p50 / base[name].p50, ratio_p99: s.p99 / base[name].p99 };
     }
@@ -265,6 +296,7 @@ const results = {
   date: new Date().toISOString(),
   n: N,
   cpus: osCpus().length,
+  gap_ms: GAP_MS,
   loadavg_start: loadavg(),
   baseline: base,
   fork_floor: floor,
@@ -282,7 +314,7 @@ console.log(`\nfork floor: a python3 with the runtime imported forks a child per
 console.log("scenario     p50 ms   p95 ms   p99 ms");
 for (const [k, s] of Object.entries(floor)) console.log(row(k, s));
 for (const m of results.modes) {
-  console.log(`\nservice, ${m.mode} mode: submit -> terminal event through NATS (n=${N}, isolation ${m.isolation})`);
+  console.log(`\nservice, ${m.mode} mode: submit -> terminal event through NATS (n=${N}${GAP_MS ? `, ${GAP_MS} ms apart` : ", back to back"}, isolation ${m.isolation})`);
   console.log("scenario     p50 ms   p95 ms   p99 ms   p50/baseline  p99/baseline");
   for (const [k, s] of Object.entries(m.scenarios))
     console.log(`${row(k, s)} ${s.ratio_p50.toFixed(3).padStart(12)}x ${s.ratio_p99.toFixed(3).padStart(12)}x`);
@@ -291,7 +323,8 @@ for (const m of results.modes) {
   if (m.memory)
     console.log(`memory: zygote RSS ${kib(m.memory.zygote.rss_kib)} (PSS ${kib(m.memory.zygote.pss_kib)}); ` +
                 `warm child RSS ${kib(m.memory.child.rss_kib)}, PSS ${kib(m.memory.child.pss_kib)}, USS ${kib(m.memory.child.uss_kib)}; ` +
-                `its init USS ${m.memory.init.uss_kib} KiB`);
+                `its init USS ${m.memory.init.uss_kib} KiB` +
+                (m.memory.spare ? `; a spare (warm, waiting) USS ${kib(m.memory.spare.uss_kib)}` : ""));
   if (m.soak) console.log(`soak: ${m.soak.tasks} print(1) tasks in ${m.soak.seconds} s; worker RSS ${m.soak.rss_kib_before} -> ${m.soak.rss_kib_after} KiB`);
 }
 console.log(`\nload average: ${results.loadavg_start.map(round).join(" ")} at start, ${results.loadavg_end.map(round).join(" ")} at the end`);

@@ -22,9 +22,11 @@
 # (zygote_main.c) as the module `ci_driver`, which calls _warm_prepare() to
 # import the runtime, then forks one child per task; each child calls
 # _warm_main() in a fresh sandbox with the same fds, cwd and environment as
-# above. The child reseeds `random` and numpy (hash() is randomized per
-# zygote, which is replaced every local.warm_rotate_after tasks) and ends the
-# way Python's own exit would, without tearing the interpreter down.
+# above. The child is forked ahead of its task and runs _warm_up() (our
+# fixed code) before the task's code and fds reach it. Then it reseeds
+# `random` and numpy (hash() is randomized per zygote, which is replaced
+# every local.warm_rotate_after tasks) and ends the way Python's own exit
+# would, without tearing the interpreter down.
 
 import sys
 import os
@@ -284,6 +286,52 @@ _WARM_IMPORTS = (
 )
 
 
+def _warm_pandas():
+    """csv parsing, arithmetic, groupby and text output."""
+    import io
+    import warnings
+    import pandas as pd
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = pd.read_csv(io.StringIO("k,x,y\na,1,2.5\nb,2,3.5\na,3,4.5\n"))
+        df["z"] = df["x"] * df["y"]
+        df.groupby("k")["z"].sum().to_string()
+
+
+def _warm_describe():
+    """describe() and a little linear algebra."""
+    import warnings
+    import numpy as np
+    import pandas as pd
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pd.DataFrame({"x": [1.0, 2.0, 3.0]}).describe().to_string()
+        np.linalg.inv(np.eye(3) * 2.0) @ np.ones(3)
+
+
+def _warm_matplotlib():
+    """A figure saved as PNG into memory, font lookup included."""
+    import gc
+    import io
+    import warnings
+    import matplotlib.pyplot as plt
+    import matplotlib.font_manager as fm
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fig, ax = plt.subplots()
+            ax.plot([1, 2, 3], [1, 4, 9])
+            ax.set_title("warm")
+            fig.savefig(io.BytesIO(), format="png")
+    finally:
+        plt.close("all")
+        # Open font files must not outlive this: a child closes every fd.
+        clear = getattr(getattr(fm, "_get_font", None), "cache_clear", None)
+        if clear is not None:
+            clear()
+        gc.collect()  # the figure's cycles
+
+
 def _warm_exercise():
     """One small run through what tasks use most, so that the lazy imports
     and caches it fills (csv parsing, groupby, PNG output, font lookup) are
@@ -291,28 +339,8 @@ def _warm_exercise():
     task could see: no figure stays open, no option or random state changes,
     warnings are ignored (an ignored warning is not recorded as shown), and
     no file stays open (matplotlib's font objects keep theirs: they go)."""
-    import io
-    import warnings
-    import numpy as np
-    import pandas as pd
-    import matplotlib.pyplot as plt
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        df = pd.read_csv(io.StringIO("k,x,y\na,1,2.5\nb,2,3.5\na,3,4.5\n"))
-        df["z"] = df["x"] * df["y"]
-        df.groupby("k")["z"].sum().to_string()
-        df.describe().to_string()
-        np.linalg.inv(np.eye(3) * 2.0) @ np.ones(3)
-        fig, ax = plt.subplots()
-        ax.plot([1, 2, 3], [1, 4, 9])
-        ax.set_title("warm")
-        fig.savefig(io.BytesIO(), format="png")
-        plt.close(fig)
-        plt.close("all")
-    import matplotlib.font_manager as fm
-    clear = getattr(getattr(fm, "_get_font", None), "cache_clear", None)
-    if clear is not None:
-        clear()
+    for step in _warm_up():
+        step()
 
 
 def _warm_prepare():
@@ -326,6 +354,16 @@ def _warm_prepare():
     _warm_exercise()
     gc.collect()
     gc.freeze()
+
+
+def _warm_up():
+    """The steps of _warm_exercise(), most used first. A spare task process
+    (forked ahead of any task, waiting for one afterwards) runs them again,
+    so that its own first calls and copy-on-write faults are paid before a
+    task exists rather than by it; it stops between two steps once its task
+    has come. Our fixed code only: no task data, no file written (StringIO,
+    BytesIO), nothing left that a task could see."""
+    return (_warm_pandas, _warm_matplotlib, _warm_describe)
 
 
 def _reseed():

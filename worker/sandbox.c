@@ -204,6 +204,7 @@ struct ci_sandbox {
     atomic_ulong warm_fallbacks; /* tasks that ran cold because no zygote took them */
     int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
     size_t n_warm_ops;
+    bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
     /* Every string the plan points to, freed with the sandbox. */
     char **strs;
     size_t n_strs, cap_strs;
@@ -1353,10 +1354,13 @@ static ci_status digest_inputs(struct ci_sandbox_run *run, const struct ci_sandb
     return CI_OK;
 }
 
-/* Receives one message from the child within timeout_ms; a READY carries
- * the workspace fd in *ret_fd. */
-static ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd)
+/* Receives one message from the child within timeout_ms with up to n fds
+ * (a READY carries the workspace fd, a HELLO two pidfds) into ret_fds[],
+ * the rest -1; fds beyond n are closed. */
+static ci_status recv_msg_fds(int sock, int timeout_ms, struct msg *m, int *ret_fds, int n)
 {
+    for (int i = 0; i < n; i++)
+        ret_fds[i] = -1;
     struct pollfd p = {.fd = sock, .events = POLLIN};
     int r;
     do
@@ -1367,32 +1371,52 @@ static ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_f
     if (r < 0)
         return CI_ERR_SYS;
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(2 * sizeof(int))];
         struct cmsghdr align;
     } cm;
     struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
                         .msg_controllen = sizeof(cm.buf)};
-    ssize_t n;
+    ssize_t got;
     do
-        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    if (n <= 0)
+        got = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    if (got <= 0)
         return CI_ERR_IO; /* EOF: the child is gone */
-    int fd = -1;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-            memcpy(&fd, CMSG_DATA(c), sizeof(int));
-    if (n != (ssize_t)sizeof(*m) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-        if (fd >= 0)
-            close(fd);
-        return CI_ERR_INTEGRITY;
+    int fds[2], k = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (k < 2)
+                fds[k++] = fd;
+            else
+                close(fd);
+        }
     }
+    bool ok = got == (ssize_t)sizeof(*m) && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC));
+    for (int i = 0; i < k; i++) {
+        if (ok && i < n)
+            ret_fds[i] = fds[i];
+        else
+            close(fds[i]);
+    }
+    return ok ? CI_OK : CI_ERR_INTEGRITY;
+}
+
+/* As recv_msg_fds() with at most one fd; ret_fd may be NULL. */
+static ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd)
+{
+    int fd;
+    ci_status s = recv_msg_fds(sock, timeout_ms, m, &fd, 1);
     if (ret_fd)
         *ret_fd = fd;
     else if (fd >= 0)
         close(fd);
-    return CI_OK;
+    return s;
 }
 
 static ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m,
@@ -2801,8 +2825,9 @@ ci_status ci_sandbox_new(const struct ci_config *cfg, const struct ci_sandbox_pr
  * executes ci-zygote instead of forking a task. Each task's init in the
  * zygote runs the per-task part of the plan itself - its /workspace, /tmp,
  * /dev/shm, /proc and what goes into /tmp - and speaks the same messages as
- * a cold init, after a HELLO that carries a pidfd of itself: from there on a
- * warm run is a cold run whose init is not our child. */
+ * a cold init, after a HELLO that carries pidfds of itself and of its task
+ * process (forked ahead, see zygote_main.c): from there on a warm run is a
+ * cold run whose init is not our child. */
 
 /* The steps of the plan each task of a zygote runs in its own mount
  * namespace, on top of the zygote's (identical) root. */
@@ -2829,6 +2854,17 @@ static int warm_op_index(const struct ci_sandbox *sb, int op)
     return op >= 0 && (size_t)op < sb->n_warm_ops ? sb->warm_ops[op] : -1;
 }
 
+/* Can we take another process out of SCHED_IDLE (CAP_SYS_NICE)? */
+static bool can_renice(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    if (syscall(SYS_capget, &hdr, data) != 0)
+        return false;
+    return (data[CAP_TO_INDEX(CAP_SYS_NICE)].effective & CAP_TO_MASK(CAP_SYS_NICE)) != 0;
+}
+
 /* The SETUP plan (sandbox_proto.h) for sb's zygotes. */
 static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
 {
@@ -2839,6 +2875,12 @@ static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
                             .python_len = (uint32_t)strlen(sb->cfg->local.python) + 1};
     if (sb->cgroups && (sb->clone_flags & CLONE_NEWCGROUP))
         h.flags |= ZSETUP_CGROUPNS;
+    /* A spare's warm-up then takes only CPU nothing else wants, and we put
+     * its task back to normal when it comes: without the capability we
+     * could not, and the warm-up competes with the tasks running. */
+    sb->warm_idle = can_renice();
+    if (sb->warm_idle)
+        h.flags |= ZSETUP_IDLE_WARMUP;
     sb->n_warm_ops = 0;
     for (size_t i = 0; i < sb->n_ops; i++)
         if (op_per_task(&sb->ops[i])) {
@@ -3039,9 +3081,10 @@ static pid_t pidfd_pid(int pidfd)
     return pid > 0 ? (pid_t)pid : -1;
 }
 
-/* Warm mode: a zygote clones the task's init, which says HELLO with a pidfd
- * of itself; we put it in the task's cgroup, then it builds its mounts like
- * a cold init (finish_start). *ret_fallback: nothing of the task has run. */
+/* Warm mode: a zygote hands the task to a spare init (cloned ahead, its
+ * task process forked and waiting), which says HELLO with pidfds of both;
+ * we put both in the task's cgroup, then init builds its mounts like a cold
+ * init (finish_start). *ret_fallback: nothing of the task has run. */
 static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
                             bool *ret_fallback, struct ci_error *err)
 {
@@ -3066,34 +3109,59 @@ static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_
     close_child_ends(run);
 
     struct msg m;
-    int pidfd = -1;
-    s = recv_msg(run, READY_TIMEOUT_MS, &m, &pidfd);
-    if (s || m.type != MSG_HELLO || pidfd < 0) {
+    int pfd[2]; /* init, and its task process: forked ahead, warm, waiting */
+    s = recv_msg_fds(run->sock, READY_TIMEOUT_MS, &m, pfd, 2);
+    if (s || m.type != MSG_HELLO || pfd[0] < 0 || pfd[1] < 0) {
         char what[256] = "";
         if (!s && m.type == MSG_FAILED)
             describe_failure(sb, &m, what, sizeof(what));
-        if (pidfd >= 0)
-            close(pidfd);
+        else if (!s && m.type == MSG_HELLO)
+            snprintf(what, sizeof(what), "its HELLO lacks a pidfd (an older ci-zygote?)");
+        for (int i = 0; i < 2; i++)
+            if (pfd[i] >= 0)
+                close(pfd[i]);
         return ci_error_set(err, CI_ERR_SYS, "the warm runtime did not start the task: %s",
                             what[0] ? what : s == CI_ERR_TIMEOUT ? "no answer" : "it is gone");
     }
     run->warm = true;
-    run->pidfd = pidfd;
-    run->pid = pidfd_pid(pidfd);
-    if (run->pid <= 0)
+    run->pidfd = pfd[0];
+    run->pid = pidfd_pid(pfd[0]);
+    pid_t task_pid = pidfd_pid(pfd[1]);
+    if (run->pid <= 0 || task_pid <= 0) {
+        close(pfd[1]);
         return ci_error_set(err, CI_ERR_SYS, "the task's init ended before its setup");
-    /* Init waits for our byte: in its cgroup before it mounts or forks. */
+    }
+    /* Init waits for our byte: in its cgroup before it mounts. The task
+     * process exists already and writing init's pid would not move it, so
+     * it goes in too, before it gets the code (at GO). Its pid cannot be
+     * reused meanwhile: init reaps nothing until GO. In cgroup v1 the
+     * memory its warm-up touched stays charged where it was (no charge
+     * moves with a process): the task's limit counts what the task adds. */
     if (run->cg) {
         struct ci_error cg_err = {{0}};
-        if ((s = ci_cgroup_attach(run->cg, run->pid, &cg_err)))
+        if ((s = ci_cgroup_attach(run->cg, run->pid, &cg_err)) ||
+            (s = ci_cgroup_attach(run->cg, task_pid, &cg_err))) {
+            close(pfd[1]);
             return ci_error_set(err, s, "the sandbox could not be set up: %s", cg_err.msg);
+        }
         /* Init waits for our byte and lives on until something kills it
          * (its zygote's death does): then its pid was free between
          * pidfd_pid() and the attach, but pids are handed out in turn, so
          * none was reused in that moment. Fail now rather than later. */
-        if (warm_exited(run, 0))
+        struct pollfd p = {.fd = pfd[1], .events = POLLIN};
+        if (warm_exited(run, 0) || poll(&p, 1, 0) != 0) {
+            close(pfd[1]);
             return ci_error_set(err, CI_ERR_SYS, "the task's init ended before its setup");
+        }
     }
+    /* Its warm-up ran at SCHED_IDLE: the task runs at the normal policy. */
+    struct sched_param normal = {.sched_priority = 0};
+    if (sb->warm_idle && sched_setscheduler(task_pid, SCHED_OTHER, &normal) != 0) {
+        s = ci_error_errno(err, CI_ERR_SYS, errno, "cannot reset the task's scheduling policy");
+        close(pfd[1]);
+        return s;
+    }
+    close(pfd[1]);
     if (send_byte(run) != CI_OK)
         return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before its setup");
     return finish_start(run, job, ret_fallback, err);

@@ -8,8 +8,8 @@
  * 1. A run (cold and warm alike), on the run's control socket (FD_SOCK in
  *    the sandbox): the worker sends one byte when the sandbox may go on (it
  *    has written the maps or placed the process in its cgroup) and one byte
- *    as GO; the sandbox's init sends struct msg: HELLO (warm only, with a
- *    pidfd of itself), READY (with the /workspace fd), FAILED (a step and an
+ *    as GO; the sandbox's init sends struct msg: HELLO (warm only, with
+ *    pidfds of itself and of the task process, in that order), READY (with the /workspace fd), FAILED (a step and an
  *    errno) or DONE (the task's wait status and rusage).
  *
  * 2. A zygote (warm mode), on its request socket (ZYGOTE_FD_REQ in the
@@ -60,7 +60,7 @@ enum step {
     STEP_ZYGOTE_THREADS, /* the zygote is not single-threaded: it must not fork */
     STEP_ZYGOTE_CLONE,   /* the zygote could not clone the task's init */
     STEP_MAPS,           /* the task's init writes its own uid and gid maps */
-    STEP_HELLO,          /* the task's init sends a pidfd of itself */
+    STEP_HELLO,          /* the task's init sends pidfds of itself and the task */
     STEP_PYTHON,         /* the task could not call the driver */
     STEP_COUNT,
 };
@@ -90,7 +90,7 @@ static const char *const step_names[STEP_COUNT] = {
     [STEP_ZYGOTE_THREADS] = "fork the warm runtime (it has more than one thread)",
     [STEP_ZYGOTE_CLONE] = "clone the task's namespaces from the warm runtime",
     [STEP_MAPS] = "write the task's uid and gid maps",
-    [STEP_HELLO] = "report the task's init to the worker",
+    [STEP_HELLO] = "report the task's processes to the worker",
     [STEP_PYTHON] = "start the driver in the warm runtime",
 };
 
@@ -109,7 +109,7 @@ struct msg {
 /* --- the zygote --- */
 
 #define ZYGOTE_FD_REQ 4        /* the request socket in the zygote (its init's FD_SOCK) */
-#define ZYGOTE_PROTO_VERSION 1
+#define ZYGOTE_PROTO_VERSION 2 /* 2: HELLO carries the task process's pidfd too */
 #define ZYGOTE_MAX_OPS 16
 #define ZYGOTE_SETUP_MAX (4u << 20) /* bytes of one SETUP message, font list included */
 
@@ -136,6 +136,8 @@ struct zmsg_setup {
 };
 
 #define ZSETUP_CGROUPNS 1u /* each task's init unshares its cgroup namespace once placed */
+#define ZSETUP_IDLE_WARMUP 2u /* spare task processes warm up at SCHED_IDLE; the worker
+                               * resets each to SCHED_OTHER when it places it (HELLO) */
 
 struct zsetup_head {
     uint64_t clone_flags; /* the namespaces of each task (CLONE_NEW*) */
@@ -153,7 +155,8 @@ struct zmsg_status {
     char text[480];
 };
 
-/* SPAWN: the task's rlimits; the five channel fds ride along. */
+/* SPAWN: the task's rlimits; the five channel fds ride along. The zygote
+ * passes it on to a spare init, which passes it to its task process at GO. */
 struct zmsg_spawn {
     uint32_t type;
     uint32_t pad;

@@ -18,22 +18,39 @@
  * zygote runs no Python at all, and allocates nothing: its memory stays as
  * every child expects to find it.
  *
- * One task (one SPAWN with the task's five channel fds):
+ * Spares. Forking this image costs ~16 ms here, and a freshly forked child
+ * pays tens of ms more in copy-on-write faults and first calls. So the
+ * zygote keeps one spare made ahead of the next task, with no task data in
+ * it, and a task's critical path forks nothing:
  *
  *   zygote (single-threaded: /proc/self/task is checked before each fork)
  *     ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS[|NEWCGROUP])──▶ init (pid 1)
- *   init: writes its own uid/gid map (1000 -> the zygote's 1000), sends the
- *     worker a pidfd of itself (HELLO) and waits until the worker has put it
- *     in the task's cgroup; makes mounts private and mounts what the task
- *     owns - fresh tmpfs /workspace, /tmp and /dev/shm (size, inode limits,
- *     nosuid, nodev, nosymfollow on /workspace), a fresh /proc, matplotlib's
- *     font list - then READY with the /workspace fd, drops every capability,
- *     waits for GO, forks the task and reaps everything, exactly like the
- *     init of a cold sandbox (and with the same messages).
- *   task: the zygote's signal dispositions back, dumpable, OOM score 1000,
- *     setsid, the task's rlimits, cwd /workspace, the same seccomp filter,
- *     PyOS_AfterFork_Child(), then ci_driver._warm_main(): reseed random and
- *     numpy, run the code, exit like Python would (threads, atexit, flush).
+ *   init: writes its own uid/gid map (1000 -> the zygote's 1000), forks the
+ *     task process, waits for a SPAWN on a socketpair kept by the zygote.
+ *   task process: the zygote's signal dispositions back,
+ *     PyOS_AfterFork_Child(); once idle for WARM_UP_DELAY_MS, the steps of
+ *     ci_driver._warm_up() (our fixed code: a small csv/groupby, a PNG into
+ *     BytesIO; at SCHED_IDLE when the worker can undo that) until init tells
+ *     it a task came; then it waits for init.
+ *
+ * One task (one SPAWN with the task's five channel fds): the zygote passes
+ * it to the spare's init and makes the next spare. The init tells the task
+ * process (one byte: stop warming up), then does what the init of a cold
+ * sandbox does, with the same messages: sends the worker pidfds of itself
+ * and of the task process (HELLO) and waits until the worker has put both
+ * in the task's cgroup (moving init would not move a child it already
+ * has); makes mounts private and mounts what the task owns - fresh tmpfs
+ * /workspace, /tmp and /dev/shm (size, inode limits, nosuid, nodev,
+ * nosymfollow on /workspace), a fresh /proc, matplotlib's font list - then
+ * READY with the /workspace fd, drops every capability, waits for GO,
+ * passes the SPAWN and the task's fds to the task process and reaps.
+ *   task: its cgroup namespace, ids and privileges dropped as init's were,
+ *     dumpable, OOM score 1000, setsid, the task's rlimits, cwd /workspace,
+ *     the same seccomp filter, then ci_driver._warm_main(): reseed random
+ *     and numpy, run the code, exit like Python would (threads, atexit,
+ *     flush).
+ * Each spare serves exactly one task; it dies with its zygote (parent-death
+ * signal, and EOF on its socket when the zygote retires).
  *
  * EOF on the request socket (the worker retired this zygote, or is gone):
  * accept nothing more, wait until every child has ended, exit.
@@ -74,6 +91,8 @@ extern const char ci_driver_py[];
 extern const size_t ci_driver_py_len;
 
 #define SETUP_TIMEOUT_MS 30000
+#define SPARE_FD 3 /* in a spare's init until its SPAWN: the socket to the zygote */
+#define WARM_UP_DELAY_MS 150 /* a spare idle this long starts to warm up */
 
 struct zop {
     uint32_t kind;
@@ -88,11 +107,13 @@ struct zop {
 static struct {
     unsigned long clone_flags;
     bool cgroupns;
+    bool idle_warmup;
     struct zop ops[ZYGOTE_MAX_OPS];
     size_t n_ops;
     struct sock_fprog filter; /* .filter NULL: no filter */
     const char *python;
     PyObject *warm_main;      /* ci_driver._warm_main */
+    PyObject *warm_up;        /* ci_driver._warm_up */
     int task_dir;             /* /proc/self/task, to count our threads */
     struct sigaction saved[NSIG]; /* the dispositions Python set, for the task */
 } z = {.task_dir = -1};
@@ -160,40 +181,98 @@ static bool wait_byte(int sock)
     return r == 1;
 }
 
-/* Sends m with one fd attached. */
-static int send_with_fd(int sock, const struct msg *m, int fd)
+/* Sends len bytes of buf with n fds attached (SCM_RIGHTS, in order). */
+static int send_fds(int sock, const void *buf, size_t len, const int *fds, int n)
 {
-    struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof(*m)};
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(FD_COUNT * sizeof(int))];
         struct cmsghdr align;
     } cm;
     memset(&cm, 0, sizeof(cm));
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-                        .msg_controllen = sizeof(cm.buf)};
+                        .msg_controllen = CMSG_SPACE((size_t)n * sizeof(int))};
     struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    return sendmsg(sock, &mh, MSG_NOSIGNAL) < 0 ? -1 : 0;
+    c->cmsg_len = CMSG_LEN((size_t)n * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, (size_t)n * sizeof(int));
+    ssize_t r;
+    do
+        r = sendmsg(sock, &mh, MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    return r == (ssize_t)len ? 0 : -1;
 }
 
-/* Puts src[0..4] at 0..4 and closes every other fd. */
-static int move_fds(const int *src)
+static int send_with_fd(int sock, const struct msg *m, int fd)
 {
-    int base = FD_COUNT;
+    return send_fds(sock, m, sizeof(*m), &fd, 1);
+}
+
+/* Receives one message of exactly len bytes carrying exactly FD_COUNT fds:
+ * 1 with buf and fds filled, 0 at EOF, -1 for nothing usable (what came
+ * is closed). */
+static int recv_fds(int sock, void *buf, size_t len, int *fds, int flags)
+{
+    union {
+        char buf[CMSG_SPACE(FD_COUNT * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof(cm.buf)};
+    ssize_t n;
+    do
+        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | flags);
+    while (n < 0 && errno == EINTR && !(flags & MSG_DONTWAIT));
+    if (n == 0)
+        return 0;
+    if (n < 0)
+        return -1;
+    int got = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (got < FD_COUNT)
+                fds[got++] = fd;
+            else
+                close(fd);
+        }
+    }
+    if (n != (ssize_t)len || got != FD_COUNT || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        for (int i = 0; i < got; i++)
+            close(fds[i]);
+        return -1;
+    }
+    return 1;
+}
+
+/* Puts src[0..4] at 0..4, keep (if >= 0) at FD_COUNT, and closes every
+ * other fd. */
+static int move_fds(const int *src, int keep)
+{
+    int base = FD_COUNT + 1;
     for (int i = 0; i < FD_COUNT; i++)
         if (src[i] >= base)
             base = src[i] + 1;
-    int tmp[FD_COUNT];
+    if (keep >= base)
+        base = keep + 1;
+    int tmp[FD_COUNT + 1];
     for (int i = 0; i < FD_COUNT; i++)
         if ((tmp[i] = fcntl(src[i], F_DUPFD, base)) < 0)
             return -1;
+    if (keep >= 0 && (tmp[FD_COUNT] = fcntl(keep, F_DUPFD, base)) < 0)
+        return -1;
     for (int i = 0; i < FD_COUNT; i++)
         if (dup2(tmp[i], i) < 0)
             return -1;
-    close_fds_from(FD_COUNT);
+    if (keep >= 0 && dup2(tmp[FD_COUNT], FD_COUNT) < 0)
+        return -1;
+    close_fds_from(keep >= 0 ? FD_COUNT + 1 : FD_COUNT);
     return 0;
 }
 
@@ -279,15 +358,22 @@ static int count_threads(void)
 /* The task process                                                        */
 /* ---------------------------------------------------------------------- */
 
-__attribute__((noreturn)) static void task_main(const struct task_req *rq)
+/* After GO, with the task's fds at 0..4: the task. It was forked before
+ * init was placed and dropped its privileges, so it does both itself. */
+__attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp)
 {
-    /* Python's own dispositions (SIGINT, SIGPIPE, SIGXFSZ), which init reset. */
-    for (int sig = 1; sig < NSIG; sig++)
-        if (sig != SIGKILL && sig != SIGSTOP)
-            sigaction(sig, &z.saved[sig], NULL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
+    /* The worker moved us into the task's cgroup along with init (HELLO
+     * carried our pidfd): the same view of it as init's. */
+    if (z.cgroupns)
+        (void)unshare(CLONE_NEWCGROUP);
+    if (sys_setresgid(SANDBOX_ID) != 0)
+        child_fail(FD_SOCK, STEP_SETGID, 0, errno);
+    if (sys_setresuid(SANDBOX_ID) != 0)
+        child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+    enum step failed = drop_privileges();
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, errno);
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     /* As in sandbox.c: our /proc files are ours, and the OOM killer of the
      * task's cgroup takes the code, never init. */
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
@@ -300,9 +386,9 @@ __attribute__((noreturn)) static void task_main(const struct task_req *rq)
     if (setsid() < 0)
         child_fail(FD_SOCK, STEP_SETSID, 0, errno);
     for (int r = 0; r < RLIM_NLIMITS; r++) {
-        if (!rq->spawn.limits[r].set)
+        if (!sp->limits[r].set)
             continue;
-        struct rlimit want = {(rlim_t)rq->spawn.limits[r].cur, (rlim_t)rq->spawn.limits[r].max};
+        struct rlimit want = {(rlim_t)sp->limits[r].cur, (rlim_t)sp->limits[r].max};
         struct rlimit have;
         if (getrlimit((__rlimit_resource_t)r, &have) == 0 && have.rlim_max != RLIM_INFINITY) {
             if (want.rlim_max > have.rlim_max)
@@ -321,13 +407,62 @@ __attribute__((noreturn)) static void task_main(const struct task_req *rq)
         child_fail(FD_SOCK, STEP_SECCOMP, 0, errno);
     close(FD_SOCK); /* the code gets 0-3 only, as after execve in a cold task */
 
-    PyOS_AfterFork_Child();
     PyObject *r = PyObject_CallNoArgs(z.warm_main); /* never returns when all is well */
     Py_XDECREF(r);
     static const char msg[] = "ci-zygote: the driver returned instead of exiting\n";
     ssize_t w = write(FD_ERR, msg, sizeof(msg) - 1);
     (void)w;
     _exit(1);
+}
+
+/* A spare's task process, forked by its init ahead of any task: it warms
+ * the runtime up with our own fixed code (ci_driver._warm_up: the lazy
+ * imports, caches and copy-on-write faults of the first calls, paid here
+ * instead of by the task), then waits for init to hand it the task's fds
+ * and limits at GO. No task data exists in this process before that. */
+__attribute__((noreturn)) static void prefork_task_main(int chan)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    /* Python's own dispositions (SIGINT, SIGPIPE, SIGXFSZ), which init reset. */
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP)
+            sigaction(sig, &z.saved[sig], NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    /* Only CPU nothing else wants (the worker resets it when a task comes):
+     * a queue of tasks then runs first. */
+    struct sched_param idle = {.sched_priority = 0};
+    if (z.idle_warmup)
+        (void)sched_setscheduler(0, SCHED_IDLE, &idle);
+    PyOS_AfterFork_Child();
+    /* Step by step, and no further once a task has come (init's note). A
+     * step cannot be cut short, and a task that comes in the middle of one
+     * waits for it: so none starts while tasks come back to back (the next
+     * one is then likely within WARM_UP_DELAY_MS), where the warm-up would
+     * only move the cost from one task to the next. */
+    PyObject *steps = PyObject_CallNoArgs(z.warm_up);
+    Py_ssize_t n = steps && PyTuple_Check(steps) ? PyTuple_GET_SIZE(steps) : 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct pollfd p = {.fd = chan, .events = POLLIN};
+        if (poll(&p, 1, i == 0 ? WARM_UP_DELAY_MS : 0) != 0)
+            break;
+        PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(steps, i));
+        if (!r)
+            break;
+        Py_DECREF(r);
+    }
+    if (PyErr_Occurred())
+        PyErr_Print(); /* only slower: to the zygote's stderr, the task still runs */
+    Py_XDECREF(steps);
+
+    struct zmsg_spawn sp;
+    int fds[FD_COUNT];
+    if (!wait_byte(chan) || recv_fds(chan, &sp, sizeof(sp), fds, 0) != 1)
+        _exit(0); /* init went away before a task came */
+    if (sp.type != ZMSG_SPAWN || move_fds(fds, -1) != 0)
+        child_fail(fds[FD_SOCK], STEP_FDS, 0, errno);
+    task_main(&sp);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -405,7 +540,21 @@ static int write_own_maps(void)
     return rc;
 }
 
-__attribute__((noreturn)) static void init_main(const struct task_req *rq)
+/* Is our child task gone (not reaped: its pid stays ours)? */
+static bool task_gone(pid_t task)
+{
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    return waitid(P_PID, (id_t)task, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == task;
+}
+
+/* A spare's init: cloned by the zygote ahead of any task, with the task's
+ * namespaces. It writes its maps, forks the task process (which warms up),
+ * and waits for a SPAWN on SPARE_FD. From then on it is the task's init,
+ * as in a cold sandbox: HELLO (pidfds of itself and of the task process,
+ * both to be put in the task's cgroup), mounts, READY, GO; then it hands
+ * the task's fds to the task process and reaps. */
+__attribute__((noreturn)) static void spare_init_main(int sock)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0); /* dies with the zygote */
     /* Keep Python's dispositions for the task, take default ones here. */
@@ -422,21 +571,86 @@ __attribute__((noreturn)) static void init_main(const struct task_req *rq)
     sigaddset(&waited, SIGCHLD);
     sigaddset(&waited, SIG_STOP);
     sigprocmask(SIG_SETMASK, &waited, NULL);
-    if (move_fds(rq->fds) != 0)
-        child_fail(rq->fds[FD_SOCK], STEP_FDS, 0, errno);
-    if (write_own_maps() != 0)
-        child_fail(FD_SOCK, STEP_MAPS, 0, errno);
+    if (dup2(sock, SPARE_FD) < 0)
+        _exit(1);
+    close_fds_from(SPARE_FD + 1); /* the zygote's request socket among them */
 
-    /* HELLO with a pidfd: the worker learns our pid in its namespace and
-     * can signal us without racing a reused pid. */
-    int self = (int)syscall(SYS_pidfd_open, getpid(), 0);
-    if (self < 0)
+    /* A failure before the SPAWN is told to the task it would have served. */
+    enum step failed = STEP_NONE;
+    int failed_err = 0, chan = -1;
+    pid_t task = -1;
+    if (write_own_maps() != 0) {
+        failed = STEP_MAPS;
+        failed_err = errno;
+    }
+    int tp[2];
+    if (!failed && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, tp) != 0) {
+        failed = STEP_FORK;
+        failed_err = errno;
+    }
+    if (!failed) {
+        task = sys_clone(SIGCHLD);
+        if (task == 0) {
+            close(SPARE_FD);
+            close(tp[0]);
+            prefork_task_main(tp[1]);
+        }
+        close(tp[1]);
+        chan = tp[0];
+        if (task < 0) {
+            failed = STEP_FORK;
+            failed_err = errno;
+        }
+    }
+
+    /* Wait for a task; a task process that dies first leaves nothing to
+     * offer: go, the zygote makes another spare. */
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    int sfd = task > 0 ? signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK) : -1;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = SPARE_FD, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+        if (poll(p, 2, -1) < 0)
+            continue; /* EINTR */
+        if (p[1].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+                ;
+            if (task_gone(task))
+                _exit(1);
+        }
+        if (p[0].revents)
+            break;
+    }
+    struct task_req rq;
+    if (recv_fds(SPARE_FD, &rq.spawn, sizeof(rq.spawn), rq.fds, 0) != 1)
+        _exit(0); /* EOF: the zygote retires */
+    if (rq.spawn.type != ZMSG_SPAWN || move_fds(rq.fds, chan) != 0)
+        child_fail(rq.fds[FD_SOCK], STEP_FDS, 0, errno);
+    if (chan >= 0) { /* the note: the task process stops warming up */
+        char note = 1;
+        ssize_t w = send(FD_COUNT, &note, 1, MSG_NOSIGNAL);
+        (void)w;
+    }
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, failed_err);
+    if (task_gone(task))
+        child_fail(FD_SOCK, STEP_FORK, 0, ECHILD);
+
+    /* HELLO with pidfds: the worker learns our pid and the task process's
+     * in its namespace, signals us without racing a reused pid, and puts
+     * both in the task's cgroup (moving init would not move its child). */
+    int pfd[2] = {(int)syscall(SYS_pidfd_open, getpid(), 0),
+                  (int)syscall(SYS_pidfd_open, task, 0)};
+    if (pfd[0] < 0 || pfd[1] < 0)
         child_fail(FD_SOCK, STEP_HELLO, 0, errno);
     struct msg hello = {.type = MSG_HELLO};
-    if (send_with_fd(FD_SOCK, &hello, self) != 0)
+    if (send_fds(FD_SOCK, &hello, sizeof(hello), pfd, 2) != 0)
         _exit(1);
-    close(self);
-    if (!wait_byte(FD_SOCK)) /* we are in the task's cgroup now */
+    close(pfd[0]);
+    close(pfd[1]);
+    if (!wait_byte(FD_SOCK)) /* we and the task process are in the task's cgroup now */
         _exit(1);
     if (z.cgroupns)
         (void)unshare(CLONE_NEWCGROUP); /* a view only, as in sandbox.c */
@@ -461,17 +675,17 @@ __attribute__((noreturn)) static void init_main(const struct task_req *rq)
     if (send_with_fd(FD_SOCK, &ready, ws) != 0)
         _exit(1);
     close(ws);
-    enum step failed = drop_privileges();
+    failed = drop_privileges();
     if (failed)
         child_fail(FD_SOCK, failed, 0, errno);
     if (!wait_byte(FD_SOCK)) /* GO: the inputs are in place */
         _exit(1);
 
-    pid_t task = sys_clone(SIGCHLD);
-    if (task < 0)
+    /* The task process takes it from here, with the task's fds and limits. */
+    static const int all[FD_COUNT] = {0, 1, 2, 3, 4};
+    if (send_fds(FD_COUNT, &rq.spawn, sizeof(rq.spawn), all, FD_COUNT) != 0)
         child_fail(FD_SOCK, STEP_FORK, 0, errno);
-    if (task == 0)
-        task_main(rq);
+    close(FD_COUNT);
     for (int fd = 0; fd < FD_SOCK; fd++)
         close(fd);
     reap_all(task);
@@ -568,6 +782,7 @@ static void read_setup(void)
     memcpy(&h, blob, sizeof(h));
     z.clone_flags = (unsigned long)h.clone_flags;
     z.cgroupns = (h.flags & ZSETUP_CGROUPNS) != 0;
+    z.idle_warmup = (h.flags & ZSETUP_IDLE_WARMUP) != 0;
     if (h.n_ops > ZYGOTE_MAX_OPS)
         fail(EPROTO, "%u setup steps, at most %d", h.n_ops, ZYGOTE_MAX_OPS);
     size_t off = sizeof(h);
@@ -667,9 +882,11 @@ static void python_start(void)
     Py_DECREF(r);
     PyObject *prepare = PyDict_GetItemString(dict, "_warm_prepare");
     z.warm_main = PyDict_GetItemString(dict, "_warm_main");
-    if (!prepare || !z.warm_main)
-        fail(0, "the driver has no _warm_prepare or _warm_main");
+    z.warm_up = PyDict_GetItemString(dict, "_warm_up");
+    if (!prepare || !z.warm_main || !z.warm_up)
+        fail(0, "the driver has no _warm_prepare, _warm_up or _warm_main");
     Py_INCREF(z.warm_main);
+    Py_INCREF(z.warm_up);
     r = PyObject_CallNoArgs(prepare);
     if (!r)
         python_fail("the runtime could not be imported");
@@ -704,63 +921,81 @@ static void check_fds(void)
 /* Receives one SPAWN; 1 with rq filled, 0 at EOF, -1 for nothing usable. */
 static int recv_request(struct task_req *rq)
 {
-    union {
-        char buf[CMSG_SPACE(FD_COUNT * sizeof(int))];
-        struct cmsghdr align;
-    } cm;
-    struct iovec iov = {.iov_base = &rq->spawn, .iov_len = sizeof(rq->spawn)};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-                        .msg_controllen = sizeof(cm.buf)};
-    ssize_t n = recvmsg(ZYGOTE_FD_REQ, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (n == 0)
-        return 0;
-    if (n < 0)
-        return -1; /* EINTR, EAGAIN: the EOF case reads 0 */
-    int got = 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        for (int i = 0; i < k; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            if (got < FD_COUNT)
-                rq->fds[got++] = fd;
-            else
-                close(fd);
-        }
-    }
-    bool ok = n == (ssize_t)sizeof(rq->spawn) && rq->spawn.type == ZMSG_SPAWN &&
-              got == FD_COUNT && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC));
-    if (!ok) {
-        for (int i = 0; i < got; i++)
+    int r = recv_fds(ZYGOTE_FD_REQ, &rq->spawn, sizeof(rq->spawn), rq->fds, MSG_DONTWAIT);
+    if (r == 1 && rq->spawn.type != ZMSG_SPAWN) {
+        for (int i = 0; i < FD_COUNT; i++)
             close(rq->fds[i]);
         return -1;
     }
-    return 1;
+    return r;
 }
 
-/* Starts one task; true when its init runs (it tells the worker the rest). */
-static bool spawn(const struct task_req *rq, bool *broken)
+/* The spare: an init cloned ahead of the next task, its task process
+ * forked and warming up (pid 0: none). One at a time, so a task's critical
+ * path has no fork of this big image and no first-call costs. */
+static struct {
+    pid_t pid;
+    int sock; /* our end of its SPARE_FD */
+} spare = {0, -1};
+
+static void spare_drop(void)
 {
-    int sock = rq->fds[FD_SOCK];
+    if (spare.sock >= 0)
+        close(spare.sock); /* EOF: an idle spare exits, its task process with it */
+    spare.sock = -1;
+    spare.pid = 0;
+}
+
+/* Clones the next spare; 0, or the step that failed (errno set). */
+static enum step spare_make(unsigned long *children)
+{
     /* fork() copies one thread: a second one (a library's pool) would leave
      * its locks held in every child. Then this zygote must go. */
     if (count_threads() != 1) {
-        struct msg m = {.type = MSG_FAILED, .step = STEP_ZYGOTE_THREADS, .err = EBUSY};
-        send_msg(sock, &m);
-        *broken = true;
-        return false;
+        errno = EBUSY;
+        return STEP_ZYGOTE_THREADS;
     }
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) != 0)
+        return STEP_ZYGOTE_CLONE;
     pid_t pid = sys_clone(z.clone_flags | SIGCHLD);
     if (pid == 0)
-        init_main(rq);
+        spare_init_main(sp[1]);
+    int e = errno;
+    close(sp[1]);
     if (pid < 0) {
-        struct msg m = {.type = MSG_FAILED, .step = STEP_ZYGOTE_CLONE, .err = errno};
-        send_msg(sock, &m);
-        return false;
+        close(sp[0]);
+        errno = e;
+        return STEP_ZYGOTE_CLONE;
     }
-    return true;
+    (*children)++;
+    spare.pid = pid;
+    spare.sock = sp[0];
+    return STEP_NONE;
+}
+
+/* Hands one task to the spare (made now if there is none, again if it
+ * died meanwhile), then makes the next spare. */
+static void spawn(const struct task_req *rq, unsigned long *children, bool *broken)
+{
+    enum step failed = STEP_NONE;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!spare.pid && (failed = spare_make(children)) != STEP_NONE)
+            break;
+        if (send_fds(spare.sock, &rq->spawn, sizeof(rq->spawn), rq->fds, FD_COUNT) == 0) {
+            spare_drop(); /* it is the task's init now */
+            failed = spare_make(children);
+            if (failed == STEP_ZYGOTE_THREADS)
+                *broken = true;
+            return;
+        }
+        failed = STEP_ZYGOTE_CLONE; /* it died (its warm-up failed?): another one */
+        spare_drop();
+    }
+    struct msg m = {.type = MSG_FAILED, .step = failed, .err = errno};
+    send_msg(rq->fds[FD_SOCK], &m);
+    if (failed == STEP_ZYGOTE_THREADS)
+        *broken = true;
 }
 
 __attribute__((noreturn)) static void serve(void)
@@ -774,6 +1009,8 @@ __attribute__((noreturn)) static void serve(void)
         fail(errno, "signalfd");
     bool closing = false;
     unsigned long children = 0;
+    if (spare_make(&children) == STEP_ZYGOTE_THREADS)
+        closing = true;
     for (;;) {
         if (closing && children == 0)
             _exit(0);
@@ -785,26 +1022,31 @@ __attribute__((noreturn)) static void serve(void)
         while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
             ;
         pid_t pid;
-        while ((pid = waitpid(-1, NULL, WNOHANG | __WALL)) > 0)
+        while ((pid = waitpid(-1, NULL, WNOHANG | __WALL)) > 0) {
             if (children)
                 children--;
+            if (pid == spare.pid)
+                spare_drop(); /* the next task makes another */
+        }
         if (closing || !(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
             continue;
         struct task_req rq;
         int r = recv_request(&rq);
         if (r == 0) {
             closing = true;
+            spare_drop();
             continue;
         }
         if (r < 0)
             continue;
         bool broken = false;
-        if (spawn(&rq, &broken))
-            children++;
+        spawn(&rq, &children, &broken);
         for (int i = 0; i < FD_COUNT; i++)
             close(rq.fds[i]);
-        if (broken)
+        if (broken) {
             closing = true; /* the worker sees our exit and starts another zygote */
+            spare_drop();
+        }
     }
 }
 

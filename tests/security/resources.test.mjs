@@ -414,6 +414,27 @@ except OSError as e:
     const m = r.stdout.match(/^FDS (\d+) 24$/m);
     assert.ok(m && Number(m[1]) < 1024, `bounded by RLIMIT_NOFILE: ${r.stdout}`);
   });
+
+  // A warm task's process is forked before its init is put in the task's
+  // cgroup (moving init does not move its children): the worker must move
+  // it too, or the memory, pids and cpu limits would not apply to the code.
+  b.attack(
+    "the code runs in the task's cgroup, with its init",
+    async () => {
+      const code = `
+me = open("/proc/self/cgroup").read()
+init = open("/proc/1/cgroup").read()
+report(same=(me == init), me=me, init=init, roots=all(l.endswith(":/") for l in me.splitlines()))
+`;
+      const { result: r, report: rep } = await b.run(code);
+      assert.ok(rep, show(r));
+      assert.equal(rep.same, true, `the code's cgroups are not init's:\n${rep.me}\ninit:\n${rep.init}`);
+      // Init made its cgroup namespace once placed: the code is at its root.
+      if (b.layers.has("cgroupns")) assert.equal(rep.roots, true, `not at the root of its cgroup namespace:\n${rep.me}`);
+    },
+    { skip: b.cgroups ? undefined : `no per-task cgroups in this sandbox (isolation "${b.isolation}")` },
+  );
 });
+
 
 b.finish();

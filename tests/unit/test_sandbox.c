@@ -952,6 +952,54 @@ static void read_text(const char *dir, const char *name, char *buf, size_t size)
     buf[n > 0 ? n : 0] = '\0';
 }
 
+/* Which pids of the sandbox's namespace (the last NSpid field) are listed
+ * in dir/cgroup.procs: bit 0 for 1 (init), bit 1 for 2 (the code). */
+static unsigned ns_pids_in(const char *dir)
+{
+    char buf[4096];
+    unsigned seen = 0;
+    read_text(dir, "cgroup.procs", buf, sizeof(buf));
+    for (char *p = buf; *p;) {
+        char *end = NULL;
+        long pid = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        char path[64], st[4096];
+        snprintf(path, sizeof(path), "/proc/%ld", pid);
+        read_text(path, "status", st, sizeof(st));
+        const char *ns = strstr(st, "\nNSpid:");
+        const char *eol = ns ? strchr(ns + 1, '\n') : NULL;
+        if (ns && eol) {
+            const char *last = eol;
+            while (last > ns && last[-1] != '\t' && last[-1] != ' ')
+                last--;
+            long inner = strtol(last, NULL, 10);
+            if (inner == 1 || inner == 2)
+                seen |= 1u << (inner - 1);
+        }
+        p = end;
+        while (*p == '\n')
+            p++;
+    }
+    return seen;
+}
+
+/* The code sees itself in init's cgroups, at the root of its cgroup
+ * namespace (a warm task's process exists before init is placed: the
+ * worker must move it too). */
+static void t_cgroup_self(void)
+{
+    struct ci_outcome o;
+    REQUIRE(run_code("me, init = open('/proc/self/cgroup').read(), open('/proc/1/cgroup').read()\n"
+                     "print('same' if me == init else 'differ: ' + me + init)\n"
+                     "print(all(l.endswith(':/') for l in me.splitlines()))\n",
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_STR(o.out, strstr(o.isolation ? o.isolation : "", "cgroupns") ? "same\nTrue\n"
+                                                                       : "same\nFalse\n");
+    ci_outcome_release(&o);
+}
+
 /* While a task runs: its cgroup holds init and the code, with the limits. */
 static void t_cgroup_layout(void)
 {
@@ -981,6 +1029,10 @@ static void t_cgroup_layout(void)
             usleep(10000);
     }
     CHECK(procs >= 2);
+    /* In every hierarchy, by their pids inside: init (1) and the code (2). */
+    CHECK(!found || ns_pids_in(mem) == 3);
+    CHECK(!found || ns_pids_in(pids) == 3);
+    CHECK(!found || ns_pids_in(cpu) == 3);
     if (found && cg_version == 2) {
         read_text(mem, "memory.max", buf, sizeof(buf));
         CHECK_STR(buf, "314572800\n");
@@ -1438,6 +1490,114 @@ static void t_warm_zygote_dies_under_a_task(void)
     free(c);
 }
 
+/* The children of pid (at most max), from /proc; their number. */
+static int children_of(pid_t pid, pid_t *out, int max)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/task/%d", (int)pid, (int)pid);
+    read_text(path, "children", buf, sizeof(buf));
+    int n = 0;
+    for (char *p = buf; *p && n < max;) {
+        char *end = NULL;
+        long c = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        out[n++] = (pid_t)c;
+        p = end;
+        while (*p == ' ')
+            p++;
+    }
+    return n;
+}
+
+static long session_of(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d", (int)pid);
+    read_text(path, "stat", buf, sizeof(buf));
+    const char *p = strrchr(buf, ')');
+    int ppid, pgrp, sid;
+    char state;
+    if (!p || sscanf(p + 1, " %c %d %d %d", &state, &ppid, &pgrp, &sid) != 4)
+        return -1;
+    return sid;
+}
+
+/* The zygote's spare: its one child (init) with one child (the task
+ * process, warm and waiting, still in the zygote's session). */
+static bool spare_of(pid_t zygote, pid_t *ret_init, pid_t *ret_task)
+{
+    pid_t inits[8], tasks[8];
+    for (int i = 0; i < 500; i++) { /* up to 5 s */
+        int n = children_of(zygote, inits, 8);
+        if (n == 1 && children_of(inits[0], tasks, 8) == 1 &&
+            session_of(tasks[0]) != tasks[0]) {
+            *ret_init = inits[0];
+            *ret_task = tasks[0];
+            return true;
+        }
+        usleep(10 * 1000);
+    }
+    return false;
+}
+
+static bool gone_within(pid_t pid, int ms)
+{
+    for (int i = 0; i < ms / 10; i++) {
+        if (kill(pid, 0) != 0 && errno == ESRCH)
+            return true;
+        usleep(10 * 1000);
+    }
+    return false;
+}
+
+/* Each zygote keeps a spare made ahead of the next task; the task runs in
+ * it (at the normal scheduling policy, whatever the warm-up ran at), the
+ * zygote makes another, and a retired zygote's spare goes with it. */
+static void t_warm_spare(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->local.warm_rotate_after = 2;
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    pid_t zygote = st.pids[0], init1 = 0, task1 = 0, init2 = 0, task2 = 0;
+    REQUIRE(spare_of(zygote, &init1, &task1));
+    usleep(800 * 1000); /* idle: the spare warms up */
+    int status;
+    char *out = sb_output(sb, "import os\nprint(os.sched_getscheduler(0), os.getpid(), os.getppid())\n",
+                          &status);
+    CHECK_STR(out, "0 2 1\n"); /* SCHED_OTHER, the task process under its init */
+    free(out);
+    CHECK(gone_within(init1, 5000) && gone_within(task1, 1000)); /* it served the task */
+    CHECK(spare_of(zygote, &init2, &task2));
+    CHECK(init2 != init1);
+    out = sb_output(sb, "print('second')\n", &status); /* the zygote's last task */
+    CHECK_STR(out, "second\n");
+    free(out);
+    bool retired = false;
+    for (int i = 0; i < 300 && !retired; i++) {
+        fallbacks_of(sb, &st);
+        retired = st.retired >= 1;
+        if (!retired)
+            usleep(100 * 1000);
+    }
+    CHECK(retired);
+    CHECK(gone_within(zygote, 10000));
+    pid_t init3 = 0, task3 = 0;
+    CHECK(spare_of(st.pids[0], &init3, &task3)); /* the new zygote's */
+    /* The old one's spare: the one made after its last task. */
+    pid_t inits[8];
+    CHECK(children_of(zygote, inits, 8) == 0);
+    CHECK(init3 != init2 && gone_within(init2, 1000));
+    CHECK(fallbacks_of(sb, &st) == 0);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
 /* After rotate_after tasks a fresh zygote takes over: another pid, another
  * hash seed, another address layout. */
 static void t_warm_rotation(void)
@@ -1572,10 +1732,11 @@ int main(void)
         T(t_bad_python),    T(t_tmpfs_limits),   T(t_require_cgroup),
         /* cgroups: from here on only when the probe found them */
         T(t_cgroup_memory), T(t_cgroup_peak),    T(t_cgroup_pids),  T(t_cgroup_cpu),
-        T(t_cgroup_layout),
+        T(t_cgroup_layout),      T(t_cgroup_self),
         /* warm mode: only with CI_SANDBOX_MODE=warm */
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
+        T(t_warm_spare),
     };
     cg_version = pr.cgroup_version;
     size_t n_cases = sizeof(cases) / sizeof(cases[0]), k = 0;
