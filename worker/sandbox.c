@@ -3134,7 +3134,7 @@ static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_
     /* Init waits for our byte: in its cgroup before it mounts. The task
      * process exists already and writing init's pid would not move it, so
      * it goes in too, before it gets the code (at GO). Its pid cannot be
-     * reused meanwhile: init reaps nothing until GO. In cgroup v1 the
+     * reused meanwhile: init reaps nothing until GO. In cgroup v1 and v2 the
      * memory its warm-up touched stays charged where it was (no charge
      * moves with a process): the task's limit counts what the task adds. */
     if (run->cg) {

@@ -366,6 +366,16 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp)
      * carried our pidfd): the same view of it as init's. */
     if (z.cgroupns)
         (void)unshare(CLONE_NEWCGROUP);
+    /* The warm-up ran Python in this process: a thread a library started
+     * would keep our privileges and no filter, as the calls below act on
+     * the calling thread only. */
+    z.task_dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int threads = count_threads();
+    if (z.task_dir >= 0)
+        close(z.task_dir);
+    z.task_dir = -1;
+    if (threads != 1)
+        child_fail(FD_SOCK, STEP_ZYGOTE_THREADS, 0, threads < 0 ? errno : EBUSY);
     if (sys_setresgid(SANDBOX_ID) != 0)
         child_fail(FD_SOCK, STEP_SETGID, 0, errno);
     if (sys_setresuid(SANDBOX_ID) != 0)
@@ -453,7 +463,8 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
         Py_DECREF(r);
     }
     if (PyErr_Occurred())
-        PyErr_Print(); /* only slower: to the zygote's stderr, the task still runs */
+        PyErr_PrintEx(0); /* only slower: to the zygote's stderr, the task still runs;
+                           * 0: no sys.last_exc for the task to find */
     Py_XDECREF(steps);
 
     struct zmsg_spawn sp;
