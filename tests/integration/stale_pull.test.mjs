@@ -95,6 +95,17 @@ function setup(workerOpts) {
   return ctx;
 }
 
+// Makes worker A's only slot busy with a long task (cancelled by the test),
+// then opens a pull request on A's inbox that outlives any Fetch of A's:
+// what the next task is delivered to. Returns the busy task's id.
+async function busyWithStaleRequest(ctx, prefix, expiresMs) {
+  const busy = newTaskId(prefix);
+  await ctx.client.submit({ taskId: busy, language: "python", code: "import time\ntime.sleep(60)" });
+  await ctx.client.waitStatus(busy, "TASK_STATUS_RUNNING", 30000);
+  await stalePullRequest(ctx.client, await pullInbox(ctx.server.monitorUrl, "stale-a"), expiresMs);
+  return busy;
+}
+
 // Log lines of every worker about taskId (with event, only those).
 const taskLines = (workers, taskId, event) =>
   workers.flatMap((w) => w.lines().filter((l) => l.task_id === taskId && (!event || l.event === event)).map((l) => ({ ...l, w: w.id })));
@@ -105,12 +116,7 @@ describe("a task delivered to a stale pull request of a busy slot", () => {
   test("runs once, on the worker it was redelivered to; the busy slot leaves its stale copy alone", async () => {
     const c = ctx.client;
     const a = ctx.a;
-    // A's only slot is busy until the test cancels this task.
-    const busy = newTaskId("stale-busy");
-    await c.submit({ taskId: busy, language: "python", code: "import time\ntime.sleep(60)" });
-    await c.waitStatus(busy, "TASK_STATUS_RUNNING", 30000);
-
-    await stalePullRequest(c, await pullInbox(ctx.server.monitorUrl, "stale-a"));
+    const busy = await busyWithStaleRequest(ctx, "stale-busy");
     const x = newTaskId("stale-x");
     const marker = `marker-${x}`;
     // Long enough to be still running on B when A comes back.
@@ -165,11 +171,8 @@ describe("a task delivered to a stale pull request of a busy slot", () => {
     const c = ctx.client;
     const a = ctx.a;
     for (const w of ctx.workers) if (w !== a && !w.exited()) await w.stop(); // A alone
-    const busy = newTaskId("late408-busy");
-    await c.submit({ taskId: busy, language: "python", code: "import time\ntime.sleep(60)" });
-    await c.waitStatus(busy, "TASK_STATUS_RUNNING", 30000);
     // A request that expires at once: its 408 waits in A's queue.
-    await stalePullRequest(c, await pullInbox(ctx.server.monitorUrl, "stale-a"), 200);
+    const busy = await busyWithStaleRequest(ctx, "late408-busy", 200);
     await waitFor("the request expired", async () => (await c.jsm.consumers.info(STREAM, CONSUMER)).num_waiting === 0, 5000);
     // More data than the 408 has bytes (about 81), as any real task has.
     const z = newTaskId("late408-z");
@@ -228,10 +231,7 @@ describe("a stale copy on its last attempt", () => {
   test("still runs, once: no redelivery would ever come", async () => {
     const c = ctx.client;
     const a = ctx.a;
-    const busy = newTaskId("last-busy");
-    await c.submit({ taskId: busy, language: "python", code: "import time\ntime.sleep(60)" });
-    await c.waitStatus(busy, "TASK_STATUS_RUNNING", 30000);
-    await stalePullRequest(c, await pullInbox(ctx.server.monitorUrl, "stale-a"));
+    const busy = await busyWithStaleRequest(ctx, "last-busy");
     const y = newTaskId("last-y");
     await c.submit({ taskId: y, language: "python", code: "print('once')" });
     await waitDelivered(c, 2);
