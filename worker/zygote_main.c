@@ -330,15 +330,15 @@ static enum step drop_privileges(void)
     return STEP_NONE;
 }
 
-/* Threads of this process, from /proc/self/task, without allocating. */
-static int count_threads(void)
+/* Threads of this process, from its open /proc/self/task, without allocating. */
+static int count_threads(int task_dir)
 {
     char buf[1024];
     int n = 0;
-    if (z.task_dir < 0 || lseek(z.task_dir, 0, SEEK_SET) != 0)
+    if (task_dir < 0 || lseek(task_dir, 0, SEEK_SET) != 0)
         return -1;
     for (;;) {
-        long got = syscall(SYS_getdents64, z.task_dir, buf, sizeof(buf));
+        long got = syscall(SYS_getdents64, task_dir, buf, sizeof(buf));
         if (got < 0)
             return -1;
         if (got == 0)
@@ -369,11 +369,10 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp)
     /* The warm-up ran Python in this process: a thread a library started
      * would keep our privileges and no filter, as the calls below act on
      * the calling thread only. */
-    z.task_dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int threads = count_threads();
-    if (z.task_dir >= 0)
-        close(z.task_dir);
-    z.task_dir = -1;
+    int dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int threads = count_threads(dir);
+    if (dir >= 0)
+        close(dir);
     if (threads != 1)
         child_fail(FD_SOCK, STEP_ZYGOTE_THREADS, 0, threads < 0 ? errno : EBUSY);
     if (sys_setresgid(SANDBOX_ID) != 0)
@@ -962,7 +961,7 @@ static enum step spare_make(unsigned long *children)
 {
     /* fork() copies one thread: a second one (a library's pool) would leave
      * its locks held in every child. Then this zygote must go. */
-    if (count_threads() != 1) {
+    if (count_threads(z.task_dir) != 1) {
         errno = EBUSY;
         return STEP_ZYGOTE_THREADS;
     }
@@ -1076,7 +1075,7 @@ int main(int argc, char **argv)
     python_start();
     check_fds();
     z.task_dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int threads = count_threads();
+    int threads = count_threads(z.task_dir);
     if (threads != 1)
         fail(EBUSY, "the runtime started %d threads; a zygote must have exactly one "
              "(OPENBLAS_NUM_THREADS and friends must be 1)", threads);
