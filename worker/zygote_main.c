@@ -43,7 +43,10 @@
  * /workspace, /tmp and /dev/shm (size, inode limits, nosuid, nodev,
  * nosymfollow on /workspace), a fresh /proc, matplotlib's font list - then
  * READY with the /workspace fd, drops every capability, waits for GO,
- * passes the SPAWN and the task's fds to the task process and reaps.
+ * passes the SPAWN and the task's fds to the task process and reaps. The
+ * task process answers with the CPU time its warm-up took, before any task
+ * code runs: init leaves it out of what it reports, and the task's
+ * RLIMIT_CPU gets it on top.
  *   task: its cgroup namespace, ids and privileges dropped as init's were,
  *     dumpable, OOM score 1000, setsid, the task's rlimits, cwd /workspace,
  *     the same seccomp filter, then ci_driver._warm_main(): reseed random
@@ -93,6 +96,11 @@ extern const size_t ci_driver_py_len;
 #define SETUP_TIMEOUT_MS 30000
 #define SPARE_FD 3 /* in a spare's init until its SPAWN: the socket to the zygote */
 #define WARM_UP_DELAY_MS 150 /* a spare idle this long starts to warm up */
+
+/* The task process to its init at GO: the CPU time it spent before the task. */
+struct warm_cpu {
+    int64_t utime_us, stime_us;
+};
 
 struct zop {
     uint32_t kind;
@@ -358,9 +366,15 @@ static int count_threads(int task_dir)
 /* The task process                                                        */
 /* ---------------------------------------------------------------------- */
 
+static int64_t tv_us(struct timeval tv)
+{
+    return (int64_t)tv.tv_sec * 1000000 + tv.tv_usec;
+}
+
 /* After GO, with the task's fds at 0..4: the task. It was forked before
- * init was placed and dropped its privileges, so it does both itself. */
-__attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp)
+ * init was placed and dropped its privileges, so it does both itself.
+ * warm_us: the CPU time its warm-up took, which RLIMIT_CPU must not count. */
+__attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, int64_t warm_us)
 {
     /* The worker moved us into the task's cgroup along with init (HELLO
      * carried our pidfd): the same view of it as init's. */
@@ -398,6 +412,13 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp)
         if (!sp->limits[r].set)
             continue;
         struct rlimit want = {(rlim_t)sp->limits[r].cur, (rlim_t)sp->limits[r].max};
+        if (r == RLIMIT_CPU && warm_us > 0) { /* whole seconds: the warm-up's on top */
+            rlim_t extra = (rlim_t)((warm_us + 999999) / 1000000);
+            if (want.rlim_cur != RLIM_INFINITY)
+                want.rlim_cur += extra;
+            if (want.rlim_max != RLIM_INFINITY)
+                want.rlim_max += extra;
+        }
         struct rlimit have;
         if (getrlimit((__rlimit_resource_t)r, &have) == 0 && have.rlim_max != RLIM_INFINITY) {
             if (want.rlim_max > have.rlim_max)
@@ -470,9 +491,18 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
     int fds[FD_COUNT];
     if (!wait_byte(chan) || recv_fds(chan, &sp, sizeof(sp), fds, 0) != 1)
         _exit(0); /* init went away before a task came */
+    /* What the warm-up cost is not the task's: init takes it off the CPU
+     * time it reports (the first thing it reads from us), task_main() puts
+     * it on top of RLIMIT_CPU. No task code has run yet: this is true. */
+    struct rusage ru;
+    struct warm_cpu warm = {0, 0};
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        warm = (struct warm_cpu){tv_us(ru.ru_utime), tv_us(ru.ru_stime)};
+    ssize_t w = send(chan, &warm, sizeof(warm), MSG_NOSIGNAL);
+    (void)w; /* init gone: the task's socket says so soon enough */
     if (sp.type != ZMSG_SPAWN || move_fds(fds, -1) != 0)
         child_fail(fds[FD_SOCK], STEP_FDS, 0, errno);
-    task_main(&sp);
+    task_main(&sp, warm.utime_us + warm.stime_us);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -481,15 +511,16 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
 
 static void add_rusage(struct msg *m, const struct rusage *ru)
 {
-    m->utime_us += (int64_t)ru->ru_utime.tv_sec * 1000000 + ru->ru_utime.tv_usec;
-    m->stime_us += (int64_t)ru->ru_stime.tv_sec * 1000000 + ru->ru_stime.tv_usec;
+    m->utime_us += tv_us(ru->ru_utime);
+    m->stime_us += tv_us(ru->ru_stime);
     if (ru->ru_maxrss > m->maxrss_kb)
         m->maxrss_kb = ru->ru_maxrss;
 }
 
 /* As sandbox.c's reap_all(): reap until the task is gone or the worker
- * says stop (a signal from outside the namespace), kill what is left, report. */
-__attribute__((noreturn)) static void reap_all(pid_t task)
+ * says stop (a signal from outside the namespace), kill what is left, report.
+ * warm: the task process's CPU time before its task, not reported. */
+__attribute__((noreturn)) static void reap_all(pid_t task, struct warm_cpu warm)
 {
     sigset_t waited;
     sigemptyset(&waited);
@@ -510,6 +541,8 @@ __attribute__((noreturn)) static void reap_all(pid_t task)
                 break;
             add_rusage(&done, &ru);
             if (r == task) {
+                done.utime_us -= warm.utime_us < done.utime_us ? warm.utime_us : done.utime_us;
+                done.stime_us -= warm.stime_us < done.stime_us ? warm.stime_us : done.stime_us;
                 done.status = st;
                 task_done = true;
             }
@@ -695,10 +728,18 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
     static const int all[FD_COUNT] = {0, 1, 2, 3, 4};
     if (send_fds(FD_COUNT, &rq.spawn, sizeof(rq.spawn), all, FD_COUNT) != 0)
         child_fail(FD_SOCK, STEP_FORK, 0, errno);
-    close(FD_COUNT);
     for (int fd = 0; fd < FD_SOCK; fd++)
         close(fd);
-    reap_all(task);
+    /* Its answer comes before any task code runs (or never: it died). */
+    struct warm_cpu warm = {0, 0};
+    ssize_t got;
+    do
+        got = recv(FD_COUNT, &warm, sizeof(warm), 0);
+    while (got < 0 && errno == EINTR);
+    if (got != (ssize_t)sizeof(warm) || warm.utime_us < 0 || warm.stime_us < 0)
+        warm = (struct warm_cpu){0, 0};
+    close(FD_COUNT);
+    reap_all(task, warm);
 }
 
 /* ---------------------------------------------------------------------- */

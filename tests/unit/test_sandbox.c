@@ -1598,6 +1598,83 @@ static void t_warm_spare(void)
     free(c);
 }
 
+/* CPU time of a process (utime + stime), in ms, from /proc. */
+static long cpu_ms_of(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return -1;
+    return (long)((ut + st) * 1000 / (unsigned long)sysconf(_SC_CLK_TCK));
+}
+
+/* The CPU time a spare spent warming up is not its task's: not in the
+ * reported cpu_ms, not taken from the task's RLIMIT_CPU. */
+static void t_warm_spare_cpu(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    pid_t init = 0, task = 0;
+    REQUIRE(spare_of(st.pids[0], &init, &task));
+    /* Until its warm-up is over (its CPU time stops growing), 15 s at most:
+     * it runs at SCHED_IDLE, so a busy machine may starve it. */
+    long warm = 0, last = -1;
+    for (int i = 0; i < 150; i++) {
+        usleep(100 * 1000);
+        warm = cpu_ms_of(task);
+        if (warm >= 120 && warm == last)
+            break;
+        last = warm;
+    }
+    if (warm < 120) {
+        fprintf(stderr, "\n*** t_warm_spare_cpu SKIPPED: the spare warmed up for %ld ms of CPU "
+                        "in 15 s (the machine is too busy to tell)\n", warm);
+        ci_sandbox_free(sb);
+        free(c);
+        return;
+    }
+    static const char code[] =
+        "import resource\n"
+        "ru = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "print(int((ru.ru_utime + ru.ru_stime) * 1000), resource.getrlimit(resource.RLIMIT_CPU)[0])\n";
+    struct ci_sandbox_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
+                                 .memory_mb = 1024};
+    struct ci_sandbox_run *run = NULL;
+    struct ci_error err = {{0}};
+    REQUIRE(ci_sandbox_start(sb, &job, &run, &err) == CI_OK);
+    struct ci_sandbox_result r;
+    REQUIRE(ci_sandbox_wait(run, &r) == CI_OK);
+    long self_ms = -1, rlimit_s = -1;
+    CHECK(r.outcome.out && sscanf(r.outcome.out, "%ld %ld", &self_ms, &rlimit_s) == 2);
+    if (getenv("TEST_VERBOSE"))
+        fprintf(stderr, "warm-up %ld ms; in the task: %ld ms, RLIMIT_CPU %ld s; reported %llu ms\n",
+                warm, self_ms, rlimit_s, (unsigned long long)r.outcome.cpu_ms);
+    CHECK(self_ms >= warm); /* the spare served it: its warm-up is in its own count */
+    /* 20 s + 1 s of CPU left for the code, whatever the warm-up took. */
+    CHECK(rlimit_s * 1000 - self_ms >= 21 * 1000 - 50);
+    /* What the code and its exit took, not the warm-up. */
+    CHECK(r.outcome.cpu_ms + 80 < (uint64_t)self_ms);
+    ci_sandbox_result_release(&r);
+    ci_sandbox_run_free(run);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
 /* After rotate_after tasks a fresh zygote takes over: another pid, another
  * hash seed, another address layout. */
 static void t_warm_rotation(void)
@@ -1736,7 +1813,7 @@ int main(void)
         /* warm mode: only with CI_SANDBOX_MODE=warm */
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
-        T(t_warm_spare),
+        T(t_warm_spare),    T(t_warm_spare_cpu),
     };
     cg_version = pr.cgroup_version;
     size_t n_cases = sizeof(cases) / sizeof(cases[0]), k = 0;
