@@ -2,16 +2,18 @@
 // the same run: bare `/usr/bin/python3 script.py`, no broker, no sandbox.
 //
 //   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
-//                [--soak 0] [--gap 0] [--out FILE]
+//                [--soak 0] [--gap 0] [--concurrency 0] [--out FILE]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it also measures the floor of any fork-based warm start on
 // this machine: a python3 that imported the runtime forks one child per run
-// (no sandbox, no broker). Then it measures submit -> terminal status event through NATS,
+// (no sandbox, no broker), and that floor's throughput for the pandas task
+// with one forking python3 and with as many as the worker has slots (the
+// most any fork-per-task design could reach here). Then it measures submit -> terminal status event through NATS,
 // N times one after the other (--gap MS: with that pause before each, an
 // agent's think time; 0: back to back), and reports p50/p95/p99 and their ratio to the
 // baseline's; then a fan-out of pandas tasks published at once (throughput
-// with the default concurrency: --fanout in warm mode, --fanout-cold in cold
+// with the worker's default concurrency, one slot per CPU, or --concurrency N: --fanout in warm mode, --fanout-cold in cold
 // mode, where each task costs ~1 s), the worker's RSS before and after, and in
 // warm mode the memory of the zygote and of one warm child (PSS and USS from
 // /proc/<pid>/smaps_rollup while the child runs a pandas task that then
@@ -37,6 +39,7 @@ const { values: args } = parseArgs({
     modes: { type: "string", default: "cold,warm" },
     soak: { type: "string", default: "0" },
     gap: { type: "string", default: "0" },
+    concurrency: { type: "string", default: "0" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
 });
@@ -44,6 +47,10 @@ const N = Number(args.n);
 const FANOUT = { warm: Number(args.fanout), cold: Number(args["fanout-cold"]) };
 const SOAK = Number(args.soak);
 const GAP_MS = Number(args.gap);
+// The worker's worker.concurrency: 0 = its default, one slot per online CPU.
+const CONCURRENCY = Number(args.concurrency);
+const SLOTS = CONCURRENCY > 0 ? CONCURRENCY : osCpus().length;
+const FLOOR_FANOUT = 60; // pandas runs per forking process in the floor's throughput
 
 const csv = ["day,region,units,price"];
 for (let i = 0; i < 1000; i++) csv.push(`${i % 28},${["N", "S", "E", "W"][i % 4]},${(i * 7) % 13},${(i % 9) + 0.5}`);
@@ -126,14 +133,43 @@ for name, code in codes.items():
         if i:
             ms.append((time.perf_counter() - t0) * 1000)
     out[name] = ms
-print(json.dumps(out))
+# Throughput: P processes like this one (forks of it) each fork a child per
+# pandas run, ${FLOOR_FANOUT} runs each, at the same time.
+def drive(runs):
+    for _ in range(runs):
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, 1)
+            exec(compile(codes["pandas"], "main.py", "exec"), {"__name__": "__main__"})
+            sys.stdout.flush()
+            os._exit(0)
+        if os.waitpid(pid, 0)[1]:
+            os._exit(1)
+tput = {}
+for procs in sorted({1, ${SLOTS}}):
+    t0 = time.perf_counter()
+    kids = []
+    for _ in range(procs):
+        pid = os.fork()
+        if pid == 0:
+            drive(${FLOOR_FANOUT})
+            os._exit(0)
+        kids.append(pid)
+    for pid in kids:
+        if os.waitpid(pid, 0)[1]:
+            raise SystemExit("fork floor throughput failed")
+    tput[str(procs)] = procs * ${FLOOR_FANOUT} / (time.perf_counter() - t0)
+print(json.dumps({"latency": out, "tasks_per_s": tput}))
 `;
   const env = { PATH: "/usr/bin:/bin", HOME: dir, MPLCONFIGDIR: join(dir, ".mpl"), MPLBACKEND: "Agg", OPENBLAS_NUM_THREADS: "1" };
   const codes = Object.fromEntries(Object.entries(SCENARIOS).map(([k, sc]) => [k, sc.code]));
   const r = spawnSync("/usr/bin/python3", ["-c", script], { cwd: dir, env, input: JSON.stringify(codes), encoding: "utf8" });
   rmSync(dir, { recursive: true, force: true });
   if (r.status !== 0) throw new Error(`fork floor failed: ${r.stderr}`);
-  return Object.fromEntries(Object.entries(JSON.parse(r.stdout)).map(([k, ms]) => [k, stats(ms)]));
+  const got = JSON.parse(r.stdout);
+  const floor = Object.fromEntries(Object.entries(got.latency).map(([k, ms]) => [k, stats(ms)]));
+  return { floor, throughput: Object.fromEntries(Object.entries(got.tasks_per_s).map(([k, v]) => [k, round(v)])) };
 }
 
 // Submits one task; resolves with the time to its terminal event.
@@ -232,7 +268,7 @@ async function warmMemory(client, workerPid, terminal) {
 }
 
 async function service(mode, base) {
-  const stack = await startStack({ workers: 1, worker: { local: { isolation: "required", mode } } });
+  const stack = await startStack({ workers: 1, worker: { concurrency: CONCURRENCY, local: { isolation: "required", mode } } });
   const out = { mode, scenarios: {}, fanout: null, rss_kib: {}, memory: null, soak: null };
   try {
     const client = stack.client;
@@ -291,7 +327,7 @@ async function service(mode, base) {
 
 const base = {};
 for (const name of Object.keys(SCENARIOS)) base[name] = baseline(name);
-const floor = forkFloor();
+const { floor, throughput: floorTput } = forkFloor();
 const results = {
   date: new Date().toISOString(),
   n: N,
@@ -300,6 +336,8 @@ const results = {
   loadavg_start: loadavg(),
   baseline: base,
   fork_floor: floor,
+  fork_floor_tasks_per_s: floorTput,
+  concurrency: SLOTS,
   modes: [],
 };
 for (const mode of args.modes.split(",")) results.modes.push(await service(mode, base));
@@ -313,12 +351,13 @@ for (const [k, s] of Object.entries(base)) console.log(row(k, s));
 console.log(`\nfork floor: a python3 with the runtime imported forks a child per run (no sandbox, no NATS)`);
 console.log("scenario     p50 ms   p95 ms   p99 ms");
 for (const [k, s] of Object.entries(floor)) console.log(row(k, s));
+console.log(`its throughput, pandas: ${Object.entries(floorTput).map(([p, v]) => `${v} tasks/s with ${p} forking process${p === "1" ? "" : "es"}`).join(", ")}`);
 for (const m of results.modes) {
   console.log(`\nservice, ${m.mode} mode: submit -> terminal event through NATS (n=${N}${GAP_MS ? `, ${GAP_MS} ms apart` : ", back to back"}, isolation ${m.isolation})`);
   console.log("scenario     p50 ms   p95 ms   p99 ms   p50/baseline  p99/baseline");
   for (const [k, s] of Object.entries(m.scenarios))
     console.log(`${row(k, s)} ${s.ratio_p50.toFixed(3).padStart(12)}x ${s.ratio_p99.toFixed(3).padStart(12)}x`);
-  if (m.fanout) console.log(`fan-out: ${m.fanout.tasks} pandas tasks in ${m.fanout.seconds} s = ${m.fanout.tasks_per_s} tasks/s`);
+  if (m.fanout) console.log(`fan-out: ${m.fanout.tasks} pandas tasks in ${m.fanout.seconds} s = ${m.fanout.tasks_per_s} tasks/s (${SLOTS} slot${SLOTS === 1 ? "" : "s"})`);
   console.log(`worker RSS: ${m.rss_kib.start} KiB at start, ${m.rss_kib.end} KiB after`);
   if (m.memory)
     console.log(`memory: zygote RSS ${kib(m.memory.zygote.rss_kib)} (PSS ${kib(m.memory.zygote.pss_kib)}); ` +
