@@ -1196,11 +1196,9 @@ static void run_kill_now(struct ci_sandbox_run *run)
     run->pid = 0;
 }
 
-/* The end of a run: every fd but the cancel eventfd (cancel() may still be
- * called until the run is freed) and the bare-mode directory. */
-static void run_close(struct ci_sandbox_run *run)
+/* What a run reads and writes through: the pipes, the socket, the workspace. */
+static void run_close_io(struct ci_sandbox_run *run)
 {
-    close_fd(&run->pidfd);
     close_fd(&run->sock);
     close_fd(&run->code_fd);
     close_fd(&run->out_fd);
@@ -1209,6 +1207,14 @@ static void run_close(struct ci_sandbox_run *run)
     close_fd(&run->ws_fd); /* the last reference to the workspace tmpfs */
     for (int i = 0; i < FD_COUNT; i++)
         close_fd(&run->args.fds[i]);
+}
+
+/* The end of a run: every fd but the cancel eventfd (cancel() may still be
+ * called until the run is freed) and the bare-mode directory. */
+static void run_close(struct ci_sandbox_run *run)
+{
+    run_close_io(run);
+    close_fd(&run->pidfd);
     ci_cgroup_free(run->cg); /* every process of the run is dead by now */
     run->cg = NULL;
     if (run->bare_dir) {
@@ -1965,6 +1971,15 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
         bool pipes_open = run->out_fd >= 0 || run->err_fd >= 0 || run->rep_fd >= 0;
         if (run->pid == 0 && (!pipes_open || now >= drain_until))
             break;
+        /* A warm init reports once it has reaped everything but the task's
+         * keeper, before the task's memory is gone (zygote_main.c): with its
+         * report and every pipe drained, the run has all it will say. Its
+         * exit, and the cgroup's removal, wait for ci_sandbox_run_free(). */
+        if (run->warm && news.have_done && !pipes_open) {
+            if (!run->t_end)
+                run->t_end = now;
+            break;
+        }
 
         struct pollfd p[7];
         int n = 0;
@@ -2080,7 +2095,10 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     ci_buf_release(&out.buf);
     ci_buf_release(&errc.buf);
     ci_buf_release(&rep.buf);
-    run_close(run);
+    if (run->pid > 0)
+        run_close_io(run); /* a warm init still on its way out: see above */
+    else
+        run_close(run);
     if (s) {
         ci_sandbox_result_release(&r);
         return s;

@@ -759,7 +759,6 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     pthread_mutex_lock(&t->slot->lock);
     t->slot->run = NULL;
     pthread_mutex_unlock(&t->slot->lock);
-    ci_provider_release(env->provider, run);
 
     if (s) {
         o.kind = CI_OUTCOME_ERROR;
@@ -767,12 +766,16 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
             o.error = strdup("the sandbox failed while running the code");
     }
     apply_outcome(t, r, &o, timeout_ms, memory_mb);
+    enum ci_task_end end;
     if (upload_artifacts(t, r, &o, &e)) {
-        ci_outcome_release(&o);
         r->msg.n_artifacts = 0;
-        return give_up_or_retry(t, r, "store the artifacts", &e);
+        end = give_up_or_retry(t, r, "store the artifacts", &e);
+    } else {
+        end = finish(t, r);
     }
-    enum ci_task_end end = finish(t, r);
+    /* Only now: freeing a warm run waits for its init to be gone, while the
+     * task's memory is torn down (sandbox.c, zygote_main.c). */
+    ci_provider_release(env->provider, run);
     ci_outcome_release(&o);
     return end;
 }

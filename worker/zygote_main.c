@@ -97,10 +97,15 @@ extern const size_t ci_driver_py_len;
 #define SPARE_FD 3 /* in a spare's init until its SPAWN: the socket to the zygote */
 #define WARM_UP_DELAY_MS 150 /* a spare idle this long starts to warm up */
 
-/* The task process to its init at GO: the CPU time it spent before the task. */
-struct warm_cpu {
+/* The task process to its init, last thing before the task's code runs:
+ * the CPU time it spent before (its warm-up), and its keeper. */
+struct task_note {
     int64_t utime_us, stime_us;
+    int32_t keeper; /* pid, or 0 */
+    int32_t pad;
 };
+
+#define KEEPER_STACK 16384
 
 struct zop {
     uint32_t kind;
@@ -371,11 +376,43 @@ static int64_t tv_us(struct timeval tv)
     return (int64_t)tv.tv_sec * 1000000 + tv.tv_usec;
 }
 
-/* After GO, with the task's fds at 0..4: the task. It was forked before
- * init was placed and dropped its privileges, so it does both itself.
- * warm_us: the CPU time its warm-up took, which RLIMIT_CPU must not count. */
-__attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, int64_t warm_us)
+/* The keeper: a process that shares the task process's memory and holds
+ * nothing else (no fd, every signal blocked), asleep until init kills it.
+ * When the task process exits, its address space - the whole interpreter,
+ * ~100 MB mapped - is not torn down in its own exit but in the keeper's, after
+ * init has reaped the task and reported: the ~10 ms that unmapping takes
+ * here are off the task's path. Made after the seccomp filter, the ids and
+ * the limits, so it can do nothing the code could not. No libc state is
+ * touched (it shares our TLS): raw syscalls, errno only on a failure. */
+static int keeper_main(void *arg)
 {
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, NULL, (size_t)(_NSIG / 8));
+    if (syscall(SYS_close_range, 0U, ~0U, 0U) != 0)
+        for (long fd = 0; fd < 1024; fd++)
+            syscall(SYS_close, fd);
+    for (;;)
+        syscall(SYS_ppoll, NULL, 0UL, NULL, NULL, (size_t)(_NSIG / 8));
+    return 0;
+}
+
+static pid_t start_keeper(void)
+{
+    static char stack[KEEPER_STACK] __attribute__((aligned(16)));
+    /* CLONE_PARENT: init's child, out of the reach of the code's wait(). */
+    pid_t pid = clone(keeper_main, stack + sizeof(stack), CLONE_VM | CLONE_PARENT, NULL);
+    return pid > 0 ? pid : 0;
+}
+
+/* After GO, with the task's fds at 0..4 and the channel to init at
+ * FD_COUNT: the task. It was forked before init was placed and dropped its
+ * privileges, so it does both itself. note: the CPU time its warm-up took,
+ * which RLIMIT_CPU must not count, to pass on to init with the keeper. */
+__attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, struct task_note note)
+{
+    int64_t warm_us = note.utime_us + note.stime_us;
     /* The worker moved us into the task's cgroup along with init (HELLO
      * carried our pidfd): the same view of it as init's. */
     if (z.cgroupns)
@@ -436,6 +473,9 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, int
         syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &z.filter) != 0)
         child_fail(FD_SOCK, STEP_SECCOMP, 0, errno);
     close(FD_SOCK); /* the code gets 0-3 only, as after execve in a cold task */
+    note.keeper = start_keeper(); /* none: the exit is only slower */
+    (void)send(FD_COUNT, &note, sizeof(note), MSG_NOSIGNAL); /* fails only if init is gone */
+    close(FD_COUNT);
 
     PyObject *r = PyObject_CallNoArgs(z.warm_main); /* never returns when all is well */
     Py_XDECREF(r);
@@ -492,17 +532,17 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
     if (!wait_byte(chan) || recv_fds(chan, &sp, sizeof(sp), fds, 0) != 1)
         _exit(0); /* init went away before a task came */
     /* What the warm-up cost is not the task's: init takes it off the CPU
-     * time it reports (the first thing it reads from us), task_main() puts
-     * it on top of RLIMIT_CPU. No task code has run yet: this is true. */
+     * time it reports, task_main() puts it on top of RLIMIT_CPU. No task
+     * code has run yet: this is true. */
     struct rusage ru;
-    struct warm_cpu warm = {0, 0};
-    if (getrusage(RUSAGE_SELF, &ru) == 0)
-        warm = (struct warm_cpu){tv_us(ru.ru_utime), tv_us(ru.ru_stime)};
-    ssize_t w = send(chan, &warm, sizeof(warm), MSG_NOSIGNAL);
-    (void)w; /* init gone: the task's socket says so soon enough */
-    if (sp.type != ZMSG_SPAWN || move_fds(fds, -1) != 0)
+    struct task_note note = {0};
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        note.utime_us = tv_us(ru.ru_utime);
+        note.stime_us = tv_us(ru.ru_stime);
+    }
+    if (sp.type != ZMSG_SPAWN || move_fds(fds, chan) != 0)
         child_fail(fds[FD_SOCK], STEP_FDS, 0, errno);
-    task_main(&sp, warm.utime_us + warm.stime_us);
+    task_main(&sp, note);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -517,10 +557,44 @@ static void add_rusage(struct msg *m, const struct rusage *ru)
         m->maxrss_kb = ru->ru_maxrss;
 }
 
+/* After kill(-1): is the task's keeper all that is left in the namespace
+ * but us? Our /proc is the namespace's (a process stays in it until reaped). */
+static bool only_keeper_left(pid_t keeper)
+{
+    char buf[1024];
+    bool other = false;
+    int dir = keeper > 0 ? open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dir < 0)
+        return false;
+    for (;;) {
+        long got = syscall(SYS_getdents64, dir, buf, sizeof(buf));
+        if (got <= 0) {
+            other = other || got < 0;
+            break;
+        }
+        for (long off = 0; off < got;) {
+            unsigned short reclen;
+            memcpy(&reclen, buf + off + 16, sizeof(reclen)); /* d_reclen in linux_dirent64 */
+            const char *name = buf + off + 19;
+            off += reclen;
+            if (name[0] < '0' || name[0] > '9')
+                continue;
+            long pid = strtol(name, NULL, 10);
+            if (pid != 1 && pid != keeper)
+                other = true;
+        }
+    }
+    close(dir);
+    return !other;
+}
+
 /* As sandbox.c's reap_all(): reap until the task is gone or the worker
  * says stop (a signal from outside the namespace), kill what is left, report.
- * warm: the task process's CPU time before its task, not reported. */
-__attribute__((noreturn)) static void reap_all(pid_t task, struct warm_cpu warm)
+ * Everything but the task's keeper is reaped first, so that the report
+ * counts it; the keeper's exit (the task's memory going away) is not
+ * waited for. note: the task process's CPU time before its task, not
+ * reported, and its keeper. */
+__attribute__((noreturn)) static void reap_all(pid_t task, struct task_note note)
 {
     sigset_t waited;
     sigemptyset(&waited);
@@ -540,9 +614,11 @@ __attribute__((noreturn)) static void reap_all(pid_t task, struct warm_cpu warm)
             if (r == 0)
                 break;
             add_rusage(&done, &ru);
+            if (r == note.keeper)
+                note.keeper = 0; /* gone early (the code killed it): nothing to skip */
             if (r == task) {
-                done.utime_us -= warm.utime_us < done.utime_us ? warm.utime_us : done.utime_us;
-                done.stime_us -= warm.stime_us < done.stime_us ? warm.stime_us : done.stime_us;
+                done.utime_us -= note.utime_us < done.utime_us ? note.utime_us : done.utime_us;
+                done.stime_us -= note.stime_us < done.stime_us ? note.stime_us : done.stime_us;
                 done.status = st;
                 task_done = true;
             }
@@ -550,6 +626,8 @@ __attribute__((noreturn)) static void reap_all(pid_t task, struct warm_cpu warm)
         if (task_done || stopping) {
             stopping = true;
             kill(-1, SIGKILL);
+            if (task_done && only_keeper_left(note.keeper))
+                goto report;
         }
         siginfo_t si;
         int sig = sigwaitinfo(&waited, &si);
@@ -730,16 +808,16 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
         child_fail(FD_SOCK, STEP_FORK, 0, errno);
     for (int fd = 0; fd < FD_SOCK; fd++)
         close(fd);
-    /* Its answer comes before any task code runs (or never: it died). */
-    struct warm_cpu warm = {0, 0};
+    /* Its note comes before any task code runs (or never: it died). */
+    struct task_note note = {0};
     ssize_t got;
     do
-        got = recv(FD_COUNT, &warm, sizeof(warm), 0);
+        got = recv(FD_COUNT, &note, sizeof(note), 0);
     while (got < 0 && errno == EINTR);
-    if (got != (ssize_t)sizeof(warm) || warm.utime_us < 0 || warm.stime_us < 0)
-        warm = (struct warm_cpu){0, 0};
+    if (got != (ssize_t)sizeof(note) || note.utime_us < 0 || note.stime_us < 0 || note.keeper < 0)
+        note = (struct task_note){0};
     close(FD_COUNT);
-    reap_all(task, warm);
+    reap_all(task, note);
 }
 
 /* ---------------------------------------------------------------------- */

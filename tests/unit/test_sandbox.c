@@ -1675,6 +1675,54 @@ static void t_warm_spare_cpu(void)
     free(c);
 }
 
+/* A warm task process's keeper (zygote_main.c): the one other process in
+ * the task's namespace but init, sharing the task's memory (same maps) and
+ * nothing else - no fd, every signal blocked - and no more privileged than
+ * the code: same uid, no capability, no_new_privs, the seccomp filter. A
+ * task whose code kills it still ends as it should. */
+static void t_warm_keeper(void)
+{
+    static const char look[] =
+        "import os\n"
+        "me = os.getpid()\n"
+        "others = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me)]\n"
+        "print('others', len(others))\n"
+        "k = others[0]\n"
+        "st = {}\n"
+        "for line in open('/proc/%d/status' % k):\n"
+        "    key, _, v = line.partition(':')\n"
+        "    st[key] = v.split()\n"
+        "print('seccomp', st['Seccomp'][0], 'nnp', st['NoNewPrivs'][0], 'cap', st['CapEff'][0], st['CapPrm'][0])\n"
+        "print('uid', st['Uid'][0], 'ppid', st['PPid'][0])\n"
+        "blk = int(st['SigBlk'][0], 16)\n"
+        "print('blocked', all(blk >> (s - 1) & 1 for s in (1, 2, 10, 12, 14, 15, 17)))\n"
+        "print('fds', os.listdir('/proc/%d/fd' % k))\n"
+        "print('same maps', open('/proc/%d/maps' % k).read() == open('/proc/self/maps').read())\n";
+    struct ci_outcome o;
+    REQUIRE(run_code(look, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.has_exit_code && o.exit_code == 0);
+    CHECK_STR(o.out, "others 1\n"
+                     "seccomp 2 nnp 1 cap 0000000000000000 0000000000000000\n"
+                     "uid 1000 ppid 1\n"
+                     "blocked True\n"
+                     "fds []\n"
+                     "same maps True\n");
+    ci_outcome_release(&o);
+
+    static const char kill_it[] =
+        "import os, signal, time\n"
+        "me = os.getpid()\n"
+        "k = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me)][0]\n"
+        "os.kill(k, signal.SIGKILL)\n"
+        "time.sleep(0.2)\n"
+        "print('left', [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me)])\n";
+    REQUIRE(run_code(kill_it, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.has_exit_code && o.exit_code == 0);
+    CHECK_STR(o.out, "left []\n");
+    CHECK(o.duration_ms < 10000);
+    ci_outcome_release(&o);
+}
+
 /* After rotate_after tasks a fresh zygote takes over: another pid, another
  * hash seed, another address layout. */
 static void t_warm_rotation(void)
@@ -1813,7 +1861,7 @@ int main(void)
         /* warm mode: only with CI_SANDBOX_MODE=warm */
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
-        T(t_warm_spare),    T(t_warm_spare_cpu),
+        T(t_warm_spare),    T(t_warm_spare_cpu), T(t_warm_keeper),
     };
     cg_version = pr.cgroup_version;
     size_t n_cases = sizeof(cases) / sizeof(cases[0]), k = 0;
