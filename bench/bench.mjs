@@ -226,9 +226,9 @@ function sessionOf(pid) {
 
 // While a warm task runs (pandas, then a sleep): the worker's zygotes are
 // its children running ci-zygote, a task's init is a zygote's child and the
-// task is that init's child, in a session of its own; a zygote's spare is
-// the same pair, its task process (warm, waiting) still in the zygote's
-// session.
+// task is that init's child, in a session of its own (beside it, its keeper,
+// which shares its memory); a zygote's spare is an init with one child, its
+// task process (warm, waiting) still in the zygote's session.
 async function warmMemory(client, workerPid, terminal) {
   const code = SCENARIOS.pandas.code + "import time\ntime.sleep(4)\n";
   const running = once(client, code, terminal, { files: SCENARIOS.pandas.files, limits: { timeoutMs: 30000 } });
@@ -245,11 +245,14 @@ async function warmMemory(client, workerPid, terminal) {
       }
       if (!cmd.startsWith("ci-zygote")) continue;
       let spare = null;
-      for (const init of tree.get(z) ?? [])
-        for (const task of tree.get(init) ?? []) {
-          if (sessionOf(task) === task) found = { zygote: z, init, task };
-          else spare = task;
-        }
+      for (const init of tree.get(z) ?? []) {
+        // A running task's init has the task (a session leader) and its
+        // keeper (same memory, same session); a spare's, one child.
+        const kids = tree.get(init) ?? [];
+        const task = kids.find((k) => sessionOf(k) === k);
+        if (task) found = { zygote: z, init, task };
+        else if (kids.length === 1) spare = kids[0];
+      }
       if (found) found.spare = spare;
     }
   }
