@@ -2883,6 +2883,22 @@ static bool can_renice(void)
     return (data[CAP_TO_INDEX(CAP_SYS_NICE)].effective & CAP_TO_MASK(CAP_SYS_NICE)) != 0;
 }
 
+/* Spares per zygote: local.warm_spares, or enough for every slot to find
+ * one when tasks come all at once (slots / zygotes, rounded up). */
+static uint32_t warm_spares(const struct ci_config *cfg)
+{
+    uint32_t n = cfg->local.warm_spares;
+    if (n == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        uint32_t slots = cfg->worker.concurrency ? cfg->worker.concurrency
+                         : cpus > 0                ? (uint32_t)cpus
+                                                   : 1;
+        uint32_t pool = cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1;
+        n = (slots + pool - 1) / pool;
+    }
+    return n < 1 ? 1 : n > ZYGOTE_MAX_SPARES ? ZYGOTE_MAX_SPARES : n;
+}
+
 /* The SETUP plan (sandbox_proto.h) for sb's zygotes. */
 static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
 {
@@ -2890,7 +2906,8 @@ static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
                                      [OP_FILE] = ZOP_FILE, [OP_PROC] = ZOP_PROC};
     struct zsetup_head h = {.clone_flags = sb->clone_flags,
                             .filter_len = sb->seccomp.filter ? sb->seccomp.len : 0,
-                            .python_len = (uint32_t)strlen(sb->cfg->local.python) + 1};
+                            .python_len = (uint32_t)strlen(sb->cfg->local.python) + 1,
+                            .spares = warm_spares(sb->cfg)};
     if (sb->cgroups && (sb->clone_flags & CLONE_NEWCGROUP))
         h.flags |= ZSETUP_CGROUPNS;
     /* A spare's warm-up then takes only CPU nothing else wants, and we put

@@ -109,8 +109,9 @@ struct msg {
 /* --- the zygote --- */
 
 #define ZYGOTE_FD_REQ 4        /* the request socket in the zygote (its init's FD_SOCK) */
-#define ZYGOTE_PROTO_VERSION 2 /* 2: HELLO carries the task process's pidfd too */
+#define ZYGOTE_PROTO_VERSION 3 /* 2: HELLO carries the task process's pidfd too; 3: spares */
 #define ZYGOTE_MAX_OPS 16
+#define ZYGOTE_MAX_SPARES 16
 #define ZYGOTE_SETUP_MAX (4u << 20) /* bytes of one SETUP message, font list included */
 
 enum zmsg_type { ZMSG_SETUP = 1, ZMSG_READY, ZMSG_FAILED, ZMSG_SPAWN };
@@ -145,6 +146,8 @@ struct zsetup_head {
     uint32_t n_ops;
     uint32_t filter_len;
     uint32_t python_len;
+    uint32_t spares; /* sandboxes kept made ahead of the next tasks, 1..ZYGOTE_MAX_SPARES */
+    uint32_t pad;
 };
 
 /* READY or FAILED from the zygote: text is one sentence ("" for READY). */

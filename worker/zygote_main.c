@@ -20,8 +20,10 @@
  *
  * Spares. Forking this image costs ~16 ms here, and a freshly forked child
  * pays tens of ms more in copy-on-write faults and first calls. So the
- * zygote keeps one spare made ahead of the next task, with no task data in
- * it, and a task's critical path forks nothing:
+ * zygote keeps spares made ahead of the next tasks (SETUP says how many:
+ * by default one per worker slot it serves, so that tasks coming together
+ * each find one), with no task data in them, and a task's critical path
+ * forks nothing:
  *
  *   zygote (single-threaded: /proc/self/task is checked before each fork)
  *     ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS[|NEWCGROUP])──▶ init (pid 1)
@@ -34,7 +36,7 @@
  *     it a task came; then it waits for init.
  *
  * One task (one SPAWN with the task's five channel fds): the zygote passes
- * it to the spare's init and makes the next spare. The init tells the task
+ * it to the oldest spare's init and makes another spare. The init tells the task
  * process (one byte: stop warming up), then does what the init of a cold
  * sandbox does, with the same messages: sends the worker pidfds of itself
  * and of the task process (HELLO) and waits until the worker has put both
@@ -121,6 +123,7 @@ static struct {
     unsigned long clone_flags;
     bool cgroupns;
     bool idle_warmup;
+    uint32_t spares;          /* spares kept made ahead */
     struct zop ops[ZYGOTE_MAX_OPS];
     size_t n_ops;
     struct sock_fprog filter; /* .filter NULL: no filter */
@@ -912,6 +915,9 @@ static void read_setup(void)
     z.clone_flags = (unsigned long)h.clone_flags;
     z.cgroupns = (h.flags & ZSETUP_CGROUPNS) != 0;
     z.idle_warmup = (h.flags & ZSETUP_IDLE_WARMUP) != 0;
+    if (h.spares < 1 || h.spares > ZYGOTE_MAX_SPARES)
+        fail(EPROTO, "%u spares, 1 to %d", h.spares, ZYGOTE_MAX_SPARES);
+    z.spares = h.spares;
     if (h.n_ops > ZYGOTE_MAX_OPS)
         fail(EPROTO, "%u setup steps, at most %d", h.n_ops, ZYGOTE_MAX_OPS);
     size_t off = sizeof(h);
@@ -1059,23 +1065,31 @@ static int recv_request(struct task_req *rq)
     return r;
 }
 
-/* The spare: an init cloned ahead of the next task, its task process
- * forked and warming up (pid 0: none). One at a time, so a task's critical
+/* The spares: inits cloned ahead of the next tasks, each with its task
+ * process forked and warming up; z.spares of them, oldest (the warmest)
+ * first, so that tasks coming together each find one and a task's critical
  * path has no fork of this big image and no first-call costs. */
-static struct {
+static struct spare {
     pid_t pid;
     int sock; /* our end of its SPARE_FD */
-} spare = {0, -1};
+} spares[ZYGOTE_MAX_SPARES];
+static uint32_t n_spares;
 
-static void spare_drop(void)
+/* Forgets spare i (an idle one exits at the EOF, its task process with it). */
+static void spare_drop(uint32_t i)
 {
-    if (spare.sock >= 0)
-        close(spare.sock); /* EOF: an idle spare exits, its task process with it */
-    spare.sock = -1;
-    spare.pid = 0;
+    close(spares[i].sock);
+    memmove(&spares[i], &spares[i + 1], (n_spares - i - 1) * sizeof(spares[0]));
+    n_spares--;
 }
 
-/* Clones the next spare; 0, or the step that failed (errno set). */
+static void spare_drop_all(void)
+{
+    while (n_spares)
+        spare_drop(n_spares - 1);
+}
+
+/* Clones one more spare; 0, or the step that failed (errno set). */
 static enum step spare_make(unsigned long *children)
 {
     /* fork() copies one thread: a second one (a library's pool) would leave
@@ -1098,28 +1112,36 @@ static enum step spare_make(unsigned long *children)
         return STEP_ZYGOTE_CLONE;
     }
     (*children)++;
-    spare.pid = pid;
-    spare.sock = sp[0];
+    spares[n_spares++] = (struct spare){.pid = pid, .sock = sp[0]};
     return STEP_NONE;
 }
 
-/* Hands one task to the spare (made now if there is none, again if it
- * died meanwhile), then makes the next spare. */
+/* Makes spares until there are z.spares; 0, or the step that failed. */
+static enum step spares_fill(unsigned long *children)
+{
+    enum step failed = STEP_NONE;
+    while (n_spares < z.spares && (failed = spare_make(children)) == STEP_NONE)
+        ;
+    return failed;
+}
+
+/* Hands one task to the oldest spare (one made now if there is none, the
+ * next if it died meanwhile), then makes spares up to z.spares again. */
 static void spawn(const struct task_req *rq, unsigned long *children, bool *broken)
 {
     enum step failed = STEP_NONE;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (!spare.pid && (failed = spare_make(children)) != STEP_NONE)
+    for (uint32_t attempt = 0; attempt < z.spares + 1; attempt++) {
+        if (!n_spares && (failed = spare_make(children)) != STEP_NONE)
             break;
-        if (send_fds(spare.sock, &rq->spawn, sizeof(rq->spawn), rq->fds, FD_COUNT) == 0) {
-            spare_drop(); /* it is the task's init now */
-            failed = spare_make(children);
+        if (send_fds(spares[0].sock, &rq->spawn, sizeof(rq->spawn), rq->fds, FD_COUNT) == 0) {
+            spare_drop(0); /* it is the task's init now */
+            failed = spares_fill(children);
             if (failed == STEP_ZYGOTE_THREADS)
                 *broken = true;
             return;
         }
         failed = STEP_ZYGOTE_CLONE; /* it died (its warm-up failed?): another one */
-        spare_drop();
+        spare_drop(0);
     }
     struct msg m = {.type = MSG_FAILED, .step = failed, .err = errno};
     send_msg(rq->fds[FD_SOCK], &m);
@@ -1138,7 +1160,7 @@ __attribute__((noreturn)) static void serve(void)
         fail(errno, "signalfd");
     bool closing = false;
     unsigned long children = 0;
-    if (spare_make(&children) == STEP_ZYGOTE_THREADS)
+    if (spares_fill(&children) == STEP_ZYGOTE_THREADS)
         closing = true;
     for (;;) {
         if (closing && children == 0)
@@ -1154,8 +1176,11 @@ __attribute__((noreturn)) static void serve(void)
         while ((pid = waitpid(-1, NULL, WNOHANG | __WALL)) > 0) {
             if (children)
                 children--;
-            if (pid == spare.pid)
-                spare_drop(); /* the next task makes another */
+            for (uint32_t i = 0; i < n_spares; i++)
+                if (spares[i].pid == pid) {
+                    spare_drop(i); /* the next task makes another */
+                    break;
+                }
         }
         if (closing || !(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
             continue;
@@ -1163,7 +1188,7 @@ __attribute__((noreturn)) static void serve(void)
         int r = recv_request(&rq);
         if (r == 0) {
             closing = true;
-            spare_drop();
+            spare_drop_all();
             continue;
         }
         if (r < 0)
@@ -1174,7 +1199,7 @@ __attribute__((noreturn)) static void serve(void)
             close(rq.fds[i]);
         if (broken) {
             closing = true; /* the worker sees our exit and starts another zygote */
-            spare_drop();
+            spare_drop_all();
         }
     }
 }

@@ -52,6 +52,7 @@ static struct ci_config *make_config(enum ci_isolation isolation)
     const char *mode = getenv("CI_SANDBOX_MODE");
     c->local.mode = mode && strcmp(mode, "warm") == 0 ? CI_MODE_WARM : CI_MODE_COLD;
     c->local.warm_pool_size = 1;
+    c->local.warm_spares = 1; /* t_warm_spares has more */
     c->local.warm_rotate_after = 200;
     c->local.zygote = CI_ZYGOTE_PATH;
     return c;
@@ -1598,6 +1599,66 @@ static void t_warm_spare(void)
     free(c);
 }
 
+/* local.warm_spares: 3 made ahead (the zygote's children, each an init
+ * with one waiting task process); three tasks started together each take
+ * one of them, oldest first, and three new ones follow. */
+static void t_warm_spares(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->local.warm_spares = 3;
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    pid_t zygote = st.pids[0], before[8], after[8];
+    int n = 0;
+    for (int i = 0; i < 500 && n != 3; i++) { /* up to 5 s */
+        usleep(10 * 1000);
+        n = children_of(zygote, before, 8);
+    }
+    REQUIRE(n == 3);
+    for (int i = 0; i < 3; i++) {
+        pid_t kids[8];
+        int k = 0;
+        for (int t = 0; t < 500 && k != 1; t++) { /* its task process, forked by now */
+            k = children_of(before[i], kids, 8);
+            if (k != 1)
+                usleep(10 * 1000);
+        }
+        CHECK(k == 1);
+    }
+    static const char code[] = "import os\nprint(os.getpid(), os.getppid())\n";
+    struct ci_sandbox_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
+                                 .memory_mb = 1024};
+    struct ci_sandbox_run *runs[3] = {NULL, NULL, NULL};
+    struct ci_error err = {{0}};
+    for (int i = 0; i < 3; i++)
+        REQUIRE(ci_sandbox_start(sb, &job, &runs[i], &err) == CI_OK);
+    for (int i = 0; i < 3; i++) {
+        struct ci_sandbox_result r;
+        REQUIRE(ci_sandbox_wait(runs[i], &r) == CI_OK);
+        CHECK(r.outcome.out && strcmp(r.outcome.out, "2 1\n") == 0);
+        ci_sandbox_result_release(&r);
+        ci_sandbox_run_free(runs[i]);
+    }
+    for (int i = 0; i < 3; i++)
+        CHECK(gone_within(before[i], 5000)); /* each served one task */
+    n = 0;
+    for (int i = 0; i < 500 && n != 3; i++) {
+        usleep(10 * 1000);
+        n = children_of(zygote, after, 8);
+    }
+    CHECK(n == 3);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < 3; j++)
+            CHECK(after[i] != before[j]);
+    CHECK(fallbacks_of(sb, &st) == 0);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
 /* CPU time of a process (utime + stime), in ms, from /proc. */
 static long cpu_ms_of(pid_t pid)
 {
@@ -1861,7 +1922,7 @@ int main(void)
         /* warm mode: only with CI_SANDBOX_MODE=warm */
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
-        T(t_warm_spare),    T(t_warm_spare_cpu), T(t_warm_keeper),
+        T(t_warm_spare),    T(t_warm_spare_cpu), T(t_warm_keeper), T(t_warm_spares),
     };
     cg_version = pr.cgroup_version;
     size_t n_cases = sizeof(cases) / sizeof(cases[0]), k = 0;
