@@ -2,7 +2,8 @@
 // the same run: bare `/usr/bin/python3 script.py`, no broker, no sandbox.
 //
 //   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
-//                [--soak 0] [--gap 0] [--concurrency 0] [--out FILE]
+//                [--soak 0] [--gap 0] [--concurrency 0] [--spares 0] [--bursts 10]
+//                [--out FILE]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it also measures the floor of any fork-based warm start on
@@ -21,7 +22,9 @@
 // the worker's RSS after them (flat RSS over 10,000 tasks: --soak 10000). Every service
 // task runs with local.isolation required, in the mode named, and the bench
 // checks that the mode really ran. Results go to stdout as a table and to
-// bench/results/latest.json.
+// bench/results/latest.json. --bursts R (warm mode) then measures R bursts,
+// 1 s apart, of as many pandas tasks at once as the worker has slots: what
+// agents calling in parallel see (--spares N: local.warm_spares, 0 = auto).
 import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { cpus as osCpus, loadavg, tmpdir } from "node:os";
@@ -40,6 +43,8 @@ const { values: args } = parseArgs({
     soak: { type: "string", default: "0" },
     gap: { type: "string", default: "0" },
     concurrency: { type: "string", default: "0" },
+    spares: { type: "string", default: "0" },
+    bursts: { type: "string", default: "10" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
 });
@@ -50,6 +55,8 @@ const GAP_MS = Number(args.gap);
 // The worker's worker.concurrency: 0 = its default, one slot per online CPU.
 const CONCURRENCY = Number(args.concurrency);
 const SLOTS = CONCURRENCY > 0 ? CONCURRENCY : osCpus().length;
+const SPARES = Number(args.spares);
+const BURSTS = Number(args.bursts);
 const FLOOR_FANOUT = 60; // pandas runs per forking process in the floor's throughput
 
 const csv = ["day,region,units,price"];
@@ -271,8 +278,11 @@ async function warmMemory(client, workerPid, terminal) {
 }
 
 async function service(mode, base) {
-  const stack = await startStack({ workers: 1, worker: { concurrency: CONCURRENCY, local: { isolation: "required", mode } } });
-  const out = { mode, scenarios: {}, fanout: null, rss_kib: {}, memory: null, soak: null };
+  const stack = await startStack({
+    workers: 1,
+    worker: { concurrency: CONCURRENCY, local: { isolation: "required", mode, warm_spares: SPARES } },
+  });
+  const out = { mode, scenarios: {}, burst: null, fanout: null, rss_kib: {}, memory: null, soak: null };
   try {
     const client = stack.client;
     const w = stack.workers[0];
@@ -303,6 +313,15 @@ async function service(mode, base) {
       }
       const s = stats(ms);
       out.scenarios[name] = { ...s, ratio_p50: s.p50 / base[name].p50, ratio_p99: s.p99 / base[name].p99 };
+    }
+    if (mode === "warm" && BURSTS > 0) {
+      const ms = [];
+      for (let i = 0; i < BURSTS; i++) {
+        await sleep(1000);
+        ms.push(...(await Promise.all(Array.from({ length: SLOTS }, () => once(client, "pandas", terminal)))));
+      }
+      const s = stats(ms);
+      out.burst = { tasks: SLOTS, rounds: BURSTS, ...s, ratio_p50: s.p50 / base.pandas.p50 };
     }
     const fan = FANOUT[mode] ?? FANOUT.warm;
     if (fan > 0) {
@@ -360,6 +379,8 @@ for (const m of results.modes) {
   console.log("scenario     p50 ms   p95 ms   p99 ms   p50/baseline  p99/baseline");
   for (const [k, s] of Object.entries(m.scenarios))
     console.log(`${row(k, s)} ${s.ratio_p50.toFixed(3).padStart(12)}x ${s.ratio_p99.toFixed(3).padStart(12)}x`);
+  if (m.burst)
+    console.log(`bursts: ${m.burst.rounds} x ${m.burst.tasks} pandas tasks at once, 1 s apart: p50 ${round(m.burst.p50)} ms, p95 ${round(m.burst.p95)} ms, p99 ${round(m.burst.p99)} ms (${m.burst.ratio_p50.toFixed(3)}x)`);
   if (m.fanout) console.log(`fan-out: ${m.fanout.tasks} pandas tasks in ${m.fanout.seconds} s = ${m.fanout.tasks_per_s} tasks/s (${SLOTS} slot${SLOTS === 1 ? "" : "s"})`);
   console.log(`worker RSS: ${m.rss_kib.start} KiB at start, ${m.rss_kib.end} KiB after`);
   if (m.memory)
