@@ -258,6 +258,8 @@ static ci_status ensure_consumer(struct ci_broker *b, struct ci_error *err)
 static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *err)
 {
     const struct ci_config *c = b->cfg;
+    if (b->kv)
+        return CI_OK; /* an earlier ci_broker_setup() got this far */
     natsStatus s = js_KeyValue(&b->kv, b->js, c->jetstream.results_bucket);
     if (s == NATS_OK || !create) {
         if (s != NATS_OK) {
@@ -350,6 +352,8 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
     }
     if ((r = ensure_kv(b, create, err)))
         return r;
+    if (b->os)
+        return CI_OK;
     struct ci_objstore_opts oo = {
         .bucket = c->jetstream.files_bucket,
         .max_age_s = c->jetstream.max_age_s,

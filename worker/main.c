@@ -254,6 +254,32 @@ static void usage(FILE *out)
             "environment: CI_NATS_URL overrides nats.url\n");
 }
 
+/* JetStream may not answer yet when the worker starts beside it (a cluster
+ * still electing its leaders, a server recovering its streams): the setup
+ * is tried again, with a growing pause, for up to SETUP_RETRY_MS; SIGTERM
+ * or SIGINT ends the wait. A refusal that lasts (a stream with settings
+ * that cannot be updated) is only reported later. */
+#define SETUP_RETRY_MS 60000
+
+static ci_status setup_broker(struct ci_broker *b, struct ci_error *err)
+{
+    int64_t deadline = ci_mono_ms() + SETUP_RETRY_MS;
+    int64_t pause_ms = 250;
+    for (;;) {
+        ci_status s = ci_broker_setup(b, true, err);
+        if ((s != CI_ERR_NATS && s != CI_ERR_TIMEOUT) || ci_mono_ms() + pause_ms > deadline)
+            return s;
+        ci_log(CI_LOG_WARN, "worker.nats_setup_retry", "error", err->msg, NULL);
+        for (int64_t slept = 0; slept < pause_ms && !g_stop; slept += 50) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (g_stop)
+            return s;
+        pause_ms = pause_ms * 2 > 4000 ? 4000 : pause_ms * 2;
+    }
+}
+
 static int run_worker(const struct ci_config *cfg)
 {
     struct worker w;
@@ -286,7 +312,7 @@ static int run_worker(const struct ci_config *cfg)
     }
     if (e.msg[0]) /* isolation: auto fell back to no sandbox: say it once */
         ci_log(CI_LOG_WARN, "worker.no_isolation", "warning", e.msg, NULL);
-    if (ci_broker_connect(cfg, &w.env.broker, &e) || ci_broker_setup(w.env.broker, true, &e)) {
+    if (ci_broker_connect(cfg, &w.env.broker, &e) || setup_broker(w.env.broker, &e)) {
         ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
         goto out;
     }

@@ -190,3 +190,45 @@ describe("worker robustness: the NATS connection closes for good", () => {
     assert.doesNotMatch(w.logText(), SANITIZER);
   });
 });
+
+describe("worker robustness: JetStream not there yet at start", () => {
+  let early;
+  let srv;
+  let w;
+  let client;
+  after(async () => {
+    await client?.close();
+    await w?.stop("SIGTERM", 30000).catch(() => {});
+    await w?.cleanup().catch(() => {});
+    await early?.stop().catch(() => {});
+    await srv?.stop().catch(() => {});
+  });
+
+  test("a worker started before JetStream answers tries its setup again and becomes ready once it does", async () => {
+    // First a server without JetStream on some port; then, on that same
+    // port, one with it (as a cluster electing its leaders would answer).
+    early = await startNatsServer({ jetstream: false, monitor: true });
+    const starting = startWorker({ natsUrl: early.url, readyTimeoutMs: 90000 });
+    starting.catch(() => {}); // awaited below
+    // The worker connects once its sandbox is up; then its setup fails.
+    for (let i = 0; ; i++) {
+      const connz = await (await fetch(`${early.monitorUrl}/connz`)).json();
+      if (connz.num_connections > 0) break;
+      assert.ok(i < 600, "the worker connected to the first server within 60 s");
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await new Promise((r) => setTimeout(r, 1500));
+    await early.stop();
+    srv = await startNatsServer({ config: `max_payload: 8MB\nlisten: 127.0.0.1:${early.port}` });
+    w = await starting;
+    const retries = w.lines().filter((l) => l.event === "worker.nats_setup_retry");
+    assert.ok(retries.length >= 1, `it said it tried again; log:\n${w.logText()}`);
+    assert.equal(retries[0].level, "warn");
+    assert.ok(typeof retries[0].error === "string" && retries[0].error.length > 0, "with the error");
+    client = await connectClient(srv.url);
+    const { result: r } = await runTask(client, { code: "print('up')" }, { timeoutMs: 30000 });
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.stdout, "up\n");
+    assert.doesNotMatch(w.logText(), SANITIZER);
+  });
+});
