@@ -355,7 +355,7 @@ def _warm_exercise():
     generators are only reseeded from the OS, as every task does again),
     warnings are ignored (an ignored warning is not recorded as shown), and
     no file stays open (matplotlib's font objects keep theirs: they go)."""
-    for step in _warm_up():
+    for step in _warm_up() + (_warm_matplotlib,):
         step()
 
 
@@ -373,13 +373,15 @@ def _warm_prepare():
 
 
 def _warm_up():
-    """The steps of _warm_exercise(), most used first. A spare task process
-    (forked ahead of any task, waiting for one afterwards) runs them again,
-    so that its own first calls and copy-on-write faults are paid before a
-    task exists rather than by it; it stops between two steps once its task
-    has come. Our fixed code only: no task data, no file written (StringIO,
-    BytesIO), nothing left that a task could see."""
-    return (_warm_driver, _warm_pandas, _warm_matplotlib, _warm_describe)
+    """The steps a spare task process (forked ahead of any task, waiting for
+    one afterwards) runs again, most used first, so that its own first calls
+    and copy-on-write faults are paid before a task exists rather than by it;
+    it stops between two steps once its task has come. Our fixed code only:
+    no task data, no file written (StringIO, BytesIO), nothing left that a
+    task could see. Not matplotlib's: the pages it would copy (~11 MiB) are
+    the spare's own, and would take a warm child past 16 MiB of unique
+    memory; the zygote's exercise runs it once for all."""
+    return (_warm_driver, _warm_pandas, _warm_describe)
 
 
 def _reseed():

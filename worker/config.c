@@ -164,7 +164,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_BOOL("local.require_cgroup", local.require_cgroup, false),
     KEY_ENUM("local.mode", local.mode, enum ci_sandbox_mode, CI_MODE_WARM, mode_names),
     KEY_U32("local.warm_pool_size", local.warm_pool_size, 1, 1, 16),
-    KEY_U32("local.warm_spares", local.warm_spares, 0, 0, 16),
+    KEY_U32("local.warm_spares", local.warm_spares, 1, 0, 16),
     KEY_U32("local.warm_rotate_after", local.warm_rotate_after, 200, 1, 1000000),
     KEY_STR("local.zygote", local.zygote, "", CS_ANY),
 

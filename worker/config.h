@@ -90,7 +90,7 @@ struct ci_config {
         bool require_cgroup;    /* false: refuse to start without per-task cgroups */
         enum ci_sandbox_mode mode; /* warm (cold where the probe cannot start a zygote) */
         uint32_t warm_pool_size;   /* 1: zygotes kept ready in warm mode */
-        uint32_t warm_spares;      /* 0 = auto: sandboxes each zygote makes ahead of its tasks */
+        uint32_t warm_spares;      /* 1: sandboxes each zygote makes ahead (0 = one per slot) */
         uint32_t warm_rotate_after; /* 200: tasks per zygote before it is replaced */
         char *zygote;           /* "" = ci-zygote beside the running program */
     } local;
