@@ -20,10 +20,9 @@
  *
  * Spares. Forking this image costs ~16 ms here, and a freshly forked child
  * pays tens of ms more in copy-on-write faults and first calls. So the
- * zygote keeps spares made ahead of the next tasks (SETUP says how many:
- * by default one per worker slot it serves, so that tasks coming together
- * each find one), with no task data in them, and a task's critical path
- * forks nothing:
+ * zygote keeps spares made ahead of the next tasks (SETUP says how many,
+ * local.warm_spares), with no task data in them, and a task's critical
+ * path forks nothing:
  *
  *   zygote (single-threaded: /proc/self/task is checked before each fork)
  *     ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS[|NEWCGROUP])──▶ init (pid 1)
@@ -31,8 +30,8 @@
  *     task process, waits for a SPAWN on a socketpair kept by the zygote.
  *   task process: the zygote's signal dispositions back,
  *     PyOS_AfterFork_Child(); once idle for WARM_UP_DELAY_MS, the steps of
- *     ci_driver._warm_up() (our fixed code: a small csv/groupby, a PNG into
- *     BytesIO; at SCHED_IDLE when the worker can undo that) until init tells
+ *     ci_driver._warm_up() (our fixed code: the driver's steps, a small
+ *     csv/groupby; at SCHED_IDLE when the worker can undo that) until init tells
  *     it a task came; then it waits for init.
  *
  * One task (one SPAWN with the task's five channel fds): the zygote passes
