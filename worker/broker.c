@@ -630,26 +630,42 @@ ci_status ci_broker_result_create(struct ci_broker *b, const char *task_id, cons
     return CI_OK;
 }
 
+/* Read from the bucket's stream leader, not with the direct get that
+ * kvStore_Get() uses: a direct get may be answered by a replica still
+ * catching up after a leader change, and a redelivered task whose result it
+ * does not show yet would run a second time (chaos_cluster saw it). */
 ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t **ret_data,
                                size_t *ret_len, struct ci_error *err)
 {
-    kvEntry *e = NULL;
-    natsStatus s = kvStore_Get(&e, b->kv, task_id);
-    if (s == NATS_NOT_FOUND) {
+    const char *bucket = b->cfg->jetstream.results_bucket;
+    char stream[SUBJECT_MAX], subj[SUBJECT_MAX];
+    int k1 = snprintf(stream, sizeof(stream), "KV_%s", bucket);
+    int k2 = snprintf(subj, sizeof(subj), "$KV.%s.%s", bucket, task_id);
+    if (k1 < 0 || (size_t)k1 >= sizeof(stream) || k2 < 0 || (size_t)k2 >= sizeof(subj))
+        return ci_error_set(err, CI_ERR_INVALID, "task id too long for a results key");
+    natsMsg *msg = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&msg, b->js, stream, subj, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", task_id);
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot read the results bucket");
+    const char *op = NULL;
+    if (natsMsgHeader_Get(msg, "KV-Operation", &op) == NATS_OK && op &&
+        (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0)) {
+        natsMsg_Destroy(msg);
         return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", task_id);
     }
-    if (s != NATS_OK)
-        return nats_fail(err, s, 0, "cannot read the results bucket");
-    int n = kvEntry_ValueLen(e);
+    int n = natsMsg_GetDataLength(msg);
     uint8_t *copy = malloc((size_t)n + 1);
     if (!copy) {
-        kvEntry_Destroy(e);
+        natsMsg_Destroy(msg);
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     }
     if (n > 0)
-        memcpy(copy, kvEntry_Value(e), (size_t)n);
+        memcpy(copy, natsMsg_GetData(msg), (size_t)n);
     copy[n] = '\0';
-    kvEntry_Destroy(e);
+    natsMsg_Destroy(msg);
     *ret_data = copy;
     *ret_len = (size_t)n;
     return CI_OK;
