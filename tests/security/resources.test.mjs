@@ -234,7 +234,9 @@ spin()
     assert.equal(r.status, "TASK_STATUS_TIMED_OUT", show(r));
     assert.match(r.stdout, /SPINNING/);
     assert.ok(r.usage.durationMs >= 2900 && r.usage.durationMs <= 4000, `duration ${r.usage.durationMs} ms`);
-    assert.ok(r.usage.cpuMs > 1000, `the spinning used CPU: ${r.usage.cpuMs} ms`);
+    // Up to 3000 ms at 1 CPU; a loaded CI machine gives the sandbox less
+    // (826 ms seen with both test lanes running), and none would be a bug.
+    assert.ok(r.usage.cpuMs > 300, `the spinning used CPU: ${r.usage.cpuMs} ms`);
     assert.ok(took < 12000, `the result came ${took} ms after submission`);
     assertNoneLeft(marker);
   });
