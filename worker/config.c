@@ -1172,3 +1172,11 @@ void ci_config_dump(const struct ci_config *cfg, FILE *out)
         fputc('\n', out);
     }
 }
+
+uint32_t ci_config_slots(const struct ci_config *cfg)
+{
+    if (cfg->worker.concurrency)
+        return cfg->worker.concurrency;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus > 0 ? (uint32_t)cpus : 1;
+}

@@ -122,4 +122,7 @@ void ci_config_free(struct ci_config *cfg);
 /* Prints every key and its value as YAML (secrets replaced by "<redacted>"). */
 void ci_config_dump(const struct ci_config *cfg, FILE *out);
 
+/* Task slots of a worker: worker.concurrency, or the online CPUs when 0. */
+uint32_t ci_config_slots(const struct ci_config *cfg);
+
 #endif

@@ -317,8 +317,7 @@ static int run_worker(const struct ci_config *cfg)
         goto out;
     }
 
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    w.n_slots = cfg->worker.concurrency ? cfg->worker.concurrency : (size_t)(cpus > 0 ? cpus : 1);
+    w.n_slots = ci_config_slots(cfg);
     w.slots = calloc(w.n_slots, sizeof(*w.slots));
     w.threads = calloc(w.n_slots, sizeof(*w.threads));
     if (!w.slots || !w.threads) {

@@ -786,9 +786,7 @@ ci_status ci_provider_cloudrun_new(const struct ci_config *cfg, struct ci_provid
     cr->max_response = (size_t)cfg->limits.max_output_bytes * 6 +
                        (size_t)cfg->limits.max_artifact_bytes + 1024 * 1024;
 
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    uint32_t slots = cfg->worker.concurrency ? cfg->worker.concurrency
-                                             : (uint32_t)(cpus > 0 ? cpus : 1);
+    uint32_t slots = ci_config_slots(cfg);
     struct ci_http_options ho = {
         .ca_file = cfg->cloudrun.ca_file,
         .connect_timeout_ms = cfg->cloudrun.connect_timeout_ms,

@@ -2889,12 +2889,8 @@ static uint32_t warm_spares(const struct ci_config *cfg)
 {
     uint32_t n = cfg->local.warm_spares;
     if (n == 0) {
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        uint32_t slots = cfg->worker.concurrency ? cfg->worker.concurrency
-                         : cpus > 0                ? (uint32_t)cpus
-                                                   : 1;
         uint32_t pool = cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1;
-        n = (slots + pool - 1) / pool;
+        n = (ci_config_slots(cfg) + pool - 1) / pool;
     }
     return n < 1 ? 1 : n > ZYGOTE_MAX_SPARES ? ZYGOTE_MAX_SPARES : n;
 }

@@ -1599,6 +1599,15 @@ static void t_warm_spare(void)
     free(c);
 }
 
+/* Waits up to 5 s until pid has want children (filled into out); their count. */
+static int children_within(pid_t pid, int want, pid_t *out, int max)
+{
+    int n = 0;
+    for (int i = 0; i < 500 && (n = children_of(pid, out, max)) != want; i++)
+        usleep(10 * 1000);
+    return n;
+}
+
 /* local.warm_spares: 3 made ahead (the zygote's children, each an init
  * with one waiting task process); three tasks started together each take
  * one of them, oldest first, and three new ones follow. */
@@ -1612,23 +1621,10 @@ static void t_warm_spares(void)
     REQUIRE(sb != NULL);
     struct ci_zygote_stats st;
     fallbacks_of(sb, &st);
-    pid_t zygote = st.pids[0], before[8], after[8];
-    int n = 0;
-    for (int i = 0; i < 500 && n != 3; i++) { /* up to 5 s */
-        usleep(10 * 1000);
-        n = children_of(zygote, before, 8);
-    }
-    REQUIRE(n == 3);
-    for (int i = 0; i < 3; i++) {
-        pid_t kids[8];
-        int k = 0;
-        for (int t = 0; t < 500 && k != 1; t++) { /* its task process, forked by now */
-            k = children_of(before[i], kids, 8);
-            if (k != 1)
-                usleep(10 * 1000);
-        }
-        CHECK(k == 1);
-    }
+    pid_t zygote = st.pids[0], before[8], after[8], kids[8];
+    REQUIRE(children_within(zygote, 3, before, 8) == 3);
+    for (int i = 0; i < 3; i++)
+        CHECK(children_within(before[i], 1, kids, 8) == 1); /* its task process */
     static const char code[] = "import os\nprint(os.getpid(), os.getppid())\n";
     struct ci_sandbox_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
                                  .memory_mb = 1024};
@@ -1645,11 +1641,7 @@ static void t_warm_spares(void)
     }
     for (int i = 0; i < 3; i++)
         CHECK(gone_within(before[i], 5000)); /* each served one task */
-    n = 0;
-    for (int i = 0; i < 500 && n != 3; i++) {
-        usleep(10 * 1000);
-        n = children_of(zygote, after, 8);
-    }
+    int n = children_within(zygote, 3, after, 8);
     CHECK(n == 3);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < 3; j++)
@@ -1663,15 +1655,8 @@ static void t_warm_spares(void)
 static long cpu_ms_of(pid_t pid)
 {
     char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
+    snprintf(path, sizeof(path), "/proc/%d", (int)pid);
+    read_text(path, "stat", buf, sizeof(buf));
     const char *p = strrchr(buf, ')');
     unsigned long ut = 0, st = 0;
     if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
