@@ -7,8 +7,8 @@
  *   quoted well enough that no value can change the YAML's meaning); only a
  *   dump whose "<redacted>" made a value too long may fail to load.
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iworker \
- *     tests/fuzz/fuzz_config.c worker/config.c worker/util.c worker/status.c \
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Isrc \
+ *     tests/fuzz/fuzz_config.c src/core/config.c src/core/util.c src/core/status.c \
  *     -lyaml -lcrypto -o fuzz_config
  *   ./fuzz_config -max_total_time=30 tests/fuzz/corpus/config */
 #include <stdint.h>
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "core/config.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

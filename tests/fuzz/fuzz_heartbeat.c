@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "heartbeat.h"
+#include "nats/heartbeat.h"
 
 /* heartbeat.c also holds the heartbeat thread, which writes through the
  * broker; the decoder never reaches it, so these stand in for broker.c

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "objstore.h"
+#include "nats/objstore.h"
 
 static int same(const char *a, const char *b)
 {

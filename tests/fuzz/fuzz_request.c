@@ -9,9 +9,9 @@
  * - JSON written from a decoded message is stable: encode, decode, encode
  *   gives the same text.
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iworker \
- *     -Ibuild/gen tests/fuzz/fuzz_request.c worker/codec.c worker/request.c \
- *     worker/util.c worker/status.c build/gen/ci/v1/ci.pb-c.c \
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Isrc \
+ *     -Ibuild/gen tests/fuzz/fuzz_request.c src/core/codec.c src/core/request.c \
+ *     src/core/util.c src/core/status.c build/gen/ci/v1/ci.pb-c.c \
  *     -lprotobuf-c -ljansson -lcrypto -o fuzz_request
  *   ./fuzz_request -max_total_time=30 tests/fuzz/corpus/request */
 #include <stdbool.h>
@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "ci/v1/executor.pb-c.h"
-#include "codec.h"
-#include "request.h"
+#include "core/codec.h"
+#include "core/request.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

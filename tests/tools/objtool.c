@@ -20,8 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "objstore.h"
-#include "util.h"
+#include "nats/objstore.h"
+#include "core/util.h"
 
 #define FILE_MAX ((size_t)1 << 30)
 

@@ -2,7 +2,7 @@
  * tree (this machine may have no usable v2: nothing else tests that code),
  * then a real task cgroup when this machine grants one (else that part is
  * skipped loudly). cgroup.c is included to reach its static helpers. */
-#include "../../worker/cgroup.c"
+#include "../../src/sandbox/cgroup.c"
 
 #include <sys/mman.h>
 #include <sys/wait.h>

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec.h"
+#include "core/codec.h"
 #include "testutil.h"
 
 static struct ci_error err;

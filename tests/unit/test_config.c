@@ -5,7 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "core/config.h"
 #include "testutil.h"
 
 #ifndef CI_SOURCE_DIR

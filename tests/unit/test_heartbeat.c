@@ -3,7 +3,7 @@
  * cannot start without a broker. */
 #include <stdlib.h>
 
-#include "heartbeat.h"
+#include "nats/heartbeat.h"
 #include "testutil.h"
 
 static void test_round_trip(void)

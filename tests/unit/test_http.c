@@ -8,10 +8,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "http.h"
-#include "idtoken.h"
+#include "provider/http.h"
+#include "provider/idtoken.h"
 #include "testutil.h"
-#include "util.h"
+#include "core/util.h"
 
 /* base64url without padding. */
 static void b64url(const char *in, char *out, size_t outsz)

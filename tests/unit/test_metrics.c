@@ -9,9 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "metrics.h"
-#include "monitor.h"
+#include "core/config.h"
+#include "monitor/metrics.h"
+#include "monitor/monitor.h"
 #include "testutil.h"
 
 static char *render(struct ci_metrics *m)

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "objstore.h"
+#include "nats/objstore.h"
 #include "testutil.h"
 
 static void check_name(const char *name, const char *want)

@@ -2,9 +2,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec.h"
-#include "request.h"
-#include "util.h"
+#include "core/codec.h"
+#include "core/request.h"
+#include "core/util.h"
 #include "testutil.h"
 
 static struct ci_config cfg;

@@ -17,12 +17,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cgroup.h"
-#include "config.h"
-#include "provider.h"
-#include "sandbox.h"
+#include "sandbox/cgroup.h"
+#include "core/config.h"
+#include "provider/provider.h"
+#include "sandbox/sandbox.h"
 #include "testutil.h"
-#include "util.h"
+#include "core/util.h"
 
 static struct ci_config *cfg;
 static struct ci_provider *prov;

@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "status.h"
+#include "core/status.h"
 #include "testutil.h"
-#include "util.h"
+#include "core/util.h"
 
 static void test_buf_grows_and_terminates(void)
 {

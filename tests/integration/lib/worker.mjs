@@ -6,7 +6,7 @@
 //   const { code, signal } = await w.stop();      // SIGTERM, waits for the exit
 //
 // The worker's YAML config is written into a fresh temp dir from the options;
-// section and key names are those of worker/config.h (struct ci_config):
+// section and key names are those of src/core/config.h (struct ci_config):
 //   natsUrl        nats.url (required)
 //   id             worker.id (default: a unique "itest-..." id)
 //   concurrency    worker.concurrency (default 1)

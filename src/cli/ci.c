@@ -1,0 +1,867 @@
+/* ci - the command-line client: submit Python to the workers, wait, print
+ * the output, save the artifacts. See `ci --help`. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "nats/broker.h"
+#include "core/codec.h"
+#include "core/config.h"
+#include "nats/heartbeat.h"
+#include "nats/objstore.h"
+#include "core/request.h"
+#include "core/util.h"
+
+/* Inputs larger than this go through the object store, not inline. */
+#define INLINE_MAX (256 * 1024)
+#define MAX_FILES 64
+#define MAX_LABELS 64
+#define MAX_READ (64u * 1024 * 1024)
+
+/* Exit codes of ci itself when the script's own code does not apply. */
+#define EXIT_USAGE 2
+#define EXIT_INFRA 3
+#define EXIT_TIMEOUT 124
+#define EXIT_CANCELLED 130
+
+struct opts {
+    const char *config;
+    const char *url;
+    const char *id;
+    const char *files[MAX_FILES];
+    size_t n_files;
+    const char *labels[MAX_LABELS];
+    size_t n_labels;
+    uint32_t timeout_ms;
+    uint32_t memory_mb;
+    int64_t wait_ms;
+    bool json;
+    bool wire_json;
+    bool no_save;
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ci [OPTIONS] COMMAND ...\n"
+            "commands:\n"
+            "  run SCRIPT.py      submit, wait, print stdout/stderr, save artifacts here,\n"
+            "                     exit with the script's exit code (124 timed out, 130 cancelled,\n"
+            "                     1 failed before running, 3 NATS or service error)\n"
+            "  submit SCRIPT.py   submit and print the task id\n"
+            "  get ID             print the task's result\n"
+            "  watch ID           print the task's status events until it ends\n"
+            "  cancel ID          ask the workers to cancel the task\n"
+            "  stats              queue depth, tasks in flight, redeliveries, and the workers\n"
+            "                     seen recently (from their heartbeats)\n"
+            "options:\n"
+            "  --file F           input file (CSV/XLSX), repeatable; SCRIPT reads it as ./NAME\n"
+            "  --timeout-ms N     time limit (default: the worker's, 60000)\n"
+            "  --memory-mb N      memory limit (default: the worker's, 1024)\n"
+            "  --label K=V        label echoed into the result, repeatable\n"
+            "  --id ID            task id to use (default: random)\n"
+            "  --json             print results and events as JSON\n"
+            "  --wire-json        send the request as JSON instead of protobuf\n"
+            "  --no-save          do not write artifacts to the current folder\n"
+            "  --wait-ms N        give up waiting after N ms (default 600000)\n"
+            "  --url URL          NATS server (default: $CI_NATS_URL, then the config's)\n"
+            "  --config FILE      worker.yaml to take names and credentials from\n"
+            "Use '-' as SCRIPT to read the code from standard input.\n");
+}
+
+static ci_status read_file(const char *path, size_t max, uint8_t **ret, size_t *ret_len,
+                           struct ci_error *err)
+{
+    int fd = strcmp(path, "-") == 0 ? dup(0) : open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ci_error_errno(err, CI_ERR_IO, errno, "cannot open '%s'", path);
+    struct ci_buf b = CI_BUF_INIT;
+    uint8_t chunk[65536];
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof(chunk));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int e = errno;
+            close(fd);
+            ci_buf_release(&b);
+            return ci_error_errno(err, CI_ERR_IO, e, "cannot read '%s'", path);
+        }
+        if (n == 0)
+            break;
+        if (b.len + (size_t)n > max) {
+            close(fd);
+            ci_buf_release(&b);
+            return ci_error_set(err, CI_ERR_LIMIT, "'%s' is larger than %zu bytes", path, max);
+        }
+        if (ci_buf_append(&b, chunk, (size_t)n)) {
+            close(fd);
+            ci_buf_release(&b);
+            return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+        }
+    }
+    close(fd);
+    *ret = ci_buf_steal(&b, ret_len);
+    return *ret ? CI_OK : ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+}
+
+static void random_id(char out[27])
+{
+    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+    uint8_t r[26];
+    if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
+        for (size_t i = 0; i < sizeof(r); i++)
+            r[i] = (uint8_t)(rand() ^ getpid());
+    }
+    for (size_t i = 0; i < sizeof(r); i++)
+        out[i] = alphabet[r[i] % 36];
+    out[26] = '\0';
+}
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+/* Builds, uploads large inputs for, and submits one request. */
+static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                  const char *script, char task_id[65])
+{
+    struct ci_error e = {{0}};
+    int rc = EXIT_INFRA;
+    uint8_t *code = NULL, *wire = NULL;
+    size_t code_len = 0, wire_len = 0;
+    Ci__V1__InputFile files[MAX_FILES], *file_ptrs[MAX_FILES];
+    uint8_t *file_data[MAX_FILES] = {0};
+    char *object_names[MAX_FILES] = {0};
+    Ci__V1__ExecutionRequest__LabelsEntry labels[MAX_LABELS], *label_ptrs[MAX_LABELS];
+    Ci__V1__ExecutionResult__LabelsEntry qlabels[MAX_LABELS], *qlabel_ptrs[MAX_LABELS];
+    char *label_copies[MAX_LABELS] = {0};
+
+    if (o->id) /* checked by main() */
+        snprintf(task_id, 65, "%s", o->id);
+    else
+        random_id(task_id);
+    if (read_file(script, cfg->limits.max_code_bytes, &code, &code_len, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        rc = EXIT_USAGE;
+        goto out;
+    }
+    /* The code travels as a C string: a NUL would silently cut it. */
+    if (memchr(code, 0, code_len)) {
+        fprintf(stderr, "ci: '%s' holds a NUL byte, so it is not Python source\n", script);
+        rc = EXIT_USAGE;
+        goto out;
+    }
+    Ci__V1__ExecutionRequest req = CI__V1__EXECUTION_REQUEST__INIT;
+    Ci__V1__Limits limits = CI__V1__LIMITS__INIT;
+    req.task_id = task_id;
+    req.language = (char *)"python";
+    req.code = (char *)code;
+    limits.timeout_ms = o->timeout_ms;
+    limits.memory_mb = o->memory_mb;
+    req.limits = &limits;
+    for (size_t i = 0; i < o->n_files; i++) {
+        size_t len = 0;
+        const char *name = base_name(o->files[i]);
+        if (!ci_input_name_valid(name, strlen(name))) {
+            fprintf(stderr, "ci: input name '%s' is not allowed: use [A-Za-z0-9._ -], not starting with '.'\n",
+                    name);
+            rc = EXIT_USAGE;
+            goto out;
+        }
+        if (read_file(o->files[i], cfg->limits.max_input_bytes, &file_data[i], &len, &e)) {
+            fprintf(stderr, "ci: %s\n", e.msg);
+            rc = EXIT_USAGE;
+            goto out;
+        }
+        ci__v1__input_file__init(&files[i]);
+        files[i].name = (char *)name;
+        if (len <= INLINE_MAX) {
+            files[i].source_case = CI__V1__INPUT_FILE__SOURCE_CONTENT;
+            files[i].content.data = file_data[i];
+            files[i].content.len = len;
+        } else {
+            size_t n = strlen("inputs/") + strlen(task_id) + 1 + strlen(name) + 1;
+            object_names[i] = malloc(n);
+            if (!object_names[i])
+                goto out;
+            snprintf(object_names[i], n, "inputs/%s/%s", task_id, name);
+            if (ci_objstore_put(ci_broker_objstore(b), object_names[i], file_data[i], len, &e)) {
+                fprintf(stderr, "ci: uploading '%s': %s\n", o->files[i], e.msg);
+                goto out;
+            }
+            files[i].source_case = CI__V1__INPUT_FILE__SOURCE_OBJECT;
+            files[i].object = object_names[i];
+        }
+        file_ptrs[i] = &files[i];
+    }
+    req.files = file_ptrs;
+    req.n_files = o->n_files;
+    for (size_t i = 0; i < o->n_labels; i++) {
+        label_copies[i] = strdup(o->labels[i]);
+        if (!label_copies[i])
+            goto out;
+        char *eq = strchr(label_copies[i], '=');
+        if (!eq) {
+            fprintf(stderr, "ci: label '%s' is not KEY=VALUE\n", o->labels[i]);
+            rc = EXIT_USAGE;
+            goto out;
+        }
+        *eq = '\0';
+        ci__v1__execution_request__labels_entry__init(&labels[i]);
+        labels[i].key = label_copies[i];
+        labels[i].value = eq + 1;
+        label_ptrs[i] = &labels[i];
+        ci__v1__execution_result__labels_entry__init(&qlabels[i]);
+        qlabels[i].key = labels[i].key;
+        qlabels[i].value = labels[i].value;
+        qlabel_ptrs[i] = &qlabels[i];
+    }
+    req.labels = label_ptrs;
+    req.n_labels = o->n_labels;
+
+    enum ci_encoding enc = o->wire_json ? CI_ENC_JSON : CI_ENC_PROTOBUF;
+    if (ci_message_encode(enc, &req.base, &wire, &wire_len, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        goto out;
+    }
+
+    /* The QUEUED record lets `ci get` answer before a worker picks it up. */
+    Ci__V1__ExecutionResult queued = CI__V1__EXECUTION_RESULT__INIT;
+    queued.task_id = task_id;
+    queued.status = CI__V1__TASK_STATUS__TASK_STATUS_QUEUED;
+    /* Entries of the result's own map type: the request's carry another
+     * descriptor, which the encoders may follow. */
+    queued.labels = qlabel_ptrs;
+    queued.n_labels = req.n_labels;
+    uint8_t *qbuf = NULL;
+    size_t qlen = 0;
+    if (ci_message_encode(enc, &queued.base, &qbuf, &qlen, &e) == CI_OK) {
+        if (ci_broker_result_create(b, task_id, qbuf, qlen, &e) == CI_ERR_INVALID) {
+            fprintf(stderr, "ci: %s\n", e.msg);
+            free(qbuf);
+            rc = EXIT_USAGE;
+            goto out;
+        }
+        free(qbuf);
+    }
+    bool dup = false;
+    if (ci_broker_submit(b, task_id, ci_encoding_content_type(enc), wire, wire_len, &dup, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        goto out;
+    }
+    if (dup)
+        fprintf(stderr, "ci: task %s was already submitted; not queued again\n", task_id);
+    rc = 0;
+out:
+    free(code);
+    free(wire);
+    for (size_t i = 0; i < MAX_FILES; i++) {
+        free(file_data[i]);
+        free(object_names[i]);
+    }
+    for (size_t i = 0; i < MAX_LABELS; i++)
+        free(label_copies[i]);
+    return rc;
+}
+
+static Ci__V1__ExecutionResult *decode_result(const uint8_t *buf, size_t len,
+                                              struct ci_error *err)
+{
+    ProtobufCMessage *m = NULL;
+    /* The encoding follows the request, which may not have been ours. */
+    if (ci_message_decode(CI_ENC_PROTOBUF, &ci__v1__execution_result__descriptor, buf, len, &m,
+                          NULL) &&
+        ci_message_decode(CI_ENC_JSON, &ci__v1__execution_result__descriptor, buf, len, &m, err))
+        return NULL;
+    return (Ci__V1__ExecutionResult *)m;
+}
+
+static ci_status get_result(struct ci_broker *b, const char *id, Ci__V1__ExecutionResult **ret,
+                            struct ci_error *err)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ci_status s = ci_broker_result_get(b, id, &buf, &len, err);
+    if (s)
+        return s;
+    *ret = decode_result(buf, len, err);
+    free(buf);
+    return *ret ? CI_OK : CI_ERR_INVALID;
+}
+
+static void print_json(const ProtobufCMessage *m)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    struct ci_error e = {{0}};
+    if (ci_message_encode(CI_ENC_JSON, m, &buf, &len, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        return;
+    }
+    fwrite(buf, 1, len, stdout);
+    fputc('\n', stdout);
+    free(buf);
+}
+
+/* Whether an artifact may be saved under the current folder by its name.
+ * The name is chosen by untrusted code, and any file that starts like a
+ * PNG is an artifact: so no hidden component (".bashrc",
+ * ".ssh/authorized_keys"), no "..", no control character (terminal
+ * escapes), and the extension must be that of its type. */
+static bool artifact_name_safe(const Ci__V1__Artifact *a)
+{
+    const char *name = a->name;
+    size_t len = strlen(name);
+    if (len == 0 || len > 4096 || name[0] == '/')
+        return false;
+    for (const char *p = name; *p;) {
+        const char *slash = strchr(p, '/');
+        size_t n = slash ? (size_t)(slash - p) : strlen(p);
+        if (n == 0 || n > 255 || p[0] == '.')
+            return false;
+        p += n;
+        if (*p == '/')
+            p++;
+    }
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return false;
+    const char *ext = !strcmp(a->mime_type, "text/csv")    ? ".csv"
+                      : !strcmp(a->mime_type, "image/png") ? ".png"
+                                                           : NULL;
+    return ext && len > 4 && strcasecmp(name + len - 4, ext) == 0;
+}
+
+/* The name with control characters shown as '?', cut to fit out. */
+static const char *printable(const char *name, char *out, size_t size)
+{
+    size_t i = 0;
+    for (; name[i] && i + 1 < size; i++)
+        out[i] = ((unsigned char)name[i] < 0x20 || name[i] == 0x7f) ? '?' : name[i];
+    out[i] = '\0';
+    return out;
+}
+
+/* Opens name for writing under the current folder, creating its folders,
+ * without following a symlink at any step; only a regular file is
+ * replaced. -1 with errno on failure. */
+static int open_artifact(const char *name)
+{
+    char *copy = strdup(name);
+    if (!copy)
+        return -1;
+    int dir = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    char *p = copy;
+    for (char *slash; dir >= 0 && (slash = strchr(p, '/')) != NULL; p = slash + 1) {
+        *slash = '\0';
+        int sub = -1;
+        if (mkdirat(dir, p, 0755) == 0 || errno == EEXIST)
+            sub = openat(dir, p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int e = errno;
+        close(dir);
+        errno = e;
+        dir = sub;
+    }
+    int fd = -1;
+    if (dir >= 0) {
+        /* O_NONBLOCK: a FIFO of that name fails instead of blocking. */
+        fd = openat(dir, p, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+        struct stat st;
+        int bad = fd < 0                     ? 0
+                  : fstat(fd, &st) != 0      ? errno
+                  : !S_ISREG(st.st_mode)     ? EINVAL
+                  : ftruncate(fd, 0) != 0    ? errno
+                                             : 0;
+        if (bad) {
+            close(fd);
+            fd = -1;
+            errno = bad;
+        }
+        int e = errno;
+        close(dir);
+        errno = e;
+    }
+    free(copy);
+    return fd;
+}
+
+static int save_artifacts(struct ci_broker *b, const Ci__V1__ExecutionResult *r)
+{
+    int failures = 0;
+    for (size_t i = 0; i < r->n_artifacts; i++) {
+        const Ci__V1__Artifact *a = r->artifacts[i];
+        struct ci_error e = {{0}};
+        char shown[256], shown_obj[256];
+        if (!artifact_name_safe(a)) {
+            fprintf(stderr,
+                    "ci: not saving artifact '%s' here: its name is unsafe (hidden, '..', control "
+                    "characters, or not ending in .csv/.png); it is object '%s' in the files "
+                    "bucket\n",
+                    printable(a->name, shown, sizeof(shown)),
+                    printable(a->object, shown_obj, sizeof(shown_obj)));
+            failures++;
+            continue;
+        }
+        uint8_t *data = NULL;
+        size_t len = 0;
+        if (ci_objstore_get(ci_broker_objstore(b), a->object, MAX_READ, &data, &len, &e)) {
+            fprintf(stderr, "ci: artifact '%s': %s\n", a->name, e.msg);
+            failures++;
+            continue;
+        }
+        int fd = open_artifact(a->name);
+        if (fd < 0 || ci_write_all(fd, data, len)) {
+            fprintf(stderr, "ci: cannot write '%s': %s\n", a->name, strerror(errno));
+            failures++;
+        } else {
+            fprintf(stderr, "ci: saved %s (%zu bytes)\n", a->name, len);
+        }
+        if (fd >= 0)
+            close(fd);
+        free(data);
+    }
+    return failures;
+}
+
+static void print_event(const Ci__V1__StatusEvent *ev, bool json)
+{
+    if (json)
+        print_json(&ev->base);
+    else
+        printf("%" PRId64 " %s %s%s%s\n", ev->at_ms, ci_task_status_short(ev->status), ev->worker,
+               ev->message[0] ? " " : "", ev->message);
+    fflush(stdout);
+}
+
+/* Whether the stored result is terminal; then it is printed as the event
+ * that was missed. A safety net for a terminal event that never came. */
+static bool result_says_ended(struct ci_broker *b, const char *id, bool print, bool json)
+{
+    Ci__V1__ExecutionResult *r = NULL;
+    if (get_result(b, id, &r, NULL))
+        return false;
+    bool done = ci_task_status_terminal(r->status);
+    if (done && print) {
+        Ci__V1__StatusEvent ev = CI__V1__STATUS_EVENT__INIT;
+        ev.task_id = r->task_id;
+        ev.status = r->status;
+        ev.at_ms = r->finished_at_ms;
+        ev.worker = r->worker;
+        ev.message = r->error;
+        if (r->_exit_code_case == CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE) {
+            ev._exit_code_case = CI__V1__STATUS_EVENT___EXIT_CODE_EXIT_CODE;
+            ev.exit_code = r->exit_code;
+        }
+        print_event(&ev, json);
+    }
+    ci_message_free(&r->base);
+    return done;
+}
+
+/* Waits for the task's terminal event; CI_ERR_TIMEOUT past wait_ms. The
+ * ordered consumer replays the task's events from the first, so it may
+ * start after the submit. */
+static ci_status wait_terminal(struct ci_broker *b, const char *id, int64_t wait_ms, bool print,
+                               bool json, struct ci_error *err)
+{
+    struct ci_watch *w = NULL;
+    ci_status s = ci_watch_new(b, id, &w, err);
+    if (s)
+        return s;
+    int64_t deadline = ci_mono_ms() + wait_ms;
+    bool warned = false, seen = false;
+    int64_t started = ci_mono_ms(), last_check = started;
+    for (;;) {
+        int64_t left = deadline - ci_mono_ms();
+        if (left <= 0) {
+            s = ci_error_set(err, CI_ERR_TIMEOUT, "task %s did not end within %" PRId64 " ms",
+                             id, wait_ms);
+            break;
+        }
+        const uint8_t *data;
+        size_t len;
+        const char *ct;
+        s = ci_watch_next(w, left < 1000 ? (int)left : 1000, &data, &len, &ct, err);
+        if (s == CI_ERR_TIMEOUT) {
+            int64_t now = ci_mono_ms();
+            if (!warned && !seen && now - started > 10000) {
+                fprintf(stderr, "ci: task %s has not started yet; is a worker running?\n", id);
+                warned = true;
+            }
+            if (now - last_check >= 5000) {
+                last_check = now;
+                if (result_says_ended(b, id, print, json)) {
+                    s = CI_OK;
+                    break;
+                }
+            }
+            continue;
+        }
+        if (s)
+            break;
+        enum ci_encoding enc = CI_ENC_PROTOBUF;
+        ci_encoding_from_content_type(ct, &enc, NULL);
+        ProtobufCMessage *m = NULL;
+        if (ci_message_decode(enc, &ci__v1__status_event__descriptor, data, len, &m, NULL))
+            continue;
+        Ci__V1__StatusEvent *ev = (Ci__V1__StatusEvent *)m;
+        seen = true;
+        if (print)
+            print_event(ev, json);
+        bool done = ci_task_status_terminal(ev->status);
+        ci_message_free(m);
+        if (done) {
+            s = CI_OK;
+            break;
+        }
+    }
+    ci_watch_free(w);
+    return s;
+}
+
+static void print_summary(const Ci__V1__ExecutionResult *r)
+{
+    printf("task:      %s\nstatus:    %s\n", r->task_id, ci_task_status_short(r->status));
+    if (r->_exit_code_case == CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE)
+        printf("exit code: %d\n", r->exit_code);
+    if (r->error[0])
+        printf("error:     %s\n", r->error);
+    if (r->hint[0])
+        printf("hint:      %s\n", r->hint);
+    if (r->usage)
+        printf("usage:     %" PRIu64 " ms, %" PRIu64 " ms cpu, %u MiB\n", r->usage->duration_ms,
+               r->usage->cpu_ms, r->usage->memory_mb);
+    if (r->worker[0])
+        printf("worker:    %s (attempt %u, isolation %s)\n", r->worker, r->attempt, r->isolation);
+    for (size_t i = 0; i < r->n_artifacts; i++)
+        printf("artifact:  %s (%s, %" PRIu64 " bytes) object %s\n", r->artifacts[i]->name,
+               r->artifacts[i]->mime_type, r->artifacts[i]->size, r->artifacts[i]->object);
+    if (r->stdout[0])
+        printf("--- stdout%s ---\n%s\n", r->stdout_truncated ? " (truncated)" : "", r->stdout);
+    if (r->stderr[0])
+        printf("--- stderr%s ---\n%s\n", r->stderr_truncated ? " (truncated)" : "", r->stderr);
+}
+
+static int exit_code_of(const Ci__V1__ExecutionResult *r)
+{
+    switch (r->status) {
+    case CI__V1__TASK_STATUS__TASK_STATUS_SUCCEEDED: return 0;
+    case CI__V1__TASK_STATUS__TASK_STATUS_TIMED_OUT: return EXIT_TIMEOUT;
+    case CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED: return EXIT_CANCELLED;
+    default:
+        if (r->_exit_code_case == CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE && r->exit_code)
+            return r->exit_code & 0xff ? r->exit_code & 0xff : 1;
+        return 1;
+    }
+}
+
+/* The most heartbeat entries `ci stats` reads. */
+#define MAX_WORKERS 10000
+
+struct stats_workers {
+    struct ci_buf text; /* one line per worker, or JSON objects joined by ',' */
+    size_t n;
+    bool json;
+    int64_t now_ms;
+};
+
+static void human_age(char *out, size_t n, int64_t ms)
+{
+    if (ms < 0)
+        ms = 0;
+    if (ms < 120000)
+        snprintf(out, n, "%" PRId64 " s", ms / 1000);
+    else if (ms < 7200000)
+        snprintf(out, n, "%" PRId64 " min", ms / 60000);
+    else
+        snprintf(out, n, "%" PRId64 " h", ms / 3600000);
+}
+
+static void on_worker(void *closure, const char *id, const uint8_t *data, size_t len,
+                      int64_t written_ms)
+{
+    struct stats_workers *sw = closure;
+    struct ci_heartbeat_info hb;
+    if (ci_heartbeat_decode(data, len, &hb, NULL))
+        return; /* not ours: skip it rather than fail the listing */
+    int64_t seen = sw->now_ms - written_ms;
+    if (sw->json) {
+        /* The heartbeat is JSON already; add when the server stored it. */
+        ci_buf_appendf(&sw->text, "%s{\"heartbeat\":%.*s,\"seenMsAgo\":\"%" PRId64 "\"}",
+                       sw->n ? "," : "", (int)len, (const char *)data, seen);
+    } else {
+        char ago[32], up[32], provider[32];
+        human_age(ago, sizeof(ago), seen);
+        human_age(up, sizeof(up), written_ms - hb.started_at_ms);
+        ci_buf_appendf(&sw->text,
+                       "  %-24s %-9s slots %u  running %u  %-9s done %" PRIu64
+                       "  seen %s ago  up %s\n",
+                       id, printable(hb.provider, provider, sizeof(provider)), hb.slots, hb.active,
+                       hb.ready ? "ready" : "not-ready", hb.tasks_done, ago, up);
+    }
+    sw->n++;
+    ci_heartbeat_info_release(&hb);
+}
+
+static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, bool json)
+{
+    struct ci_error e = {{0}};
+    struct ci_queue_stats q;
+    if (ci_broker_queue_stats(b, &q, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    struct stats_workers sw = {.json = json, .now_ms = ci_now_ms()};
+    bool have_bucket = true;
+    ci_status s = ci_broker_workers_open(b, false, 0, &e);
+    if (s == CI_ERR_NOT_FOUND)
+        have_bucket = false;
+    else if (s || ci_broker_workers_list(b, MAX_WORKERS, on_worker, &sw, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        ci_buf_release(&sw.text);
+        return EXIT_INFRA;
+    }
+    if (json) {
+        printf("{\"queue\":{\"stream\":\"%s\",\"consumer\":\"%s\",\"streamMsgs\":\"%" PRIu64
+               "\",\"pending\":\"%" PRIu64 "\",\"ackPending\":\"%" PRIu64
+               "\",\"redelivered\":\"%" PRIu64 "\",\"waiting\":\"%" PRIu64
+               "\"},\"workers\":[%s]}\n",
+               cfg->jetstream.tasks_stream, cfg->jetstream.consumer, q.stream_msgs, q.pending,
+               q.ack_pending, q.redelivered, q.waiting,
+               sw.text.data ? (const char *)sw.text.data : "");
+    } else {
+        printf("queue:        %" PRIu64 " waiting for a worker (consumer %s; stream %s holds %" PRIu64
+               ")\n",
+               q.pending, cfg->jetstream.consumer, cfg->jetstream.tasks_stream, q.stream_msgs);
+        printf("in flight:    %" PRIu64 " (%" PRIu64 " of them delivered more than once)\n",
+               q.ack_pending, q.redelivered);
+        printf("idle pulls:   %" PRIu64 "\n", q.waiting);
+        if (!have_bucket)
+            printf("workers:      unknown (no heartbeat bucket %s: no worker with heartbeats "
+                   "has run)\n",
+                   cfg->jetstream.workers_bucket);
+        else
+            printf("workers:      %zu alive (an entry expires after three missed heartbeats)\n%s",
+                   sw.n, sw.text.data ? (const char *)sw.text.data : "");
+    }
+    ci_buf_release(&sw.text);
+    return 0;
+}
+
+static int cmd_run(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                   const char *script, bool wait)
+{
+    char id[65];
+    struct ci_error e = {{0}};
+    int rc = submit(b, cfg, o, script, id);
+    if (rc)
+        return rc;
+    if (!wait) {
+        printf("%s\n", id);
+        return 0;
+    }
+    if (wait_terminal(b, id, o->wait_ms, false, false, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    Ci__V1__ExecutionResult *r = NULL;
+    if (get_result(b, id, &r, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    if (o->json) {
+        print_json(&r->base);
+    } else {
+        fwrite(r->stdout, 1, strlen(r->stdout), stdout);
+        fflush(stdout);
+        fwrite(r->stderr, 1, strlen(r->stderr), stderr);
+        if (r->stdout_truncated)
+            fprintf(stderr, "ci: stdout was cut: the code wrote %" PRIu64 " bytes\n",
+                    r->stdout_total_bytes);
+        if (r->stderr_truncated)
+            fprintf(stderr, "ci: stderr was cut: the code wrote %" PRIu64 " bytes\n",
+                    r->stderr_total_bytes);
+        if (r->status != CI__V1__TASK_STATUS__TASK_STATUS_SUCCEEDED || r->error[0])
+            fprintf(stderr, "ci: %s: %s\n", ci_task_status_short(r->status), r->error);
+        if (r->hint[0])
+            fprintf(stderr, "ci: hint: %s\n", r->hint);
+    }
+    int failures = o->no_save ? 0 : save_artifacts(b, r);
+    rc = exit_code_of(r);
+    if (rc == 0 && failures)
+        rc = EXIT_INFRA;
+    ci_message_free(&r->base);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option lopts[] = {
+        {"file", required_argument, NULL, 'f'},     {"timeout-ms", required_argument, NULL, 't'},
+        {"memory-mb", required_argument, NULL, 'm'}, {"label", required_argument, NULL, 'l'},
+        {"id", required_argument, NULL, 'i'},       {"json", no_argument, NULL, 'j'},
+        {"wire-json", no_argument, NULL, 'W'},      {"no-save", no_argument, NULL, 'n'},
+        {"wait-ms", required_argument, NULL, 'w'},  {"url", required_argument, NULL, 'u'},
+        {"config", required_argument, NULL, 'c'},   {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct opts o = {.wait_ms = 600000};
+    int c;
+    char *end;
+    while ((c = getopt_long(argc, argv, "f:h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 'f':
+            if (o.n_files == MAX_FILES) {
+                fprintf(stderr, "ci: at most %d files\n", MAX_FILES);
+                return EXIT_USAGE;
+            }
+            o.files[o.n_files++] = optarg;
+            break;
+        case 'l':
+            if (o.n_labels == MAX_LABELS) {
+                fprintf(stderr, "ci: at most %d labels\n", MAX_LABELS);
+                return EXIT_USAGE;
+            }
+            o.labels[o.n_labels++] = optarg;
+            break;
+        case 't':
+        case 'm':
+        case 'w': {
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end || optarg[0] == '-' || v > UINT32_MAX) {
+                fprintf(stderr, "ci: '%s' is not a valid number of %s\n", optarg,
+                        c == 'm' ? "MiB" : "ms");
+                return EXIT_USAGE;
+            }
+            if (c == 't')
+                o.timeout_ms = (uint32_t)v;
+            else if (c == 'm')
+                o.memory_mb = (uint32_t)v;
+            else
+                o.wait_ms = (int64_t)v;
+            break;
+        }
+        case 'i': o.id = optarg; break;
+        case 'j': o.json = true; break;
+        case 'W': o.wire_json = true; break;
+        case 'n': o.no_save = true; break;
+        case 'u': o.url = optarg; break;
+        case 'c': o.config = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return EXIT_USAGE;
+        }
+    }
+    /* GNU getopt moves the operands behind the options, so options may
+     * come before or after the command: `ci run x.py --file a.csv`. */
+    if (optind >= argc) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[optind];
+    const char *arg = optind + 1 < argc ? argv[optind + 1] : NULL;
+    bool is_stats = !strcmp(cmd, "stats");
+    if (is_stats && arg) {
+        fprintf(stderr, "ci: unexpected argument '%s'\n", arg);
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (!is_stats && (optind + 2 < argc || !arg)) {
+        if (!arg)
+            fprintf(stderr, "ci: '%s' needs an argument\n", cmd);
+        else
+            fprintf(stderr, "ci: unexpected argument '%s'\n", argv[optind + 2]);
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    bool is_run = !strcmp(cmd, "run"), is_submit = !strcmp(cmd, "submit");
+    if (!is_run && !is_submit && !is_stats && strcmp(cmd, "get") && strcmp(cmd, "watch") &&
+        strcmp(cmd, "cancel")) {
+        fprintf(stderr, "ci: unknown command '%s'\n", cmd);
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (!is_run && !is_submit && !is_stats && !ci_task_id_valid(arg)) {
+        fprintf(stderr, "ci: '%s' is not a task id ([A-Za-z0-9_-]{1,64})\n", arg);
+        return EXIT_USAGE;
+    }
+    /* Checked whole: copied into 65 bytes, a longer id would be cut to a
+     * valid one and the task submitted under another id. */
+    if (o.id && !ci_task_id_valid(o.id)) {
+        fprintf(stderr, "ci: task id '%s' is not [A-Za-z0-9_-]{1,64}\n", o.id);
+        return EXIT_USAGE;
+    }
+
+    struct ci_config *cfg = NULL;
+    struct ci_error e = {{0}};
+    ci_status s = o.config ? ci_config_load(o.config, &cfg, &e) : ci_config_defaults(&cfg, &e);
+    if (s) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        return EXIT_USAGE;
+    }
+    if (o.url) {
+        free(cfg->nats.url);
+        cfg->nats.url = strdup(o.url);
+    }
+    free(cfg->nats.name);
+    cfg->nats.name = strdup("ci-client");
+    cfg->nats.max_reconnects = 5;
+    int rc = EXIT_INFRA;
+    struct ci_broker *b = NULL;
+    if (!cfg->nats.url || !cfg->nats.name) { /* a NULL url would mean the default server */
+        fprintf(stderr, "ci: out of memory\n");
+        goto out;
+    }
+    if (ci_broker_connect(cfg, &b, &e) || ci_broker_setup(b, false, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        goto out;
+    }
+    if (is_stats) {
+        rc = cmd_stats(b, cfg, o.json);
+    } else if (is_run || is_submit) {
+        rc = cmd_run(b, cfg, &o, arg, is_run);
+    } else if (!strcmp(cmd, "get")) {
+        Ci__V1__ExecutionResult *r = NULL;
+        s = get_result(b, arg, &r, &e);
+        if (s) {
+            fprintf(stderr, "ci: %s\n", e.msg);
+            rc = s == CI_ERR_NOT_FOUND ? 1 : EXIT_INFRA;
+            goto out;
+        }
+        if (o.json)
+            print_json(&r->base);
+        else
+            print_summary(r);
+        rc = 0;
+        ci_message_free(&r->base);
+    } else if (!strcmp(cmd, "watch")) {
+        s = wait_terminal(b, arg, o.wait_ms, true, o.json, &e);
+        if (s) {
+            fprintf(stderr, "ci: %s\n", e.msg);
+            goto out;
+        }
+        rc = 0;
+    } else {
+        if (ci_broker_cancel_publish(b, arg, &e)) {
+            fprintf(stderr, "ci: %s\n", e.msg);
+            goto out;
+        }
+        rc = 0;
+    }
+out:
+    ci_broker_free(b);
+    ci_config_free(cfg);
+    ci_broker_library_close();
+    return rc;
+}

@@ -1,0 +1,128 @@
+/* config.h - the worker's configuration, read from YAML (libyaml).
+ *
+ * Every key is listed once in the table in config.c with its type, bounds and
+ * default; an unknown key, a wrong type or a value out of range is an error
+ * "worker.yaml:LINE: key 'x': what is wrong". After loading, CI_NATS_URL in
+ * the environment replaces nats.url. The loaded config is read-only. */
+#ifndef CI_CONFIG_H
+#define CI_CONFIG_H
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+enum ci_isolation {
+    CI_ISOLATION_AUTO,     /* sandbox when the probe allows it, else run bare with a warning */
+    CI_ISOLATION_REQUIRED, /* refuse to start without the sandbox */
+    CI_ISOLATION_NONE,     /* never sandbox: developers only */
+};
+
+enum ci_sandbox_mode {
+    CI_MODE_COLD, /* every task starts python3 in a fresh sandbox */
+    CI_MODE_WARM, /* tasks fork from a zygote with the runtime imported (zygote.h) */
+};
+
+struct ci_config {
+    struct {
+        char *url;          /* "nats://127.0.0.1:4222"; comma-separated list allowed */
+        char *name;         /* connection name shown by the server */
+        char *creds_file;   /* JWT + nkey seed (.creds) */
+        char *nkey_seed_file;
+        char *token;
+        char *user;
+        char *password;
+        char *tls_ca;
+        char *tls_cert;
+        char *tls_key;
+        uint32_t connect_timeout_ms; /* 5000 */
+        int32_t max_reconnects;      /* -1 = forever */
+        uint32_t reconnect_wait_ms;  /* 1000 */
+    } nats;
+    struct {
+        char *tasks_stream;    /* CI_TASKS */
+        char *submit_subject;  /* ci.submit */
+        char *consumer;        /* ci-workers */
+        char *status_stream;   /* CI_STATUS */
+        char *status_prefix;   /* ci.status */
+        char *cancel_stream;   /* CI_CANCEL */
+        char *cancel_prefix;   /* ci.cancel */
+        char *results_bucket;  /* ci-results */
+        char *files_bucket;    /* ci-files */
+        char *workers_bucket;  /* ci-workers: heartbeats, read by `ci stats` */
+        uint32_t max_age_s;          /* 3600: streams, KV TTL, object TTL */
+        uint32_t duplicate_window_s; /* 120 */
+        uint32_t ack_wait_s;         /* 30 */
+        uint32_t max_deliver;        /* 5 */
+        uint32_t replicas;           /* 1 */
+        bool file_storage;           /* true */
+    } jetstream;
+    struct {
+        char *id;             /* "" = hostname-pid */
+        uint32_t concurrency; /* 0 = online CPUs */
+        char *provider;       /* "local" | "cloudrun" */
+        uint32_t drain_timeout_s; /* 90: longest wait for running tasks on SIGTERM */
+        char *log_level;      /* debug | info | warn | error */
+        char *metrics_addr;   /* "127.0.0.1:9464": /metrics, /healthz, /readyz; "" = off */
+        uint32_t heartbeat_s; /* 10: heartbeat period in the workers bucket; 0 = off */
+    } worker;
+    struct {
+        uint32_t default_timeout_ms; /* 60000 */
+        uint32_t max_timeout_ms;     /* 60000 */
+        uint32_t default_memory_mb;  /* 1024 */
+        uint32_t max_memory_mb;      /* 4096 */
+        uint32_t max_code_bytes;     /* 1 MiB */
+        uint32_t max_input_bytes;    /* 20 MiB, all inputs together */
+        uint32_t max_artifact_bytes; /* 20 MiB, all artifacts together */
+        uint32_t max_output_bytes;   /* 1 MiB, each of stdout and stderr */
+    } limits;
+    struct {
+        enum ci_isolation isolation; /* auto */
+        char *python;          /* /usr/bin/python3 */
+        uint32_t sandbox_uid;  /* outside uid the sandbox maps to when the worker is root: 65534 */
+        uint32_t sandbox_gid;  /* 65534 */
+        uint32_t workspace_mb; /* 256: tmpfs size of /workspace */
+        uint32_t tmp_mb;       /* 64: tmpfs size of /tmp */
+        uint32_t max_processes; /* 64 */
+        uint32_t max_open_files; /* 256 */
+        uint32_t cpus;          /* 1: CPUs of time a task may use at once (cgroup cpu.max) */
+        bool require_cgroup;    /* false: refuse to start without per-task cgroups */
+        enum ci_sandbox_mode mode; /* warm (cold where the probe cannot start a zygote) */
+        uint32_t warm_pool_size;   /* 1: zygotes kept ready in warm mode */
+        uint32_t warm_spares;      /* 1: sandboxes each zygote makes ahead (0 = one per slot) */
+        uint32_t warm_rotate_after; /* 200: tasks per zygote before it is replaced */
+        char *zygote;           /* "" = ci-zygote beside the running program */
+    } local;
+    struct {
+        char *service_url;    /* "" = not set; the executor's base URL (https://...run.app) */
+        char *audience;       /* "" = service_url: the ID token's audience */
+        char *metadata_url;   /* the metadata server's identity endpoint */
+        char *token_file;     /* "" = metadata server; else a file holding the ID token */
+        uint32_t token_refresh_margin_s; /* 300: refresh this long before the token expires */
+        uint32_t timeout_margin_ms;      /* 30000: HTTP time beyond the task's limit */
+        uint32_t max_attempts;           /* 5 */
+        uint32_t backoff_initial_ms;     /* 200 */
+        uint32_t backoff_max_ms;         /* 5000 */
+        char *ca_file;        /* "" = the system's CA bundle */
+        uint32_t connect_timeout_ms;     /* 5000 */
+    } cloudrun;
+};
+
+/* Loads path into a new config. On failure returns CI_ERR_INVALID (or
+ * CI_ERR_IO when the file cannot be read) with the message in err. */
+ci_status ci_config_load(const char *path, struct ci_config **ret, struct ci_error *err);
+/* The same from bytes in memory (at most 1 MiB); name is what messages show
+ * in place of the file name. ci_config_load reads the file and calls this. */
+ci_status ci_config_parse(const char *name, const uint8_t *data, size_t len,
+                          struct ci_config **ret, struct ci_error *err);
+/* A config with every default, as if loaded from an empty file. */
+ci_status ci_config_defaults(struct ci_config **ret, struct ci_error *err);
+void ci_config_free(struct ci_config *cfg);
+/* Prints every key and its value as YAML (secrets replaced by "<redacted>"). */
+void ci_config_dump(const struct ci_config *cfg, FILE *out);
+
+/* Task slots of a worker: worker.concurrency, or the online CPUs when 0. */
+uint32_t ci_config_slots(const struct ci_config *cfg);
+
+#endif

@@ -1,0 +1,207 @@
+/* ci-executor: the service behind the `cloudrun` provider. Serves
+ * POST /execute, POST /cancel/{taskId} and GET /healthz (see service.h) and
+ * runs each task in the same sandbox as the `local` provider of ci-worker.
+ * Until SIGTERM or SIGINT; then it stops accepting, lets running tasks
+ * finish (at most worker.drain_timeout_s), cancels the rest and exits 0.
+ *
+ * There is no authentication here: on Cloud Run, IAM checks the caller's ID
+ * token before a request reaches the container (docs/cloudrun.md). */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/config.h"
+#include "executor/httpd.h"
+#include "core/log.h"
+#include "provider/provider.h"
+#include "sandbox/sandbox.h"
+#include "executor/service.h"
+#include "core/util.h"
+
+#define DEFAULT_PORT 8080
+#define IDLE_TIMEOUT_S 30 /* a client silent this long while sending or reading is dropped */
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ci-executor [--config FILE] [--listen ADDR] [--port N] [--probe] [--version]\n"
+            "  --config FILE   worker.yaml format; limits.*, local.*, worker.concurrency\n"
+            "                  (tasks at once; 0 = CPUs), worker.id, worker.log_level and\n"
+            "                  worker.drain_timeout_s apply. Defaults without it.\n"
+            "  --listen ADDR   numeric address to listen on (default $CI_EXECUTOR_LISTEN,\n"
+            "                  else 0.0.0.0)\n"
+            "  --port N        port (default $PORT, else 8080; 0 = any free port, logged)\n"
+            "  --probe         print which sandbox layers this machine grants, then exit\n"
+            "                  (non-zero when local.isolation is 'required' and unmet)\n");
+}
+
+static bool parse_port(const char *s, uint16_t *ret)
+{
+    char *end = NULL;
+    unsigned long v = strtoul(s, &end, 10);
+    if (!*s || *end || v > 65535)
+        return false;
+    *ret = (uint16_t)v;
+    return true;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'}, {"listen", required_argument, NULL, 'l'},
+        {"port", required_argument, NULL, 'p'},   {"version", no_argument, NULL, 'v'},
+        {"probe", no_argument, NULL, 'P'},        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config_path = NULL;
+    const char *listen_addr = getenv("CI_EXECUTOR_LISTEN");
+    const char *port_text = getenv("PORT");
+    bool probe = false;
+    int c;
+    while ((c = getopt_long(argc, argv, "c:l:p:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': config_path = optarg; break;
+        case 'l': listen_addr = optarg; break;
+        case 'p': port_text = optarg; break;
+        case 'v': printf("ci-executor 0.1.0\n"); return 0;
+        case 'P': probe = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    if (!listen_addr || !*listen_addr)
+        listen_addr = "0.0.0.0";
+    uint16_t port = DEFAULT_PORT;
+    if (port_text && *port_text && !parse_port(port_text, &port)) {
+        fprintf(stderr, "ci-executor: port '%.16s' is not a number from 0 to 65535\n", port_text);
+        return 2;
+    }
+
+    struct ci_config *cfg = NULL;
+    struct ci_error e = {{0}};
+    if (config_path ? ci_config_load(config_path, &cfg, &e) : ci_config_defaults(&cfg, &e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 2;
+    }
+    if (probe) {
+        struct ci_sandbox_probe p;
+        ci_status ps = ci_sandbox_probe(cfg, &p);
+        ci_sandbox_probe_print(&p, stdout);
+        ci_config_free(cfg);
+        return ps ? 1 : 0;
+    }
+    char id[128];
+    if (cfg->worker.id[0]) {
+        snprintf(id, sizeof(id), "%s", cfg->worker.id);
+    } else {
+        char host[64] = "executor";
+        gethostname(host, sizeof(host) - 1);
+        host[sizeof(host) - 1] = '\0';
+        snprintf(id, sizeof(id), "%s-%d", host, (int)getpid());
+    }
+    ci_log_init(!strcmp(cfg->worker.log_level, "debug")  ? CI_LOG_DEBUG
+                : !strcmp(cfg->worker.log_level, "warn")  ? CI_LOG_WARN
+                : !strcmp(cfg->worker.log_level, "error") ? CI_LOG_ERROR
+                                                           : CI_LOG_INFO,
+                id);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    struct ci_provider *provider = NULL;
+    struct ci_service *service = NULL;
+    struct ci_httpd *httpd = NULL;
+    /* Always the local sandbox, whatever worker.provider says. */
+    if (ci_provider_local_new(cfg, &provider, &e)) {
+        ci_log(CI_LOG_ERROR, "executor.sandbox_failed", "error", e.msg, NULL);
+        goto out;
+    }
+    if (e.msg[0])
+        ci_log(CI_LOG_WARN, "executor.no_isolation", "warning", e.msg, NULL);
+
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t max_running = cfg->worker.concurrency ? cfg->worker.concurrency
+                                                   : (uint32_t)(cpus > 0 ? cpus : 1);
+    struct ci_service_options so = {
+        .cfg = cfg, .provider = provider, .max_running = max_running, .instance_id = id};
+    if (ci_service_new(&so, &service, &e)) {
+        ci_log(CI_LOG_ERROR, "executor.start_failed", "error", e.msg, NULL);
+        goto out;
+    }
+    struct ci_httpd_options ho = {
+        .address = listen_addr,
+        .port = port,
+        /* Room for health checks and quick 429s beside the running tasks. */
+        .max_connections = max_running * 2 + 16,
+        .idle_timeout_s = IDLE_TIMEOUT_S,
+        .handler = ci_service_handle,
+        .body_limit = ci_service_body_limit,
+        .on_edge_reject = ci_service_edge_reject,
+        .ctx = service,
+    };
+    if (ci_httpd_start(&ho, &httpd, &e)) {
+        ci_log(CI_LOG_ERROR, "executor.listen_failed", "error", e.msg, NULL);
+        goto out;
+    }
+    ci_log_num(CI_LOG_INFO, "executor.ready", "port", ci_httpd_port(httpd), "address", listen_addr,
+               NULL);
+    ci_log_num(CI_LOG_INFO, "executor.limits", "max_running", max_running, NULL);
+
+    while (!g_stop)
+        sleep_ms(100);
+
+    ci_log(CI_LOG_INFO, "executor.draining", NULL);
+    ci_httpd_quiesce(httpd);
+    ci_service_drain(service);
+    int64_t deadline = ci_mono_ms() + (int64_t)cfg->worker.drain_timeout_s * 1000;
+    while (ci_service_running(service) > 0 && ci_mono_ms() < deadline)
+        sleep_ms(50);
+    if (ci_service_running(service) > 0) {
+        ci_log(CI_LOG_WARN, "executor.drain_timeout", NULL);
+        ci_service_cancel_all(service);
+        /* A cancelled run ends within a second; its 503 is still to be sent. */
+        deadline = ci_mono_ms() + 3000;
+        while (ci_service_running(service) > 0 && ci_mono_ms() < deadline)
+            sleep_ms(20);
+    }
+    /* Let the last answers go out (idle keep-alive connections are cut). */
+    deadline = ci_mono_ms() + 2000;
+    while (ci_httpd_connections(httpd) > 0 && ci_mono_ms() < deadline)
+        sleep_ms(20);
+    rc = 0;
+out:
+    ci_httpd_stop(httpd); /* waits for every handler */
+    ci_service_free(service);
+    ci_provider_free(provider);
+    ci_config_free(cfg);
+    ci_log(CI_LOG_INFO, "executor.stopped", NULL);
+    return rc;
+}

@@ -1,0 +1,59 @@
+/* service.h - what the executor serves, on top of httpd.c:
+ *
+ *   POST /execute          a ci.v1.ExecutionRequest (protobuf or JSON by
+ *                          Content-Type, inputs inline only) is run in the
+ *                          local sandbox; the answer is a
+ *                          ci.executor.v1.ExecuteResponse in the same
+ *                          encoding: the result and the artifacts' bytes.
+ *   POST /cancel/{taskId}  kills the run of that task (200), or remembers the
+ *                          id for two minutes so that a request for it that
+ *                          arrives late never runs (404).
+ *   GET  /healthz          200 with counters as JSON.
+ *
+ * A bad request is a 4xx with {"error": "..."}: 400 malformed or against the
+ * contract, 413 over a size limit, 415 unknown Content-Type, 409 the task
+ * already runs here, 429 every slot is busy. A run whose client went away
+ * (the connection closed) is cancelled. Logs carry task ids, sizes,
+ * statuses and durations only: never code, output, files or tokens. */
+#ifndef CI_SERVICE_H
+#define CI_SERVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/config.h"
+#include "executor/httpd.h"
+#include "provider/provider.h"
+#include "core/status.h"
+
+struct ci_service;
+
+struct ci_service_options {
+    const struct ci_config *cfg;  /* limits.*; borrowed */
+    struct ci_provider *provider; /* runs the tasks (local); borrowed */
+    uint32_t max_running;         /* tasks at once; more get 429 */
+    const char *instance_id;      /* ExecutionResult.worker */
+};
+
+ci_status ci_service_new(const struct ci_service_options *o, struct ci_service **ret,
+                         struct ci_error *err);
+/* No request may be in progress. Accepts NULL. */
+void ci_service_free(struct ci_service *s);
+
+/* The httpd handler and body limit; ctx is the service. */
+void ci_service_handle(void *ctx, const struct ci_httpd_request *req,
+                       struct ci_httpd_response *resp);
+size_t ci_service_body_limit(void *ctx, const char *method, const char *path,
+                             const char *content_type);
+void ci_service_edge_reject(void *ctx, const char *method, const char *path, unsigned status);
+
+/* From now on /execute answers 503 (the instance is stopping; a worker
+ * tries again elsewhere); running tasks go on. */
+void ci_service_drain(struct ci_service *s);
+/* Tasks running now. */
+uint32_t ci_service_running(struct ci_service *s);
+/* Cancels every running task (shutdown after the drain time); their
+ * requests are answered 503, which a worker tries again elsewhere. */
+void ci_service_cancel_all(struct ci_service *s);
+
+#endif

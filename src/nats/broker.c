@@ -1,0 +1,980 @@
+#include "nats/broker.h"
+
+#include <nats/nats.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "nats/nkey.h"
+#include "core/util.h"
+
+#define NS_PER_S 1000000000LL
+#define NS_PER_MS 1000000LL
+#define SUBJECT_MAX 512
+
+struct ci_broker {
+    const struct ci_config *cfg;
+    natsConnection *nc;
+    jsCtx *js;
+    kvStore *kv;
+    kvStore *workers_kv; /* heartbeats; NULL until ci_broker_workers_open */
+    struct ci_objstore *os;
+    natsSubscription *cancel_sub;
+    ci_cancel_fn cancel_fn;
+    void *cancel_closure;
+    atomic_bool cancel_done; /* the cancel handler has returned for good */
+    atomic_uint_fast64_t reconnects;
+};
+
+struct ci_puller {
+    struct ci_broker *b;
+    natsSubscription *sub;
+    int64_t empty_ms; /* when its queue was last seen empty (monotonic) */
+};
+
+struct ci_delivery {
+    natsMsg *msg;
+    uint32_t attempt;
+    uint32_t max_deliver;
+    int64_t published_ms;
+    int64_t queued_ms; /* -1, or a bound: see ci_delivery_queued_ms */
+};
+
+struct ci_watch {
+    natsSubscription *sub;
+    natsMsg *cur;
+};
+
+/* Records a NATS failure with the server's text where there is one. */
+static ci_status nats_fail(struct ci_error *err, natsStatus s, jsErrCode jerr, const char *what)
+{
+    const char *last = nats_GetLastError(NULL);
+    if (jerr)
+        return ci_error_set(err, CI_ERR_NATS, "%s: %s (%s, jetstream error %d)", what,
+                            natsStatus_GetText(s), last ? last : "", (int)jerr);
+    return ci_error_set(err, CI_ERR_NATS, "%s: %s%s%s", what, natsStatus_GetText(s),
+                        last ? ": " : "", last ? last : "");
+}
+
+void ci_broker_redact_urls(const char *urls, char *out, size_t n)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (const char *item = urls; *item && used + 1 < n;) {
+        size_t len = strcspn(item, ",");
+        const char *scheme = memmem(item, len, "://", 3);
+        const char *host = scheme ? scheme + 3 : item;
+        const char *at = memrchr(host, '@', len - (size_t)(host - item));
+        int k = at ? snprintf(out + used, n - used, "%.*s<redacted>%.*s", (int)(host - item), item,
+                              (int)(item + len - at), at)
+                   : snprintf(out + used, n - used, "%.*s", (int)len, item);
+        if (k < 0 || (size_t)k >= n - used)
+            break;
+        used += (size_t)k;
+        item += len;
+        if (*item == ',') {
+            item++;
+            if (used + 1 < n) {
+                out[used++] = ',';
+                out[used] = '\0';
+            }
+        }
+    }
+}
+
+#define MAX_URLS 64
+
+/* The configured URL, or a comma-separated list of a cluster's URLs:
+ * natsOptions_SetURL takes exactly one URL (a list there makes every
+ * connect fail with "No server available"), natsOptions_SetServers a list. */
+static natsStatus set_servers(natsOptions *o, const char *urls)
+{
+    if (!strchr(urls, ','))
+        return natsOptions_SetURL(o, urls);
+    char *copy = strdup(urls);
+    if (!copy)
+        return NATS_NO_MEMORY;
+    const char *list[MAX_URLS];
+    int n = 0;
+    for (char *item = copy, *next; item && n < MAX_URLS; item = next) {
+        next = strchr(item, ',');
+        if (next)
+            *next++ = '\0';
+        if (*item)
+            list[n++] = item;
+    }
+    natsStatus s = n ? natsOptions_SetServers(o, list, n) : NATS_INVALID_ARG;
+    free(copy); /* nats.c keeps copies */
+    return s;
+}
+
+static void on_reconnected(natsConnection *nc, void *closure)
+{
+    struct ci_broker *b = closure;
+    atomic_fetch_add(&b->reconnects, 1);
+}
+
+ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
+                            struct ci_error *err)
+{
+    struct ci_broker *b = calloc(1, sizeof(*b));
+    if (!b)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    b->cfg = cfg;
+    natsOptions *o = NULL;
+    natsStatus s = natsOptions_Create(&o);
+    const char *step = "options";
+    if (s == NATS_OK)
+        s = set_servers(o, cfg->nats.url);
+    if (s == NATS_OK && cfg->nats.name && cfg->nats.name[0])
+        s = natsOptions_SetName(o, cfg->nats.name);
+    if (s == NATS_OK)
+        s = natsOptions_SetTimeout(o, cfg->nats.connect_timeout_ms);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxReconnect(o, cfg->nats.max_reconnects);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectWait(o, cfg->nats.reconnect_wait_ms);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectedCB(o, on_reconnected, b);
+    if (s == NATS_OK && cfg->nats.creds_file && cfg->nats.creds_file[0]) {
+        step = "credentials file";
+        s = natsOptions_SetUserCredentialsFromFiles(o, cfg->nats.creds_file, NULL);
+    }
+    if (s == NATS_OK && cfg->nats.nkey_seed_file && cfg->nats.nkey_seed_file[0]) {
+        char pub[57];
+        ci_status r = ci_nkey_public_from_seed_file(cfg->nats.nkey_seed_file, pub, err);
+        if (r) {
+            natsOptions_Destroy(o);
+            free(b);
+            return r;
+        }
+        step = "NKey seed file";
+        s = natsOptions_SetNKeyFromSeed(o, pub, cfg->nats.nkey_seed_file);
+    }
+    if (s == NATS_OK && cfg->nats.token && cfg->nats.token[0])
+        s = natsOptions_SetToken(o, cfg->nats.token);
+    if (s == NATS_OK && cfg->nats.user && cfg->nats.user[0])
+        s = natsOptions_SetUserInfo(o, cfg->nats.user, cfg->nats.password);
+    if (s == NATS_OK && cfg->nats.tls_ca && cfg->nats.tls_ca[0]) {
+        step = "TLS CA file";
+        s = natsOptions_SetSecure(o, true);
+        if (s == NATS_OK)
+            s = natsOptions_LoadCATrustedCertificates(o, cfg->nats.tls_ca);
+    }
+    if (s == NATS_OK && cfg->nats.tls_cert && cfg->nats.tls_cert[0]) {
+        step = "TLS certificate or key";
+        s = natsOptions_LoadCertificatesChain(o, cfg->nats.tls_cert, cfg->nats.tls_key);
+    }
+    if (s != NATS_OK) {
+        natsOptions_Destroy(o);
+        free(b);
+        return nats_fail(err, s, 0, step);
+    }
+    s = natsConnection_Connect(&b->nc, o);
+    natsOptions_Destroy(o);
+    if (s != NATS_OK) {
+        ci_status r = nats_fail(err, s, 0, "cannot connect to NATS");
+        size_t used = strlen(err ? err->msg : "");
+        char urls[1024];
+        ci_broker_redact_urls(cfg->nats.url, urls, sizeof(urls));
+        if (err)
+            snprintf(err->msg + used, sizeof(err->msg) - used, " (url %s)", urls);
+        free(b);
+        return r;
+    }
+    s = natsConnection_JetStream(&b->js, b->nc, NULL);
+    if (s != NATS_OK) {
+        ci_broker_free(b);
+        return nats_fail(err, s, 0, "JetStream context");
+    }
+    *ret = b;
+    return CI_OK;
+}
+
+/* Creates the stream, or updates it when it exists with other settings.
+ * Two workers racing to create it both succeed. */
+static ci_status ensure_stream(struct ci_broker *b, jsStreamConfig *sc, struct ci_error *err)
+{
+    jsErrCode jerr = 0;
+    jsStreamInfo *si = NULL;
+    natsStatus s = js_AddStream(&si, b->js, sc, NULL, &jerr);
+    if (s == NATS_OK) {
+        jsStreamInfo_Destroy(si);
+        return CI_OK;
+    }
+    if (jerr != JSStreamNameExistErr) {
+        char what[160];
+        snprintf(what, sizeof(what), "cannot create stream %s", sc->Name);
+        return nats_fail(err, s, jerr, what);
+    }
+    jerr = 0;
+    s = js_UpdateStream(&si, b->js, sc, NULL, &jerr);
+    if (s != NATS_OK) {
+        char what[160];
+        snprintf(what, sizeof(what), "stream %s exists with settings that cannot be updated",
+                 sc->Name);
+        return nats_fail(err, s, jerr, what);
+    }
+    jsStreamInfo_Destroy(si);
+    return CI_OK;
+}
+
+static ci_status ensure_consumer(struct ci_broker *b, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = c->jetstream.consumer;
+    cc.Description = "ci-worker task queue";
+    cc.AckPolicy = js_AckExplicit;
+    cc.DeliverPolicy = js_DeliverAll;
+    cc.AckWait = (int64_t)c->jetstream.ack_wait_s * NS_PER_S;
+    cc.MaxDeliver = c->jetstream.max_deliver;
+    cc.MaxAckPending = -1;
+    cc.MaxWaiting = 4096;
+    jsErrCode jerr = 0;
+    jsConsumerInfo *ci = NULL;
+    natsStatus s = js_AddConsumer(&ci, b->js, c->jetstream.tasks_stream, &cc, NULL, &jerr);
+    if (s == NATS_OK) {
+        jsConsumerInfo_Destroy(ci);
+        return CI_OK;
+    }
+    /* Exists with other settings (an older worker's): bring it in line. */
+    jerr = 0;
+    s = js_UpdateConsumer(&ci, b->js, c->jetstream.tasks_stream, &cc, NULL, &jerr);
+    if (s != NATS_OK) {
+        char what[160];
+        snprintf(what, sizeof(what), "cannot create consumer %s on %s", cc.Durable,
+                 c->jetstream.tasks_stream);
+        return nats_fail(err, s, jerr, what);
+    }
+    jsConsumerInfo_Destroy(ci);
+    return CI_OK;
+}
+
+static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    if (b->kv)
+        return CI_OK; /* an earlier ci_broker_setup() got this far */
+    natsStatus s = js_KeyValue(&b->kv, b->js, c->jetstream.results_bucket);
+    if (s == NATS_OK || !create) {
+        if (s != NATS_OK) {
+            char what[160];
+            snprintf(what, sizeof(what), "results bucket %s not found (is a worker running?)",
+                     c->jetstream.results_bucket);
+            return nats_fail(err, s, 0, what);
+        }
+        return CI_OK;
+    }
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = c->jetstream.results_bucket;
+    kc.Description = "ci task results";
+    kc.History = 1;
+    kc.TTL = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+    kc.StorageType = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
+    kc.Replicas = (int)c->jetstream.replicas;
+    s = js_CreateKeyValue(&b->kv, b->js, &kc);
+    if (s != NATS_OK) {
+        /* Another worker created it a moment ago, perhaps with other settings:
+         * bind to it rather than fight over it. */
+        s = js_KeyValue(&b->kv, b->js, c->jetstream.results_bucket);
+    }
+    if (s != NATS_OK) {
+        char what[160];
+        snprintf(what, sizeof(what), "cannot create results bucket %s",
+                 c->jetstream.results_bucket);
+        return nats_fail(err, s, 0, what);
+    }
+    return CI_OK;
+}
+
+ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    ci_status r;
+    if (create) {
+        int64_t max_payload = natsConnection_GetMaxPayload(b->nc);
+        jsStorageType storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
+        char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX];
+        snprintf(status_subj, sizeof(status_subj), "%s.>", c->jetstream.status_prefix);
+        snprintf(cancel_subj, sizeof(cancel_subj), "%s.>", c->jetstream.cancel_prefix);
+
+        const char *task_subjects[] = {c->jetstream.submit_subject};
+        jsStreamConfig sc;
+        jsStreamConfig_Init(&sc);
+        sc.Name = c->jetstream.tasks_stream;
+        sc.Description = "ci: submitted tasks";
+        sc.Subjects = task_subjects;
+        sc.SubjectsLen = 1;
+        sc.Retention = js_WorkQueuePolicy;
+        sc.Storage = storage;
+        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+        sc.Duplicates = (int64_t)c->jetstream.duplicate_window_s * NS_PER_S;
+        sc.MaxMsgSize = (int32_t)max_payload;
+        sc.Replicas = c->jetstream.replicas;
+        if ((r = ensure_stream(b, &sc, err)))
+            return r;
+
+        const char *status_subjects[] = {status_subj};
+        jsStreamConfig_Init(&sc);
+        sc.Name = c->jetstream.status_stream;
+        sc.Description = "ci: task status events";
+        sc.Subjects = status_subjects;
+        sc.SubjectsLen = 1;
+        sc.Retention = js_LimitsPolicy;
+        sc.Storage = storage;
+        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+        sc.Replicas = c->jetstream.replicas;
+        if ((r = ensure_stream(b, &sc, err)))
+            return r;
+
+        const char *cancel_subjects[] = {cancel_subj};
+        jsStreamConfig_Init(&sc);
+        sc.Name = c->jetstream.cancel_stream;
+        sc.Description = "ci: cancel requests";
+        sc.Subjects = cancel_subjects;
+        sc.SubjectsLen = 1;
+        sc.Retention = js_LimitsPolicy;
+        sc.Storage = storage;
+        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+        sc.Replicas = c->jetstream.replicas;
+        sc.AllowDirect = true;
+        if ((r = ensure_stream(b, &sc, err)))
+            return r;
+
+        if ((r = ensure_consumer(b, err)))
+            return r;
+    }
+    if ((r = ensure_kv(b, create, err)))
+        return r;
+    if (b->os)
+        return CI_OK;
+    struct ci_objstore_opts oo = {
+        .bucket = c->jetstream.files_bucket,
+        .max_age_s = c->jetstream.max_age_s,
+        .replicas = (int)c->jetstream.replicas,
+        .file_storage = c->jetstream.file_storage,
+    };
+    return ci_objstore_open(b->js, &oo, create, &b->os, err);
+}
+
+void ci_broker_free(struct ci_broker *b)
+{
+    if (!b)
+        return;
+    if (b->cancel_sub) {
+        /* The cancel handler runs on a NATS thread and uses what the
+         * caller frees next (slots, provider): wait until the library says
+         * it has returned for good (at most 2 s). */
+        natsSubscription_Unsubscribe(b->cancel_sub);
+        for (int i = 0; i < 200 && !atomic_load(&b->cancel_done); i++) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        natsSubscription_Destroy(b->cancel_sub);
+    }
+    ci_objstore_free(b->os);
+    kvStore_Destroy(b->workers_kv);
+    kvStore_Destroy(b->kv);
+    jsCtx_Destroy(b->js);
+    if (b->nc) {
+        /* Flush what is buffered (acks, events) before closing. */
+        natsConnection_FlushTimeout(b->nc, 2000);
+        natsConnection_Close(b->nc);
+        natsConnection_Destroy(b->nc);
+    }
+    free(b);
+}
+
+void ci_broker_library_close(void) { nats_CloseAndWait(2000); }
+
+struct ci_objstore *ci_broker_objstore(struct ci_broker *b) { return b->os; }
+
+int64_t ci_broker_max_payload(const struct ci_broker *b)
+{
+    return natsConnection_GetMaxPayload(b->nc);
+}
+
+uint64_t ci_broker_reconnects(const struct ci_broker *b)
+{
+    return atomic_load(&((struct ci_broker *)b)->reconnects);
+}
+
+bool ci_broker_connected(const struct ci_broker *b)
+{
+    return natsConnection_Status(b->nc) == NATS_CONN_STATUS_CONNECTED;
+}
+
+bool ci_broker_closed(const struct ci_broker *b)
+{
+    return natsConnection_IsClosed(b->nc);
+}
+
+/* --- work queue --- */
+
+ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err)
+{
+    struct ci_puller *p = calloc(1, sizeof(*p));
+    if (!p)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    p->b = b;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    /* Bind to the durable that setup created: a consumer made implicitly
+     * here would be deleted when this subscription goes away. */
+    so.Stream = b->cfg->jetstream.tasks_stream;
+    so.Consumer = b->cfg->jetstream.consumer;
+    jsErrCode jerr = 0;
+    natsStatus s = js_PullSubscribe(&p->sub, b->js, b->cfg->jetstream.submit_subject,
+                                    b->cfg->jetstream.consumer, NULL, &so, &jerr);
+    if (s != NATS_OK) {
+        free(p);
+        return nats_fail(err, s, jerr, "cannot bind to the task consumer");
+    }
+    p->empty_ms = ci_mono_ms();
+    *ret = p;
+    return CI_OK;
+}
+
+void ci_puller_free(struct ci_puller *p)
+{
+    if (!p)
+        return;
+    /* Destroy only: Unsubscribe or Drain could delete the shared durable. */
+    natsSubscription_Destroy(p->sub);
+    free(p);
+}
+
+/* The messages and bytes waiting in the subscription's own queue; 0 when
+ * unknown (the subscription is closed: Fetch fails too). */
+static int queue_len(natsSubscription *sub, int *ret_bytes)
+{
+    int msgs = 0, bytes = 0;
+    if (natsSubscription_GetPending(sub, &msgs, &bytes) != NATS_OK)
+        msgs = bytes = 0;
+    *ret_bytes = bytes;
+    return msgs;
+}
+
+/* Why the queue: nats.c 3.4.1 sends every Fetch's pull request with the
+ * subscription's one inbox as reply subject, and a request can outlive its
+ * Fetch on the server: the server got it a little late and the Fetch timed
+ * out first, or a late 408 ended the next Fetch early (waited out below).
+ * A message given to such a request while the slot runs a task waits in the
+ * queue, its ack timer running; the next Fetch takes it first. Whatever sits
+ * in the queue came after it was last seen empty, which bounds how long it
+ * waited. */
+ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_delivery **ret,
+                          struct ci_error *err)
+{
+    natsMsgList list = {0};
+    jsErrCode jerr = 0;
+    int queued_bytes = 0;
+    int queued = queue_len(p->sub, &queued_bytes);
+    int64_t start = ci_mono_ms();
+    int64_t since = queued ? p->empty_ms : start;
+    /* Batch 1: larger batches hit a heap overflow in nats.c 3.4.1. */
+    natsStatus s = natsSubscription_Fetch(&list, p->sub, 1, timeout_ms, &jerr);
+    int64_t now = ci_mono_ms();
+    if (s == NATS_TIMEOUT && now - start + 20 < timeout_ms) {
+        /* Ended early (nats.c asks the server to expire the request 10 ms
+         * before the timeout, so its own 408 cannot come this soon): by the
+         * late 408 of an earlier request, which nats.c 3.4.1 cannot tell
+         * from its own. This Fetch's request is still open. Another Fetch
+         * now would open a second one, either could take a task while the
+         * slot runs one the other gave it, and each 408 of the two would end
+         * the next Fetch early again: two for good. Wait until something is
+         * queued (a task: the next Fetch takes it; its 408) or the request
+         * has expired. */
+        int ignored = 0;
+        while (now < start + timeout_ms + 100 && queue_len(p->sub, &ignored) == 0) {
+            struct timespec ts = {0, 5 * NS_PER_MS};
+            nanosleep(&ts, NULL);
+            now = ci_mono_ms();
+        }
+    }
+    int left_bytes = 0;
+    p->empty_ms = queue_len(p->sub, &left_bytes) ? since : now;
+    if (s == NATS_TIMEOUT || (s == NATS_OK && list.Count == 0)) {
+        natsMsgList_Destroy(&list);
+        return CI_ERR_TIMEOUT;
+    }
+    if (s != NATS_OK) {
+        natsMsgList_Destroy(&list);
+        ci_status r = nats_fail(err, s, jerr, "fetch from the task queue");
+        return r;
+    }
+    struct ci_delivery *d = calloc(1, sizeof(*d));
+    if (!d) {
+        natsMsgList_Destroy(&list);
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    }
+    d->msg = list.Msgs[0];
+    list.Msgs[0] = NULL;
+    natsMsgList_Destroy(&list);
+    /* Fetch takes what is queued before it asks the server, so a message
+     * came from the queue if one was there, unless the queue held only
+     * status messages (a late 408 of a request that expired while the slot
+     * was busy): Fetch drops those and asks for a fresh message. The queue
+     * counts header and data bytes, a status message has no data: with
+     * fewer bytes queued than this message's data, it cannot have been
+     * queued. A smaller message after a 408 still passes for queued. */
+    d->queued_ms = -1;
+    if (queued > 0 && queued_bytes >= natsMsg_GetDataLength(d->msg))
+        d->queued_ms = now - since;
+    d->max_deliver = p->b->cfg->jetstream.max_deliver;
+    jsMsgMetaData *md = NULL;
+    if (natsMsg_GetMetaData(&md, d->msg) == NATS_OK) {
+        d->attempt = (uint32_t)md->NumDelivered;
+        d->published_ms = md->Timestamp / NS_PER_MS;
+        jsMsgMetaData_Destroy(md);
+    } else {
+        d->attempt = 1;
+    }
+    *ret = d;
+    return CI_OK;
+}
+
+const uint8_t *ci_delivery_data(const struct ci_delivery *d, size_t *ret_len)
+{
+    *ret_len = (size_t)natsMsg_GetDataLength(d->msg);
+    return (const uint8_t *)natsMsg_GetData(d->msg);
+}
+
+const char *ci_delivery_header(const struct ci_delivery *d, const char *key)
+{
+    const char *v = NULL;
+    if (natsMsgHeader_Get(d->msg, key, &v) == NATS_OK)
+        return v;
+    /* nats.c matches names exactly; clients that write HTTP-style headers
+     * may send "content-type", and HTTP header names are case-insensitive. */
+    const char **keys = NULL;
+    int n = 0;
+    if (natsMsgHeader_Keys(d->msg, &keys, &n) != NATS_OK)
+        return NULL;
+    for (int i = 0; i < n && !v; i++)
+        if (strcasecmp(keys[i], key) == 0 && natsMsgHeader_Get(d->msg, keys[i], &v) != NATS_OK)
+            v = NULL;
+    free((void *)keys);
+    return v;
+}
+
+uint32_t ci_delivery_attempt(const struct ci_delivery *d) { return d->attempt; }
+
+int64_t ci_delivery_published_ms(const struct ci_delivery *d) { return d->published_ms; }
+
+int64_t ci_delivery_queued_ms(const struct ci_delivery *d) { return d->queued_ms; }
+
+bool ci_delivery_last_attempt(const struct ci_delivery *d)
+{
+    return d->attempt >= d->max_deliver;
+}
+
+static ci_status ack_result(natsStatus s)
+{
+    if (s == NATS_OK)
+        return CI_OK;
+    return CI_ERR_NATS;
+}
+
+ci_status ci_delivery_ack(struct ci_delivery *d) { return ack_result(natsMsg_Ack(d->msg, NULL)); }
+ci_status ci_delivery_term(struct ci_delivery *d) { return ack_result(natsMsg_Term(d->msg, NULL)); }
+ci_status ci_delivery_in_progress(struct ci_delivery *d)
+{
+    return ack_result(natsMsg_InProgress(d->msg, NULL));
+}
+ci_status ci_delivery_nak(struct ci_delivery *d, int64_t delay_ms)
+{
+    return ack_result(natsMsg_NakWithDelay(d->msg, delay_ms, NULL));
+}
+
+void ci_delivery_free(struct ci_delivery *d)
+{
+    if (!d)
+        return;
+    natsMsg_Destroy(d->msg);
+    free(d);
+}
+
+/* --- results, events, cancel --- */
+
+ci_status ci_broker_result_put(struct ci_broker *b, const char *task_id, const void *data,
+                               size_t len, struct ci_error *err)
+{
+    uint64_t rev = 0;
+    natsStatus s = kvStore_Put(&rev, b->kv, task_id, data, (int)len);
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "cannot write the result to the results bucket");
+    return CI_OK;
+}
+
+ci_status ci_broker_result_create(struct ci_broker *b, const char *task_id, const void *data,
+                                  size_t len, struct ci_error *err)
+{
+    uint64_t rev = 0;
+    natsStatus s = kvStore_Create(&rev, b->kv, task_id, data, (int)len);
+    if (s != NATS_OK) {
+        /* nats.c reports an existing key only through the server's text. */
+        const char *last = nats_GetLastError(NULL);
+        if (last && strstr(last, "wrong last sequence")) {
+                return ci_error_set(err, CI_ERR_INVALID, "task '%s' already has a result record",
+                                task_id);
+        }
+        return nats_fail(err, s, 0, "cannot create the result record");
+    }
+    return CI_OK;
+}
+
+/* Read from the bucket's stream leader, not with the direct get that
+ * kvStore_Get() uses: a direct get may be answered by a replica still
+ * catching up after a leader change, and a redelivered task whose result it
+ * does not show yet would run a second time (chaos_cluster saw it). */
+ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t **ret_data,
+                               size_t *ret_len, struct ci_error *err)
+{
+    const char *bucket = b->cfg->jetstream.results_bucket;
+    char stream[SUBJECT_MAX], subj[SUBJECT_MAX];
+    int k1 = snprintf(stream, sizeof(stream), "KV_%s", bucket);
+    int k2 = snprintf(subj, sizeof(subj), "$KV.%s.%s", bucket, task_id);
+    if (k1 < 0 || (size_t)k1 >= sizeof(stream) || k2 < 0 || (size_t)k2 >= sizeof(subj))
+        return ci_error_set(err, CI_ERR_INVALID, "task id too long for a results key");
+    natsMsg *msg = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&msg, b->js, stream, subj, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", task_id);
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot read the results bucket");
+    const char *op = NULL;
+    if (natsMsgHeader_Get(msg, "KV-Operation", &op) == NATS_OK && op &&
+        (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0)) {
+        natsMsg_Destroy(msg);
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", task_id);
+    }
+    int n = natsMsg_GetDataLength(msg);
+    uint8_t *copy = malloc((size_t)n + 1);
+    if (!copy) {
+        natsMsg_Destroy(msg);
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    }
+    if (n > 0)
+        memcpy(copy, natsMsg_GetData(msg), (size_t)n);
+    copy[n] = '\0';
+    natsMsg_Destroy(msg);
+    *ret_data = copy;
+    *ret_len = (size_t)n;
+    return CI_OK;
+}
+
+ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
+                                  const char *status_short, const char *content_type,
+                                  const char *msg_id, const void *data, size_t len,
+                                  struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.status_prefix, task_id);
+    natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, subj, NULL, data, (int)len);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Ci-Task-Id", task_id);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Ci-Status", status_short);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Content-Type", content_type);
+    if (s == NATS_OK && msg_id)
+        s = natsMsgHeader_Set(m, "Nats-Msg-Id", msg_id);
+    jsErrCode jerr = 0;
+    jsPubAck *pa = NULL;
+    if (s == NATS_OK)
+        s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot publish the status event");
+    return CI_OK;
+}
+
+ci_status ci_broker_event_last_status(struct ci_broker *b, const char *task_id, char *ret,
+                                      size_t ret_size, struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.status_prefix, task_id);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&m, b->js, b->cfg->jetstream.status_stream, subj, NULL, &jerr);
+    /* Not JSStreamNotFoundErr: a missing stream says nothing of the task. */
+    if (jerr == JSNoMessageFoundErr || (s == NATS_NOT_FOUND && jerr == 0))
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "task '%s' has no status event", task_id);
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot read the status stream");
+    const char *v = NULL;
+    if (natsMsgHeader_Get(m, "Ci-Status", &v) != NATS_OK || !v)
+        v = "";
+    snprintf(ret, ret_size, "%s", v);
+    natsMsg_Destroy(m);
+    return CI_OK;
+}
+
+ci_status ci_broker_cancel_requested(struct ci_broker *b, const char *task_id, bool *ret,
+                                     struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.cancel_prefix, task_id);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&m, b->js, b->cfg->jetstream.cancel_stream, subj, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
+        *ret = false;
+        return CI_OK;
+    }
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot read the cancel stream");
+    natsMsg_Destroy(m);
+    *ret = true;
+    return CI_OK;
+}
+
+ci_status ci_broker_cancel_publish(struct ci_broker *b, const char *task_id,
+                                   struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.cancel_prefix, task_id);
+    jsErrCode jerr = 0;
+    jsPubAck *pa = NULL;
+    natsStatus s = js_Publish(&pa, b->js, subj, NULL, 0, NULL, &jerr);
+    jsPubAck_Destroy(pa);
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot publish the cancel request");
+    return CI_OK;
+}
+
+static void on_cancel_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    struct ci_broker *b = closure;
+    const char *subj = natsMsg_GetSubject(msg);
+    size_t plen = strlen(b->cfg->jetstream.cancel_prefix);
+    if (strncmp(subj, b->cfg->jetstream.cancel_prefix, plen) == 0 && subj[plen] == '.')
+        b->cancel_fn(subj + plen + 1, b->cancel_closure);
+    natsMsg_Destroy(msg);
+}
+
+static void on_cancel_done(void *closure)
+{
+    struct ci_broker *b = closure;
+    atomic_store(&b->cancel_done, true);
+}
+
+ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,
+                              struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.*", b->cfg->jetstream.cancel_prefix);
+    b->cancel_fn = fn;
+    b->cancel_closure = closure;
+    natsStatus s = natsConnection_Subscribe(&b->cancel_sub, b->nc, subj, on_cancel_msg, b);
+    if (s == NATS_OK)
+        s = natsSubscription_SetOnCompleteCB(b->cancel_sub, on_cancel_done, b);
+    if (s != NATS_OK) {
+        natsSubscription_Destroy(b->cancel_sub);
+        b->cancel_sub = NULL;
+        return nats_fail(err, s, 0, "cannot subscribe to cancel requests");
+    }
+    return CI_OK;
+}
+
+/* --- the fleet --- */
+
+ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
+                                struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    jsErrCode jerr = 0;
+    jsStreamInfo *si = NULL;
+    natsStatus s = js_GetStreamInfo(&si, b->js, c->jetstream.tasks_stream, NULL, &jerr);
+    if (s != NATS_OK)
+        return nats_fail(err, s, jerr, "cannot read the task stream's state");
+    jsConsumerInfo *ci = NULL;
+    s = js_GetConsumerInfo(&ci, b->js, c->jetstream.tasks_stream, c->jetstream.consumer, NULL,
+                           &jerr);
+    if (s != NATS_OK) {
+        jsStreamInfo_Destroy(si);
+        return nats_fail(err, s, jerr, "cannot read the task consumer's state");
+    }
+    struct ci_queue_stats q = {
+        .stream_msgs = si->State.Msgs,
+        .pending = ci->NumPending,
+        .ack_pending = ci->NumAckPending > 0 ? (uint64_t)ci->NumAckPending : 0,
+        .redelivered = ci->NumRedelivered > 0 ? (uint64_t)ci->NumRedelivered : 0,
+        .waiting = ci->NumWaiting > 0 ? (uint64_t)ci->NumWaiting : 0,
+    };
+    jsConsumerInfo_Destroy(ci);
+    jsStreamInfo_Destroy(si);
+    *ret = q;
+    return CI_OK;
+}
+
+ci_status ci_broker_workers_open(struct ci_broker *b, bool create, uint32_t ttl_s,
+                                 struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    if (b->workers_kv)
+        return CI_OK;
+    natsStatus s = js_KeyValue(&b->workers_kv, b->js, c->jetstream.workers_bucket);
+    if (s == NATS_OK)
+        return CI_OK;
+    if (!create)
+        return ci_error_set(err, CI_ERR_NOT_FOUND,
+                            "heartbeat bucket %s not found (no worker with heartbeats has run)",
+                            c->jetstream.workers_bucket);
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = c->jetstream.workers_bucket;
+    kc.Description = "ci worker heartbeats";
+    kc.History = 1;
+    kc.TTL = (int64_t)ttl_s * NS_PER_S;
+    kc.StorageType = js_MemoryStorage; /* a heartbeat is worth nothing after a restart */
+    kc.Replicas = (int)c->jetstream.replicas;
+    s = js_CreateKeyValue(&b->workers_kv, b->js, &kc);
+    if (s != NATS_OK) /* another worker made it a moment ago */
+        s = js_KeyValue(&b->workers_kv, b->js, c->jetstream.workers_bucket);
+    if (s != NATS_OK) {
+        char what[160];
+        snprintf(what, sizeof(what), "cannot create heartbeat bucket %s",
+                 c->jetstream.workers_bucket);
+        return nats_fail(err, s, 0, what);
+    }
+    return CI_OK;
+}
+
+ci_status ci_broker_worker_put(struct ci_broker *b, const char *worker_id, const void *data,
+                               size_t len, struct ci_error *err)
+{
+    if (!b->workers_kv)
+        return ci_error_set(err, CI_ERR_INVALID, "the heartbeat bucket is not open");
+    uint64_t rev = 0;
+    natsStatus s = kvStore_Put(&rev, b->workers_kv, worker_id, data, (int)len);
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "cannot write the heartbeat");
+    return CI_OK;
+}
+
+ci_status ci_broker_worker_delete(struct ci_broker *b, const char *worker_id,
+                                  struct ci_error *err)
+{
+    if (!b->workers_kv)
+        return ci_error_set(err, CI_ERR_INVALID, "the heartbeat bucket is not open");
+    natsStatus s = kvStore_Delete(b->workers_kv, worker_id);
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "cannot delete the heartbeat");
+    return CI_OK;
+}
+
+ci_status ci_broker_workers_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
+                                 void *closure, struct ci_error *err)
+{
+    if (!b->workers_kv)
+        return ci_error_set(err, CI_ERR_INVALID, "the heartbeat bucket is not open");
+    kvKeysList keys = {0};
+    natsStatus s = kvStore_Keys(&keys, b->workers_kv, NULL);
+    if (s == NATS_NOT_FOUND)
+        return CI_OK; /* no worker alive */
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "cannot list the heartbeats");
+    for (int i = 0; i < keys.Count && (size_t)i < max; i++) {
+        kvEntry *e = NULL;
+        if (kvStore_Get(&e, b->workers_kv, keys.Keys[i]) != NATS_OK)
+            continue; /* expired between the listing and now */
+        int64_t created = kvEntry_Created(e);
+        int n = kvEntry_ValueLen(e);
+        fn(closure, keys.Keys[i], (const uint8_t *)kvEntry_Value(e), n > 0 ? (size_t)n : 0,
+           created / NS_PER_MS);
+        kvEntry_Destroy(e);
+    }
+    kvKeysList_Destroy(&keys);
+    return CI_OK;
+}
+
+/* --- clients --- */
+
+ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char *content_type,
+                           const void *data, size_t len, bool *ret_duplicate,
+                           struct ci_error *err)
+{
+    natsMsg *m = NULL;
+    natsStatus s =
+        natsMsg_Create(&m, b->cfg->jetstream.submit_subject, NULL, data, (int)len);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Nats-Msg-Id", task_id);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Content-Type", content_type);
+    jsErrCode jerr = 0;
+    jsPubAck *pa = NULL;
+    if (s == NATS_OK)
+        s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
+    natsMsg_Destroy(m);
+    if (s != NATS_OK) {
+        jsPubAck_Destroy(pa);
+        return nats_fail(err, s, jerr, "cannot submit the task");
+    }
+    if (ret_duplicate)
+        *ret_duplicate = pa->Duplicate;
+    jsPubAck_Destroy(pa);
+    return CI_OK;
+}
+
+ci_status ci_watch_new(struct ci_broker *b, const char *task_id, struct ci_watch **ret,
+                       struct ci_error *err)
+{
+    struct ci_watch *w = calloc(1, sizeof(*w));
+    if (!w)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.status_prefix, task_id);
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = b->cfg->jetstream.status_stream;
+    so.Ordered = true; /* replays every event of the task, then follows */
+    jsErrCode jerr = 0;
+    natsStatus s = js_SubscribeSync(&w->sub, b->js, subj, NULL, &so, &jerr);
+    if (s != NATS_OK) {
+        free(w);
+        return nats_fail(err, s, jerr, "cannot watch the task's status events");
+    }
+    *ret = w;
+    return CI_OK;
+}
+
+ci_status ci_watch_next(struct ci_watch *w, int timeout_ms, const uint8_t **ret_data,
+                        size_t *ret_len, const char **ret_content_type, struct ci_error *err)
+{
+    natsMsg_Destroy(w->cur);
+    w->cur = NULL;
+    natsStatus s = natsSubscription_NextMsg(&w->cur, w->sub, timeout_ms);
+    if (s == NATS_TIMEOUT) {
+        return CI_ERR_TIMEOUT;
+    }
+    if (s != NATS_OK)
+        return nats_fail(err, s, 0, "status events");
+    const char *ct = NULL;
+    if (natsMsgHeader_Get(w->cur, "Content-Type", &ct) != NATS_OK) {
+        ct = NULL;
+    }
+    *ret_data = (const uint8_t *)natsMsg_GetData(w->cur);
+    *ret_len = (size_t)natsMsg_GetDataLength(w->cur);
+    *ret_content_type = ct;
+    return CI_OK;
+}
+
+void ci_watch_free(struct ci_watch *w)
+{
+    if (!w)
+        return;
+    natsMsg_Destroy(w->cur);
+    natsSubscription_Destroy(w->sub);
+    free(w);
+}

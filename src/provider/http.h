@@ -1,0 +1,86 @@
+/* http.h - the worker's HTTP client (libcurl), for the cloudrun provider and
+ * its ID tokens. The only module that sees CURL or CURLcode.
+ *
+ * One client is shared by every slot of a worker. It keeps a pool of idle
+ * connections (HTTP keep-alive; HTTP/2 over TLS where the server offers it)
+ * that any thread may pick up, and shares its DNS cache and TLS sessions
+ * between them. Requests are synchronous and may run on many threads at once.
+ *
+ * Nothing here logs, and no error message ever holds a request header: the
+ * Authorization header carries a token. */
+#ifndef CI_HTTP_H
+#define CI_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "core/util.h"
+
+struct ci_http;
+
+struct ci_http_options {
+    const char *ca_file;          /* NULL or "" = the system's CA bundle */
+    uint32_t connect_timeout_ms;  /* TCP + TLS handshake */
+    uint32_t max_idle;            /* idle connections kept for reuse */
+};
+
+/* Creates a client (and initialises libcurl once per process). */
+ci_status ci_http_new(const struct ci_http_options *o, struct ci_http **ret,
+                      struct ci_error *err);
+/* Frees the client and closes its idle connections. No request may be
+ * running. Accepts NULL. */
+void ci_http_free(struct ci_http *h);
+
+struct ci_http_request {
+    const char *method;           /* "GET" or "POST" */
+    const char *url;
+    const char *const *headers;   /* NULL-terminated "Name: value" lines, or NULL */
+    const uint8_t *body;          /* POST body (borrowed), may be NULL with body_len 0 */
+    size_t body_len;
+    uint32_t timeout_ms;          /* the whole exchange; 0 = no limit */
+    size_t max_response_bytes;    /* a longer body is CI_ERR_LIMIT */
+    /* Asked about once a second and whenever data moves; returning true
+     * stops the exchange with CI_ERR_CANCELLED. NULL = never. */
+    bool (*should_abort)(void *arg);
+    void *abort_arg;
+};
+
+struct ci_http_response {
+    long status;                  /* the HTTP status code */
+    char content_type[128];       /* "" when absent */
+    struct ci_buf body;
+};
+
+void ci_http_response_release(struct ci_http_response *r);
+
+/* Performs one request. CI_OK when an HTTP answer arrived, whatever its
+ * status; otherwise nothing is written to ret and:
+ *   CI_ERR_HTTP       the server could not be reached, or the connection
+ *                     broke (worth another try);
+ *   CI_ERR_TIMEOUT    req->timeout_ms passed;
+ *   CI_ERR_CANCELLED  should_abort returned true;
+ *   CI_ERR_LIMIT      the answer was longer than max_response_bytes;
+ *   CI_ERR_INVALID    the request itself is malformed (bad URL, TLS setup);
+ *   CI_ERR_NOMEM.
+ * err says what happened, naming the URL but never a header. */
+ci_status ci_http_do(struct ci_http *h, const struct ci_http_request *req,
+                     struct ci_http_response *ret, struct ci_error *err);
+
+/* Appends s to b with every byte outside [A-Za-z0-9-._~] %-encoded (for a
+ * query string value). */
+ci_status ci_http_urlencode(struct ci_buf *b, const char *s);
+
+/* Milliseconds to wait before try number `retry` (1 = the first retry):
+ * exponential from initial_ms, doubling each time, capped at max_ms, with
+ * "equal jitter": half of it fixed, the other half scaled by rnd (any 32-bit
+ * random value), so that workers that failed together do not come back
+ * together. Deterministic in its arguments. */
+uint32_t ci_http_backoff_ms(uint32_t retry, uint32_t initial_ms, uint32_t max_ms, uint32_t rnd);
+
+/* Whether an HTTP status is worth another try of the same request: 408,
+ * 409 (the executor still runs an earlier try of this task), 429 and 5xx. */
+bool ci_http_status_retryable(long status);
+
+#endif

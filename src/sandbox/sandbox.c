@@ -1,0 +1,3255 @@
+/* sandbox.c - the namespace sandbox. See sandbox.h for the picture.
+ *
+ * The file reads top to bottom like the life of a run:
+ *   1. small wrappers for system calls glibc does not wrap (or wraps with
+ *      locks we must not take in a cloned child);
+ *   2. the plan: a list of typed setup operations (bubblewrap style),
+ *      every string the child needs and the seccomp filter, built once in
+ *      ci_sandbox_new();
+ *   3. the child side: init (build the root, pivot, drop privileges, reap)
+ *      and the task (rlimits, exec python3) - no malloc, no locks;
+ *   4. the parent side: start (clone, maps, inputs, GO), wait (the I/O
+ *      loop, kill, reap), the artifact walk;
+ *   5. the probe.
+ *
+ * Child and parent talk over a SOCK_SEQPACKET socketpair: the parent sends
+ * one byte after writing the uid map and one byte as GO; the child sends
+ * READY (with the /workspace fd), FAILED (step + errno) or DONE (the task's
+ * wait status and rusage). A failing setup step is therefore reported as
+ * "mount /proc: Operation not permitted", never as a silent exit.
+ *
+ * Building the sandbox (init_main up to GO) is kept apart from running the
+ * task (task_exec, reap_all). Warm mode (section 6, zygote.h) builds a
+ * zygote's sandbox with the same init_main, which then executes ci-zygote
+ * instead of forking a task; each task's init in the zygote speaks the same
+ * messages (sandbox_proto.h), so a warm run differs from a cold one only
+ * in how it starts (start_warm) and in that its init is not our child. */
+#include "sandbox/sandbox.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/openat2.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/personality.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sandbox/cgroup.h"
+#include "sandbox/sandbox_proto.h"
+#include "core/util.h"
+#include "sandbox/zygote.h"
+
+/* ---------------------------------------------------------------------- */
+/* 1. System calls                                                         */
+/* ---------------------------------------------------------------------- */
+
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef MS_NOSYMFOLLOW
+#define MS_NOSYMFOLLOW 256
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+/* fork-like clone: the child runs on a copy of the caller's stack, like
+ * bubblewrap's raw_clone(). glibc's fork() would run atfork handlers and
+ * take malloc locks that another worker thread may hold. */
+static pid_t sys_clone(unsigned long flags)
+{
+#if defined(__s390__) || defined(__CRIS__)
+    return (pid_t)syscall(SYS_clone, NULL, flags);
+#else
+    return (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
+#endif
+}
+
+/* The set*id calls go straight to the kernel: glibc's wrappers broadcast
+ * to every thread it believes exists, and in a cloned child those threads
+ * are gone (the broadcast would hang). */
+static int sys_setresuid(uid_t u) { return (int)syscall(SYS_setresuid, u, u, u); }
+static int sys_setresgid(gid_t g) { return (int)syscall(SYS_setresgid, g, g, g); }
+static int sys_setgroups0(void) { return (int)syscall(SYS_setgroups, 0, NULL); }
+static int sys_setfsuid(uid_t u) { return (int)syscall(SYS_setfsuid, u); }
+static int sys_setfsgid(gid_t g) { return (int)syscall(SYS_setfsgid, g); }
+static int sys_pivot_root(const char *new_root, const char *put_old)
+{
+    return (int)syscall(SYS_pivot_root, new_root, put_old);
+}
+static int sys_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+static int sys_openat2(int dirfd, const char *path, struct open_how *how)
+{
+    return (int)syscall(SYS_openat2, dirfd, path, how, sizeof(*how));
+}
+static int sys_mount_setattr(const char *path, uint64_t set)
+{
+    struct mount_attr attr = {.attr_set = set};
+    return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, AT_RECURSIVE | AT_SYMLINK_NOFOLLOW,
+                        &attr, sizeof(attr));
+}
+static int sys_capset_zero(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    return (int)syscall(SYS_capset, &hdr, data);
+}
+
+/* Closes every fd from `from` up; close_range() where the kernel has it. */
+static void close_fds_from(int from)
+{
+    if (syscall(SYS_close_range, (unsigned)from, ~0U, 0) == 0)
+        return;
+    struct rlimit rl;
+    long max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                   ? (long)rl.rlim_cur : 65536;
+    for (long fd = from; fd < max; fd++)
+        close((int)fd);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 2. The plan                                                             */
+/* ---------------------------------------------------------------------- */
+
+#define NEWROOT "/tmp" /* built in the private mount namespace: the host's /tmp is untouched */
+#define MAX_OPS 64
+#define MAX_ENV 24
+#define READY_TIMEOUT_MS 10000 /* longest wait for a sandbox to be built */
+#define DRAIN_MS 1000          /* after the task is gone, longest wait for pipes to close */
+#define STOP_GRACE_MS 300      /* init's time to kill and reap everything before SIGKILL */
+#define REPORT_CAP (64 * 1024)
+#define ARTIFACT_MAX_DEPTH 8
+#define ARTIFACT_MAX_ENTRIES 1000
+
+static const struct {
+    const char *name;   /* as in an isolation string */
+    const char *noun;   /* as in "user namespaces are not available" */
+    unsigned long flag;
+    const char *flag_name;
+    bool required;
+} layers[CI_LAYER_COUNT] = {
+    [CI_LAYER_USER] = {"user", "user", CLONE_NEWUSER, "CLONE_NEWUSER", true},
+    [CI_LAYER_PID] = {"pid", "pid", CLONE_NEWPID, "CLONE_NEWPID", true},
+    [CI_LAYER_NET] = {"net", "network", CLONE_NEWNET, "CLONE_NEWNET", true},
+    [CI_LAYER_MNT] = {"mnt", "mount", CLONE_NEWNS, "CLONE_NEWNS", true},
+    [CI_LAYER_IPC] = {"ipc", "IPC", CLONE_NEWIPC, "CLONE_NEWIPC", true},
+    [CI_LAYER_UTS] = {"uts", "UTS", CLONE_NEWUTS, "CLONE_NEWUTS", true},
+    [CI_LAYER_CGROUP] = {"cgroupns", "cgroup", CLONE_NEWCGROUP, "CLONE_NEWCGROUP", false},
+};
+
+/* One step of building the root, run in order by init. */
+enum op_kind {
+    OP_TMPFS,   /* mount a tmpfs on path with options data */
+    OP_DIR,     /* mkdir path */
+    OP_SYMLINK, /* symlink src at path */
+    OP_FILE,    /* create path holding data */
+    OP_BIND_RO, /* bind src on path (a dir or a file), read-only, nosuid, nodev */
+    OP_BIND_DEV,/* bind the device node src on path, nosuid, noexec */
+    OP_PROC,    /* mount a fresh proc of the pid namespace on path */
+};
+
+struct op {
+    enum op_kind kind;
+    const char *path; /* absolute, under NEWROOT */
+    const char *src;
+    const char *data;
+    size_t data_len;
+    unsigned long flags; /* OP_TMPFS: mount flags */
+    bool dir;            /* OP_BIND_RO: the source is a directory */
+    const char *what;    /* for errors: "mount /proc" */
+};
+
+struct ci_sandbox {
+    const struct ci_config *cfg;
+    bool ns;             /* false: the no-isolation fallback */
+    bool with_proc;
+    unsigned long clone_flags;
+    bool outside_root;   /* the worker is root: map to cfg->local.sandbox_uid */
+    uid_t outside_uid;   /* the id the sandbox user is outside */
+    gid_t outside_gid;
+    char isolation[128];
+    struct ci_cgroup_root *cgroups; /* per-task cgroups; NULL: rlimits only */
+    struct op ops[MAX_OPS];
+    size_t n_ops;
+    char *uid_map;       /* "1000 65534 1\n" */
+    char *gid_map;
+    char *argv_store[6];
+    char *envp_ns[MAX_ENV]; /* the environment in the sandbox (NULL-terminated) */
+    struct sock_fprog seccomp; /* the task's filter; .filter NULL when not used */
+    /* Warm mode (section 6): the zygotes; NULL when tasks run cold. */
+    struct ci_zygote_pool *warm;
+    char *zygote_path;
+    char *zygote_argv[2];
+    atomic_ulong warm_fallbacks; /* tasks that ran cold because no zygote took them */
+    int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
+    size_t n_warm_ops;
+    bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
+    /* Every string the plan points to, freed with the sandbox. */
+    char **strs;
+    size_t n_strs, cap_strs;
+};
+
+static char *plan_str(struct ci_sandbox *sb, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static char *plan_str(struct ci_sandbox *sb, const char *fmt, ...)
+{
+    if (sb->n_strs == sb->cap_strs) {
+        size_t cap = sb->cap_strs ? sb->cap_strs * 2 : 64;
+        char **p = realloc(sb->strs, cap * sizeof(*p));
+        if (!p)
+            return NULL;
+        sb->strs = p;
+        sb->cap_strs = cap;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return NULL;
+    sb->strs[sb->n_strs++] = s;
+    return s;
+}
+
+static struct op *plan_op(struct ci_sandbox *sb, enum op_kind kind, const char *rel,
+                          const char *what)
+{
+    if (sb->n_ops == MAX_OPS)
+        return NULL;
+    char *path = plan_str(sb, NEWROOT "%s", rel);
+    if (!path)
+        return NULL;
+    struct op *op = &sb->ops[sb->n_ops++];
+    memset(op, 0, sizeof(*op));
+    op->kind = kind;
+    op->path = path;
+    op->what = what;
+    return op;
+}
+
+#define PLAN(expr)                                                                  \
+    do {                                                                            \
+        if (!(expr))                                                                \
+            return CI_ERR_NOMEM;                                                    \
+    } while (0)
+
+static ci_status plan_tmpfs(struct ci_sandbox *sb, const char *rel, unsigned long flags,
+                            const char *data, const char *what)
+{
+    struct op *op = plan_op(sb, OP_TMPFS, rel, what);
+    PLAN(op);
+    op->flags = flags;
+    op->data = data;
+    return CI_OK;
+}
+
+static ci_status plan_simple(struct ci_sandbox *sb, enum op_kind kind, const char *rel,
+                             const char *src, const char *what)
+{
+    struct op *op = plan_op(sb, kind, rel, what);
+    PLAN(op);
+    op->src = src;
+    return CI_OK;
+}
+
+static ci_status plan_file(struct ci_sandbox *sb, const char *rel, const char *content)
+{
+    struct op *op = plan_op(sb, OP_FILE, rel, NULL);
+    PLAN(op);
+    PLAN(op->what = plan_str(sb, "create %s", rel));
+    op->data = content;
+    op->data_len = strlen(content);
+    return CI_OK;
+}
+
+/* Binds the host path rel read-only at the same place, if it exists. A
+ * symlink is recreated as a symlink (e.g. /lib -> usr/lib on merged /usr). */
+static ci_status plan_host_path(struct ci_sandbox *sb, const char *rel)
+{
+    struct stat st;
+    if (lstat(rel, &st) != 0)
+        return CI_OK; /* not on this host: nothing to bind */
+    if (S_ISLNK(st.st_mode)) {
+        char target[4096];
+        ssize_t n = readlink(rel, target, sizeof(target) - 1);
+        if (n <= 0)
+            return CI_OK;
+        target[n] = '\0';
+        char *src = plan_str(sb, "%s", target);
+        char *what = plan_str(sb, "create the symlink %s", rel);
+        PLAN(src && what);
+        return plan_simple(sb, OP_SYMLINK, rel, src, what);
+    }
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+        return CI_OK;
+    char *what = plan_str(sb, "bind-mount %s read-only", rel);
+    PLAN(what);
+    struct op *op = plan_op(sb, OP_BIND_RO, rel, what);
+    PLAN(op);
+    op->src = op->path + strlen(NEWROOT); /* == rel, owned by the plan */
+    op->dir = S_ISDIR(st.st_mode);
+    return CI_OK;
+}
+
+static const char passwd_text[] =
+    "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+    "sandbox:x:1000:1000:sandbox:/workspace:/usr/sbin/nologin\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+static const char group_text[] = "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n";
+static const char hosts_text[] = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n"
+                                 "127.0.1.1\tsandbox\n";
+static const char nsswitch_text[] = "passwd: files\ngroup: files\nhosts: files\n";
+
+/* The root filesystem of a sandbox, in the order init builds it. */
+static ci_status plan_root(struct ci_sandbox *sb)
+{
+    const struct ci_config *cfg = sb->cfg;
+    ci_status s;
+    const char *root_opts = "mode=0755,size=16m,nr_inodes=4096";
+    if ((s = plan_tmpfs(sb, "", MS_NOSUID | MS_NODEV, root_opts, "mount the root tmpfs")))
+        return s;
+    static const char *dirs[] = {"/etc", "/dev", "/proc", "/var", "/var/cache", "/workspace",
+                                 "/tmp"};
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+        char *what = plan_str(sb, "create %s", dirs[i]);
+        PLAN(what);
+        if ((s = plan_simple(sb, OP_DIR, dirs[i], NULL, what)))
+            return s;
+    }
+
+    /* The runtime: /usr, and the top-level links of a merged /usr. */
+    static const char *runtime[] = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                                    "/libx32"};
+    for (size_t i = 0; i < sizeof(runtime) / sizeof(runtime[0]); i++)
+        if ((s = plan_host_path(sb, runtime[i])))
+            return s;
+
+    /* /etc: our own identity files, and what Python, matplotlib and
+     * fontconfig read from the host (nothing secret). Debian reaches BLAS
+     * through /etc/alternatives (libblas.so.3 is a link into it). */
+    if ((s = plan_file(sb, "/etc/passwd", passwd_text)) ||
+        (s = plan_file(sb, "/etc/group", group_text)) ||
+        (s = plan_file(sb, "/etc/hosts", hosts_text)) ||
+        (s = plan_file(sb, "/etc/hostname", "sandbox\n")) ||
+        (s = plan_file(sb, "/etc/nsswitch.conf", nsswitch_text)))
+        return s;
+    static const char *etc[] = {"/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime",
+                                "/etc/matplotlibrc",
+                                "/etc/fonts", "/etc/mime.types", "/var/cache/fontconfig"};
+    for (size_t i = 0; i < sizeof(etc) / sizeof(etc[0]); i++)
+        if ((s = plan_host_path(sb, etc[i])))
+            return s;
+    /* /etc/python3.X holds Debian's sitecustomize.py, which
+     * /usr/lib/python3.X/sitecustomize.py links to. */
+    DIR *d = opendir("/etc");
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strncmp(e->d_name, "python3", 7) != 0)
+                continue;
+            char *rel = plan_str(sb, "/etc/%s", e->d_name);
+            if (!rel || (s = plan_host_path(sb, rel))) {
+                closedir(d);
+                return rel ? s : CI_ERR_NOMEM;
+            }
+        }
+        closedir(d);
+    }
+
+    /* /dev: the five harmless devices, links, and a private /dev/shm. */
+    static const char *devs[] = {"null", "zero", "full", "random", "urandom"};
+    for (size_t i = 0; i < sizeof(devs) / sizeof(devs[0]); i++) {
+        char *rel = plan_str(sb, "/dev/%s", devs[i]);
+        char *what = plan_str(sb, "bind-mount /dev/%s", devs[i]);
+        PLAN(rel && what);
+        if ((s = plan_simple(sb, OP_BIND_DEV, rel, rel, what)))
+            return s;
+    }
+    static const char *links[][2] = {{"/dev/fd", "/proc/self/fd"},
+                                     {"/dev/stdin", "/proc/self/fd/0"},
+                                     {"/dev/stdout", "/proc/self/fd/1"},
+                                     {"/dev/stderr", "/proc/self/fd/2"}};
+    for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++)
+        if ((s = plan_simple(sb, OP_SYMLINK, links[i][0], links[i][1], "create a /dev link")))
+            return s;
+    char *shm = plan_str(sb, "mode=1777,size=%um,nr_inodes=1024", cfg->local.tmp_mb);
+    PLAN(shm);
+    if ((s = plan_tmpfs(sb, "/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, shm,
+                        "mount a tmpfs on /dev/shm")))
+        return s;
+
+    if (sb->with_proc && (s = plan_simple(sb, OP_PROC, "/proc", NULL, "mount /proc")))
+        return s;
+
+    /* The per-task filesystems: the only writable places. */
+    char *ws = plan_str(sb, "mode=0755,uid=%d,gid=%d,size=%um,nr_inodes=%u", SANDBOX_ID,
+                        SANDBOX_ID, cfg->local.workspace_mb, 4 * ARTIFACT_MAX_ENTRIES);
+    char *tmp = plan_str(sb, "mode=1777,size=%um,nr_inodes=%u", cfg->local.tmp_mb,
+                         4 * ARTIFACT_MAX_ENTRIES);
+    PLAN(ws && tmp);
+    if ((s = plan_tmpfs(sb, "/workspace", MS_NOSUID | MS_NODEV | MS_NOSYMFOLLOW, ws,
+                        "mount a tmpfs on /workspace")) ||
+        (s = plan_tmpfs(sb, "/tmp", MS_NOSUID | MS_NODEV, tmp, "mount a tmpfs on /tmp")))
+        return s;
+    return CI_OK;
+}
+
+/* The environment, built from nothing. `home`, `tmp` are the workspace and
+ * the private temp dir as the task sees them. */
+static ci_status plan_env(struct ci_sandbox *sb, char **envp, const char *home, const char *tmp)
+{
+    size_t n = 0;
+    envp[n++] = plan_str(sb, "PATH=/usr/bin:/bin");
+    envp[n++] = plan_str(sb, "HOME=%s", home);
+    envp[n++] = plan_str(sb, "LANG=C.UTF-8");
+    envp[n++] = plan_str(sb, "TMPDIR=%s", tmp);
+    /* Not in the workspace: it would be mistaken for the code's output. */
+    envp[n++] = plan_str(sb, "MPLCONFIGDIR=%s/matplotlib", tmp);
+    envp[n++] = plan_str(sb, "XDG_CACHE_HOME=%s/.cache", tmp); /* fontconfig's cache */
+    envp[n++] = plan_str(sb, "MPLBACKEND=Agg");
+    envp[n++] = plan_str(sb, "OPENBLAS_NUM_THREADS=1");
+    envp[n++] = plan_str(sb, "OMP_NUM_THREADS=1");
+    envp[n++] = plan_str(sb, "MKL_NUM_THREADS=1");
+    envp[n++] = plan_str(sb, "NUMEXPR_MAX_THREADS=1");
+    envp[n++] = plan_str(sb, "PYTHONDONTWRITEBYTECODE=1");
+    /* PYTHONHASHSEED stays unset: hash() is randomized per process. */
+    envp[n] = NULL;
+    for (size_t i = 0; i < n; i++)
+        PLAN(envp[i]);
+    return CI_OK;
+}
+
+/* --- the seccomp filter --- */
+
+/* System calls the code never needs and that are the usual way out of a
+ * sandbox or into the kernel's soft spots (Docker's profile, nsjail and
+ * SANDBOX-NOTES.md). Everything else is allowed: numpy, pandas and
+ * matplotlib use a wide and changing set, and the namespaces, the dropped
+ * capabilities and the rlimits are the main walls; this list narrows the
+ * kernel surface behind them. Names unknown to this architecture are skipped. */
+static const char *const denied_syscalls[] = {
+    "acct", "add_key", "adjtimex", "bpf", "chroot", "clock_adjtime", "clock_settime",
+    "create_module", "delete_module", "fanotify_init", "finit_module", "fsconfig", "fsmount",
+    "fsopen", "fspick", "get_kernel_syms", "init_module", "io_uring_enter",
+    "io_uring_register", "io_uring_setup", "ioperm", "iopl", "kcmp", "kexec_file_load",
+    "kexec_load", "keyctl", "lookup_dcookie", "mount", "mount_setattr", "move_mount",
+    "name_to_handle_at", "nfsservctl", "open_by_handle_at", "open_tree", "perf_event_open",
+    "pidfd_getfd", "pivot_root", "process_madvise", "process_vm_readv", "process_vm_writev",
+    "ptrace", "query_module", "quotactl", "quotactl_fd", "reboot", "request_key", "setns",
+    "settimeofday", "swapoff", "swapon", "_sysctl", "sysfs", "syslog", "umount", "umount2",
+    "unshare", "uselib", "userfaultfd", "ustat", "vhangup",
+    /* Memory that RLIMIT_AS does not count and no tmpfs size bounds, so
+     * that without a memory cgroup a task could hold gigabytes: memfds
+     * (256 MiB each, as many as fds), SysV shared memory and message queues
+     * (they outlive every mapping). The runtime uses none of them; /dev/shm
+     * and /tmp are bounded tmpfs (tests/security/resources.test.mjs). */
+    "memfd_create", "msgget", "shmget",
+};
+
+#define DENY(nr, ...)                                                               \
+    do {                                                                            \
+        if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), (nr), __VA_ARGS__) != 0)   \
+            goto out;                                                               \
+    } while (0)
+
+/* Builds the filter with libseccomp (which allocates) and keeps the BPF
+ * program, so that the child only has to call seccomp(2). */
+static ci_status plan_seccomp(struct ci_sandbox *sb)
+{
+    ci_status s = CI_ERR_SYS;
+    int memfd = -1;
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    if (!ctx)
+        return CI_ERR_NOMEM;
+    /* Other ABIs (i386, x32 on x86_64) would dodge every rule: kill them. */
+    if (seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS) != 0 ||
+        seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0) != 0) /* we set it ourselves */
+        goto out;
+    for (size_t i = 0; i < sizeof(denied_syscalls) / sizeof(denied_syscalls[0]); i++) {
+        int nr = seccomp_syscall_resolve_name(denied_syscalls[i]);
+        if (nr != __NR_SCMP_ERROR && nr >= 0)
+            DENY(nr, 0);
+    }
+    /* No new namespaces: clone with a CLONE_NEW* flag; clone3 answers ENOSYS
+     * so that glibc falls back to clone, whose flags can be inspected. */
+    static const unsigned long ns_flags[] = {CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID,
+                                             CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS,
+                                             CLONE_NEWCGROUP};
+    for (size_t i = 0; i < sizeof(ns_flags) / sizeof(ns_flags[0]); i++)
+        DENY(SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
+    if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0) != 0)
+        goto out;
+    /* Typing into a terminal (the ioctl number is compared on 32 bits). */
+    DENY(SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCSTI));
+    DENY(SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCLINUX));
+    /* Sockets: unix, IPv4 and IPv6 only (netlink, packet, vsock... are out). */
+    if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+                         SCMP_A0(SCMP_CMP_EQ, AF_UNSPEC)) != 0 ||
+        seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+                         SCMP_A0(SCMP_CMP_GT, AF_INET6)) != 0)
+        goto out;
+    for (int af = AF_INET + 1; af < AF_INET6; af++)
+        if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+                             SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)af)) != 0)
+            goto out;
+    /* personality() flags that switch off address randomization or NX. */
+    static const unsigned long persona[] = {ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC,
+                                            MMAP_PAGE_ZERO, ADDR_COMPAT_LAYOUT};
+    for (size_t i = 0; i < sizeof(persona) / sizeof(persona[0]); i++)
+        DENY(SCMP_SYS(personality), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, persona[i], persona[i]));
+
+    memfd = memfd_create("ci-seccomp", MFD_CLOEXEC);
+    struct stat st;
+    if (memfd < 0 || seccomp_export_bpf(ctx, memfd) != 0 || fstat(memfd, &st) != 0 ||
+        st.st_size <= 0 || st.st_size % sizeof(struct sock_filter) != 0 ||
+        st.st_size / sizeof(struct sock_filter) > BPF_MAXINSNS)
+        goto out;
+    struct sock_filter *prog = malloc((size_t)st.st_size);
+    if (!prog) {
+        s = CI_ERR_NOMEM;
+        goto out;
+    }
+    if (pread(memfd, prog, (size_t)st.st_size, 0) != st.st_size) {
+        free(prog);
+        goto out;
+    }
+    sb->seccomp.filter = prog;
+    sb->seccomp.len = (unsigned short)(st.st_size / sizeof(struct sock_filter));
+    s = CI_OK;
+out:
+    if (memfd >= 0)
+        close(memfd);
+    seccomp_release(ctx);
+    return s;
+}
+#undef DENY
+
+/* Loads the filter in the calling process (no_new_privs must be set). */
+static int load_seccomp(const struct sock_fprog *prog)
+{
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, prog);
+}
+
+void ci_sandbox_free(struct ci_sandbox *sb)
+{
+    if (!sb)
+        return;
+    ci_zygote_pool_free(sb->warm); /* first: its zygotes use the plan */
+    free(sb->seccomp.filter);
+    ci_cgroup_root_free(sb->cgroups);
+    for (size_t i = 0; i < sb->n_strs; i++)
+        free(sb->strs[i]);
+    free(sb->strs);
+    free(sb);
+}
+
+const char *ci_sandbox_isolation(const struct ci_sandbox *sb) { return sb->isolation; }
+
+static void isolation_string(unsigned long flags, char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < CI_LAYER_COUNT; i++) {
+        if (!(flags & layers[i].flag))
+            continue;
+        int n = snprintf(out + used, size - used, "%s%s", used ? "," : "", layers[i].name);
+        if (n < 0 || (size_t)n >= size - used)
+            break;
+        used += (size_t)n;
+    }
+    if (!used)
+        snprintf(out, size, "none");
+}
+
+/* What a sandbox is made of; the probe finds out what this machine allows. */
+struct build_opts {
+    unsigned long clone_flags; /* 0: the no-isolation fallback */
+    bool with_proc;
+    bool with_seccomp;
+    struct ci_cgroup_root *cgroups; /* namespace mode only; the sandbox takes it on success */
+};
+
+/* Builds a sandbox plan without consulting a probe: the probe uses it too. */
+static ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
+                               struct ci_sandbox **ret, struct ci_error *err)
+{
+    const char *python = cfg->local.python;
+    if (!python || python[0] != '/' || access(python, X_OK) != 0)
+        return ci_error_errno(err, CI_ERR_INVALID, errno,
+                              "local.python '%s' is not an executable absolute path",
+                              python ? python : "");
+    if (o->clone_flags && strncmp(python, "/usr/", 5) != 0)
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "local.python '%s' must live under /usr: only /usr is visible "
+                            "in the sandbox", python);
+    bool root = geteuid() == 0;
+    if (root && (cfg->local.sandbox_uid == 0 || cfg->local.sandbox_gid == 0))
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "local.sandbox_uid and local.sandbox_gid must not be 0: the "
+                            "sandbox must never be root outside");
+
+    CI_AUTOFREE struct ci_sandbox *sb = calloc(1, sizeof(*sb));
+    if (!sb)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    sb->cfg = cfg;
+    sb->ns = o->clone_flags != 0;
+    sb->with_proc = o->with_proc;
+    sb->clone_flags = o->clone_flags;
+    sb->outside_root = root;
+    /* Unprivileged, the only id we may map is our own. */
+    sb->outside_uid = root ? cfg->local.sandbox_uid : geteuid();
+    sb->outside_gid = root ? cfg->local.sandbox_gid : getegid();
+    isolation_string(o->clone_flags, sb->isolation, sizeof(sb->isolation));
+    if (sb->ns && o->with_seccomp)
+        strncat(sb->isolation, ",seccomp", sizeof(sb->isolation) - strlen(sb->isolation) - 1);
+    if (sb->ns && o->cgroups)
+        strncat(sb->isolation,
+                ci_cgroup_root_version(o->cgroups) == CI_CGROUP_V2 ? ",cgroup" : ",cgroup1",
+                sizeof(sb->isolation) - strlen(sb->isolation) - 1);
+
+    ci_status s = CI_OK;
+    if (sb->ns) {
+        sb->uid_map = plan_str(sb, "%d %u 1\n", SANDBOX_ID, (unsigned)sb->outside_uid);
+        sb->gid_map = plan_str(sb, "%d %u 1\n", SANDBOX_ID, (unsigned)sb->outside_gid);
+        if (!sb->uid_map || !sb->gid_map)
+            s = CI_ERR_NOMEM;
+        if (!s)
+            s = plan_root(sb);
+        if (!s)
+            s = plan_env(sb, sb->envp_ns, "/workspace", "/tmp");
+    }
+    if (!s && o->with_seccomp)
+        s = plan_seccomp(sb);
+    if (!s) {
+        sb->argv_store[0] = plan_str(sb, "python3");
+        sb->argv_store[1] = plan_str(sb, "-I");
+        sb->argv_store[2] = plan_str(sb, "-B");
+        sb->argv_store[3] = plan_str(sb, "-c");
+        sb->argv_store[4] = plan_str(sb, "%s", ci_driver_py);
+        sb->argv_store[5] = NULL;
+        for (int i = 0; i < 5; i++)
+            if (!sb->argv_store[i])
+                s = CI_ERR_NOMEM;
+    }
+    if (!s && sb->ns)
+        sb->cgroups = o->cgroups; /* from here on freed with the sandbox */
+    if (s) {
+        struct ci_sandbox *tmp = CI_STEAL(&sb);
+        ci_sandbox_free(tmp);
+        return s == CI_ERR_NOMEM
+                   ? ci_error_set(err, s, "out of memory while preparing the sandbox")
+                   : ci_error_set(err, s, "the seccomp filter could not be built");
+    }
+    *ret = CI_STEAL(&sb);
+    return CI_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3. The child side. Nothing here allocates or locks.                     */
+/* ---------------------------------------------------------------------- */
+
+/* The steps, messages and fd numbers of a run are in sandbox_proto.h. */
+
+/* What one run hands to its child: all prepared before the clone. */
+struct child_args {
+    const struct ci_sandbox *sb;
+    int fds[FD_COUNT];        /* the child's ends, at parent numbers */
+    struct rlimit limits[RLIM_NLIMITS];
+    bool limit_set[RLIM_NLIMITS];
+    const char *workdir;      /* the task's cwd */
+    char *const *envp;
+    bool drop_to_sandbox_ids; /* bare mode as root */
+    bool zygote;              /* init becomes a zygote: FD_CODE holds its program */
+};
+
+static void child_send(int sock, const struct msg *m)
+{
+    ssize_t r;
+    do
+        r = send(sock, m, sizeof(*m), MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+}
+
+__attribute__((noreturn)) static void child_fail(int sock, enum step step, int op, int err)
+{
+    struct msg m = {.type = MSG_FAILED, .step = step, .op = op, .err = err};
+    child_send(sock, &m);
+    _exit(127);
+}
+
+/* Reads one byte from the parent; EOF means the parent is gone. */
+static bool child_wait_byte(int sock)
+{
+    char c;
+    ssize_t r;
+    do
+        r = recv(sock, &c, 1, 0);
+    while (r < 0 && errno == EINTR);
+    return r == 1;
+}
+
+/* Puts the child's fds at 0..4 and closes every other fd the worker had:
+ * O_CLOEXEC only helps at execve, and init never executes anything. */
+static int move_fds(const int *src)
+{
+    int base = FD_COUNT;
+    for (int i = 0; i < FD_COUNT; i++)
+        if (src[i] >= base)
+            base = src[i] + 1;
+    int tmp[FD_COUNT];
+    for (int i = 0; i < FD_COUNT; i++)
+        if ((tmp[i] = fcntl(src[i], F_DUPFD, base)) < 0)
+            return -1;
+    for (int i = 0; i < FD_COUNT; i++)
+        if (dup2(tmp[i], i) < 0)
+            return -1;
+    close_fds_from(FD_COUNT);
+    return 0;
+}
+
+/* Default dispositions and an empty mask: the worker's handlers must never
+ * run in a sandbox process, and ignored signals would survive execve. */
+static void reset_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++)
+        sigaction(sig, &sa, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+/* The mount flags statfs() reports that a bind remount must keep: in a
+ * user namespace the kernel refuses to clear locked ones. */
+static unsigned long kept_mount_flags(const char *path)
+{
+    struct statfs st;
+    if (statfs(path, &st) != 0)
+        return 0;
+    return (unsigned long)st.f_flags &
+           (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME | MS_RELATIME);
+}
+
+static int remount_with(const char *path, uint64_t attrs, unsigned long ms_flags)
+{
+    if (sys_mount_setattr(path, attrs) == 0)
+        return 0;
+    if (errno != ENOSYS)
+        return -1;
+    return mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | ms_flags | kept_mount_flags(path),
+                 NULL);
+}
+
+/* Creates an empty file or directory to mount on. */
+static int make_mountpoint(const char *path, bool dir)
+{
+    if (dir)
+        return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return 0;
+}
+
+static int write_file(const char *path, const char *data, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0)
+        return -1;
+    while (len) {
+        ssize_t w = write(fd, data, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            errno = e;
+            return -1;
+        }
+        data += w;
+        len -= (size_t)w;
+    }
+    return close(fd);
+}
+
+static int run_op(const struct op *op)
+{
+    switch (op->kind) {
+    case OP_TMPFS:
+        if (make_mountpoint(op->path, true) != 0)
+            return -1;
+        return mount("tmpfs", op->path, "tmpfs", op->flags, op->data);
+    case OP_DIR:
+        return make_mountpoint(op->path, true);
+    case OP_SYMLINK:
+        return symlink(op->src, op->path);
+    case OP_FILE:
+        return write_file(op->path, op->data, op->data_len);
+    case OP_BIND_RO:
+        if (make_mountpoint(op->path, op->dir) != 0 ||
+            mount(op->src, op->path, NULL, MS_BIND | MS_REC, NULL) != 0)
+            return -1;
+        return remount_with(op->path, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                            MS_RDONLY | MS_NOSUID | MS_NODEV);
+    case OP_BIND_DEV:
+        if (make_mountpoint(op->path, false) != 0 ||
+            mount(op->src, op->path, NULL, MS_BIND, NULL) != 0)
+            return -1;
+        return remount_with(op->path, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+                            MS_NOSUID | MS_NOEXEC);
+    case OP_PROC:
+        if (make_mountpoint(op->path, true) != 0)
+            return -1;
+        return mount("proc", op->path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    }
+    errno = EINVAL;
+    return -1;
+}
+
+/* Enters the new root and forgets the old one. */
+static enum step pivot_into_newroot(void)
+{
+    if (chdir(NEWROOT) != 0 || sys_pivot_root(".", ".") != 0)
+        return STEP_PIVOT;
+    if (umount2(".", MNT_DETACH) != 0 || chdir("/") != 0)
+        return STEP_DETACH;
+    if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL))
+        return STEP_REMOUNT_ROOT;
+    return STEP_NONE;
+}
+
+/* Drops every capability for good: bounding set, ambient, effective,
+ * permitted, inheritable; then no_new_privs. Not dumpable: the task (same
+ * uid) cannot ptrace init or read its /proc entries. */
+static enum step drop_privileges(void)
+{
+    for (int cap = 0; cap < 64; cap++)
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
+            return STEP_DROP_CAPS;
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    if (sys_capset_zero() != 0)
+        return STEP_DROP_CAPS;
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return STEP_NO_NEW_PRIVS;
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    return STEP_NONE;
+}
+
+/* The task process: rlimits, a new session, then python3. */
+__attribute__((noreturn)) static void task_exec(const struct child_args *a)
+{
+    const struct ci_sandbox *sb = a->sb;
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL); /* init blocks some; the mask survives execve */
+    /* When the memory cgroup runs out, its OOM killer must pick the code,
+     * never init (a fork of the worker, which may look bigger): anyone may
+     * raise their own score. Init's non-dumpable flag (inherited) makes our
+     * /proc files root's: execve() would clear it anyway. Best effort: /proc
+     * may be missing. */
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (adj >= 0) {
+        ssize_t w = write(adj, "1000", 4);
+        (void)w;
+        close(adj);
+    }
+    if (setsid() < 0)
+        child_fail(FD_SOCK, STEP_SETSID, 0, errno);
+    if (a->drop_to_sandbox_ids) {
+        /* Bare mode as root: at least never run the code as root. */
+        if (sys_setgroups0() != 0)
+            child_fail(FD_SOCK, STEP_SETGROUPS, 0, errno);
+        if (sys_setresgid(sb->cfg->local.sandbox_gid) != 0)
+            child_fail(FD_SOCK, STEP_SETGID, 0, errno);
+        if (sys_setresuid(sb->cfg->local.sandbox_uid) != 0)
+            child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0); /* cleared by the id change */
+    }
+    if (!sb->ns && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        child_fail(FD_SOCK, STEP_NO_NEW_PRIVS, 0, errno);
+    for (int r = 0; r < RLIM_NLIMITS; r++) {
+        if (!a->limit_set[r])
+            continue;
+        /* Never above the worker's own hard limit: that would need a capability. */
+        struct rlimit want = a->limits[r], have;
+        if (getrlimit((__rlimit_resource_t)r, &have) == 0 && have.rlim_max != RLIM_INFINITY) {
+            if (want.rlim_max > have.rlim_max)
+                want.rlim_max = have.rlim_max;
+            if (want.rlim_cur > want.rlim_max)
+                want.rlim_cur = want.rlim_max;
+        }
+        if (setrlimit((__rlimit_resource_t)r, &want) != 0)
+            child_fail(FD_SOCK, STEP_RLIMIT, r, errno);
+    }
+    if (chdir(a->workdir) != 0)
+        child_fail(FD_SOCK, STEP_CHDIR, 0, errno);
+    /* The socket stays open until execve succeeds, to report its failure. */
+    if (fcntl(FD_SOCK, F_SETFD, FD_CLOEXEC) != 0)
+        child_fail(FD_SOCK, STEP_FDS, 0, errno);
+    /* Last: from here on the calls above would be refused. */
+    if (sb->seccomp.filter && load_seccomp(&sb->seccomp) != 0)
+        child_fail(FD_SOCK, STEP_SECCOMP, 0, errno);
+    execve(sb->cfg->local.python, sb->argv_store, a->envp);
+    child_fail(FD_SOCK, STEP_EXEC, 0, errno);
+}
+
+static void add_rusage(struct msg *m, const struct rusage *ru)
+{
+    m->utime_us += (int64_t)ru->ru_utime.tv_sec * 1000000 + ru->ru_utime.tv_usec;
+    m->stime_us += (int64_t)ru->ru_stime.tv_sec * 1000000 + ru->ru_stime.tv_usec;
+    if (ru->ru_maxrss > m->maxrss_kb)
+        m->maxrss_kb = ru->ru_maxrss;
+}
+
+__attribute__((noreturn)) static void reap_all(pid_t task);
+
+/* Warm mode: this init becomes a zygote (zygote_main.c). The root is built;
+ * drop every privilege, say READY (without a workspace: the zygote's tasks
+ * get their own) and execute the ci-zygote program the worker opened, with
+ * the sandbox's environment. A fresh image: nothing of the worker's memory,
+ * which this process holds a copy of, survives the execve. */
+__attribute__((noreturn)) static void zygote_exec(const struct child_args *a)
+{
+    enum step failed = drop_privileges();
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, errno);
+    struct msg ready = {.type = MSG_READY};
+    child_send(FD_SOCK, &ready);
+    syscall(SYS_execveat, FD_CODE, "", a->sb->zygote_argv, a->envp, AT_EMPTY_PATH);
+    child_fail(FD_SOCK, STEP_EXEC, 0, errno);
+}
+
+/* pid 1 of the sandbox: builds it, starts the task, reaps, reports. */
+__attribute__((noreturn)) static void init_main(const struct child_args *a)
+{
+    const struct ci_sandbox *sb = a->sb;
+    /* Dies with the worker thread that cloned it; if the worker is already
+     * gone, the read below sees EOF and init exits. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    reset_signals();
+    /* Init takes SIGCHLD and SIG_STOP with sigwaitinfo(): blocked from the
+     * start, a stop request sent early is kept pending, never lost. */
+    sigset_t waited;
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, SIG_STOP);
+    sigprocmask(SIG_BLOCK, &waited, NULL);
+    if (move_fds(a->fds) != 0)
+        child_fail(a->fds[FD_SOCK], STEP_FDS, 0, errno);
+    if (!child_wait_byte(FD_SOCK))
+        _exit(1);
+    /* Init is a copy of the worker's memory (its config, its credentials):
+     * the code, which runs as the same id inside, must never read it through
+     * /proc/1/mem. An unprivileged worker stays dumpable so that it can write
+     * our maps; they are written now. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    /* The parent has put us in the task's cgroup: make it the root of what
+     * the sandbox sees in /proc/self/cgroup. Only a view (the code can mount
+     * nothing), so a failure is not worth failing the task for. */
+    if (sb->cgroups && (sb->clone_flags & CLONE_NEWCGROUP))
+        (void)unshare(CLONE_NEWCGROUP);
+
+    /* The parent has written the maps. As root it left setgroups allowed,
+     * so that the worker's groups (gid 0) can be dropped here. */
+    if (sb->outside_root && sys_setgroups0() != 0)
+        child_fail(FD_SOCK, STEP_SETGROUPS, 0, errno);
+    /* Uid 0 is not mapped in this namespace, so switching ids keeps the
+     * namespace capabilities; every file init creates belongs to 1000. */
+    if (sys_setresgid(SANDBOX_ID) != 0)
+        child_fail(FD_SOCK, STEP_SETGID, 0, errno);
+    if (sys_setresuid(SANDBOX_ID) != 0)
+        child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+    /* Changing ids clears the parent-death signal: arm it again, or a
+     * worker killed with SIGKILL would leave the task running. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+        child_fail(FD_SOCK, STEP_PRIVATE, 0, errno);
+    for (size_t i = 0; i < sb->n_ops; i++)
+        if (run_op(&sb->ops[i]) != 0)
+            child_fail(FD_SOCK, STEP_OP, (int)i, errno);
+    enum step failed = pivot_into_newroot();
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, errno);
+    if (sethostname("sandbox", 7) != 0 || setdomainname("sandbox", 7) != 0)
+        child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
+    if (a->zygote)
+        zygote_exec(a);
+
+    /* READY, with /workspace: the parent writes the inputs through it now
+     * and reads the artifacts through it after everything here is dead. */
+    int ws = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (ws < 0)
+        child_fail(FD_SOCK, STEP_WORKSPACE, 0, errno);
+    struct msg ready = {.type = MSG_READY};
+    struct iovec iov = {.iov_base = &ready, .iov_len = sizeof(ready)};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    memset(&cm, 0, sizeof(cm));
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof(cm.buf)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &ws, sizeof(int));
+    if (sendmsg(FD_SOCK, &mh, MSG_NOSIGNAL) < 0)
+        _exit(1);
+    close(ws);
+
+    failed = drop_privileges();
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, errno);
+    if (!child_wait_byte(FD_SOCK)) /* GO: the inputs are in place */
+        _exit(1);
+
+    pid_t task = sys_clone(SIGCHLD);
+    if (task < 0)
+        child_fail(FD_SOCK, STEP_FORK, 0, errno);
+    if (task == 0)
+        task_exec(a);
+    /* Only the task holds the pipes now: the parent sees EOF when the
+     * task and everything it started are gone. */
+    for (int fd = 0; fd < FD_SOCK; fd++)
+        close(fd);
+    reap_all(task);
+}
+
+/* Init's last duty. Reaps every process until the task has exited, or
+ * until the parent asks to stop (timeout, cancel); then kills what is
+ * left (orphans included), reaps it too and reports the task's status with
+ * the CPU time and peak memory of everything it reaped. Killing init
+ * instead would lose that accounting. Every sandbox process has init's uid
+ * and no capability, so kill(-1) reaches them all. */
+__attribute__((noreturn)) static void reap_all(pid_t task)
+{
+    sigset_t waited;
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, SIG_STOP);
+    struct msg done = {.type = MSG_DONE};
+    bool task_done = false, stopping = false;
+    for (;;) {
+        for (;;) {
+            int st;
+            struct rusage ru;
+            pid_t r = wait4(-1, &st, __WALL | WNOHANG, &ru);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0) /* ECHILD: nothing left in the namespace */
+                goto report;
+            if (r == 0)
+                break;
+            add_rusage(&done, &ru);
+            if (r == task) {
+                done.status = st;
+                task_done = true;
+            }
+        }
+        if (task_done || stopping) {
+            stopping = true;
+            kill(-1, SIGKILL); /* again each round: catches the last forks */
+        }
+        siginfo_t si;
+        int sig = sigwaitinfo(&waited, &si);
+        /* si_pid is 0 for a sender outside the namespace: the parent. A
+         * process of the sandbox cannot stop init this way. */
+        if (sig == SIG_STOP && si.si_pid == 0)
+            stopping = true;
+    }
+report:
+    if (!task_done)
+        _exit(1);
+    child_send(FD_SOCK, &done);
+    _exit(0);
+}
+
+/* The child of a run without namespaces: the task itself. */
+__attribute__((noreturn)) static void bare_main(const struct child_args *a)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    reset_signals();
+    if (move_fds(a->fds) != 0)
+        child_fail(a->fds[FD_SOCK], STEP_FDS, 0, errno);
+    task_exec(a);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 4. The parent side                                                      */
+/* ---------------------------------------------------------------------- */
+
+/* An input as written, to tell an unchanged input from an artifact. */
+struct input_digest {
+    char *name;
+    char sha256[65];
+};
+
+struct ci_sandbox_run {
+    struct ci_sandbox *sb;
+    struct child_args args;
+    pid_t pid;          /* init (or the bare task); 0 once reaped */
+    int pidfd;
+    int sock;           /* our end of the control socket */
+    int code_fd;        /* our end of the code socket; -1 once all is written */
+    int out_fd, err_fd, rep_fd;
+    int wake_fd;        /* eventfd written by cancel() */
+    int ws_fd;          /* /workspace */
+    struct ci_cgroup *cg; /* the task's cgroup, removed once everything in it is dead */
+    atomic_bool cancel_requested;
+    char *code;         /* our copy: the job is only borrowed during start */
+    size_t code_len, code_off;
+    int64_t t_go, t_end, deadline;
+    int64_t kill_at;    /* when init gets SIGKILL if it has not stopped by itself */
+    uint32_t timeout_ms;
+    struct input_digest *inputs;
+    size_t n_inputs;
+    /* bare mode */
+    char *bare_dir;     /* the private 0700 directory, removed at the end */
+    int bare_dir_fd;
+    char *bare_env[MAX_ENV];
+    char *bare_strs[2];
+    /* warm mode: init is a child of a zygote, known by its pidfd only */
+    bool warm;
+};
+
+static int sys_pidfd_send_signal(int pidfd, int sig)
+{
+    return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
+}
+
+/* Signals init: by pidfd when it is a zygote's child (never a reused pid). */
+static void signal_init(struct ci_sandbox_run *run, int sig)
+{
+    if (run->warm)
+        sys_pidfd_send_signal(run->pidfd, sig);
+    else
+        kill(run->pid, sig);
+}
+
+/* Has a zygote's child (not ours to wait for) ended? */
+static bool warm_exited(const struct ci_sandbox_run *run, int timeout_ms)
+{
+    struct pollfd p = {.fd = run->pidfd, .events = POLLIN};
+    int r;
+    do
+        r = poll(&p, 1, timeout_ms);
+    while (r < 0 && errno == EINTR);
+    return r != 0;
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+static void remove_tree_at(int dirfd, int depth);
+
+/* Kills and reaps whatever of the run is still alive (start failed, or the
+ * run is freed without a wait). */
+static void run_kill_now(struct ci_sandbox_run *run)
+{
+    if (run->pid <= 0)
+        return;
+    if (run->warm) {
+        /* SIGKILL on init kills its pid namespace; its zygote reaps it. */
+        signal_init(run, SIGKILL);
+        warm_exited(run, 5000);
+        run->pid = 0;
+        return;
+    }
+    kill(run->pid, SIGKILL);
+    if (!run->sb->ns)
+        kill(-run->pid, SIGKILL);
+    while (waitpid(run->pid, NULL, __WALL) < 0 && errno == EINTR)
+        ;
+    run->pid = 0;
+}
+
+/* What a run reads and writes through: the pipes, the socket, the workspace. */
+static void run_close_io(struct ci_sandbox_run *run)
+{
+    close_fd(&run->sock);
+    close_fd(&run->code_fd);
+    close_fd(&run->out_fd);
+    close_fd(&run->err_fd);
+    close_fd(&run->rep_fd);
+    close_fd(&run->ws_fd); /* the last reference to the workspace tmpfs */
+    for (int i = 0; i < FD_COUNT; i++)
+        close_fd(&run->args.fds[i]);
+}
+
+/* The end of a run: every fd but the cancel eventfd (cancel() may still be
+ * called until the run is freed) and the bare-mode directory. */
+static void run_close(struct ci_sandbox_run *run)
+{
+    run_close_io(run);
+    close_fd(&run->pidfd);
+    ci_cgroup_free(run->cg); /* every process of the run is dead by now */
+    run->cg = NULL;
+    if (run->bare_dir) {
+        if (run->bare_dir_fd >= 0)
+            remove_tree_at(run->bare_dir_fd, 0);
+        rmdir(run->bare_dir);
+        free(run->bare_dir);
+        run->bare_dir = NULL;
+    }
+    close_fd(&run->bare_dir_fd);
+}
+
+void ci_sandbox_run_free(struct ci_sandbox_run *run)
+{
+    if (!run)
+        return;
+    run_kill_now(run);
+    run_close(run);
+    close_fd(&run->wake_fd);
+    for (size_t i = 0; i < sizeof(run->bare_strs) / sizeof(run->bare_strs[0]); i++)
+        free(run->bare_strs[i]);
+    for (size_t i = 0; i < MAX_ENV; i++)
+        free(run->bare_env[i]);
+    for (size_t i = 0; i < run->n_inputs; i++)
+        free(run->inputs[i].name);
+    free(run->inputs);
+    free(run->code);
+    free(run);
+}
+
+static void set_limit(struct child_args *a, int res, rlim_t soft, rlim_t hard)
+{
+    a->limits[res].rlim_cur = soft;
+    a->limits[res].rlim_max = hard;
+    a->limit_set[res] = true;
+}
+
+/* Without a memory cgroup RLIMIT_AS is the memory limit: blunt (it counts
+ * address space, and numpy+pandas+matplotlib need ~384 MB of it just to
+ * import) but it turns an allocation past the limit into a MemoryError.
+ * With the cgroup, which counts what is really used, it is only generous:
+ * twice the limit plus 2 GiB. Measured: 32 threads of pandas map 1.3 GB
+ * with 68 MB resident (thread stacks, malloc arenas), so any tighter cap
+ * would refuse honest code; a single allocation far beyond the limit still
+ * fails at once as a MemoryError with a traceback instead of an OOM kill. */
+static void plan_limits(struct child_args *a, const struct ci_sandbox *sb,
+                        const struct ci_sandbox_job *job)
+{
+    const struct ci_config *cfg = sb->cfg;
+    const rlim_t MiB = 1024 * 1024;
+    rlim_t cpu_s = (job->timeout_ms + 999) / 1000 + 1;
+    uint32_t biggest_fs = cfg->local.workspace_mb > cfg->local.tmp_mb ? cfg->local.workspace_mb
+                                                                       : cfg->local.tmp_mb;
+    rlim_t as = (rlim_t)job->memory_mb * MiB;
+    if (sb->ns && sb->cgroups)
+        as = 2 * as + 2048 * MiB;
+    set_limit(a, RLIMIT_AS, as, as);
+    set_limit(a, RLIMIT_CPU, cpu_s, cpu_s + 1);
+    /* One file may fill a tmpfs; the artifact cap is applied when the files
+     * are collected (with a note), not as EFBIG on an intermediate file. */
+    set_limit(a, RLIMIT_FSIZE, (rlim_t)biggest_fs * MiB, (rlim_t)biggest_fs * MiB);
+    /* NPROC counts the processes of a uid. In a user namespace that is the
+     * sandbox's own (per-namespace counts since Linux 5.14); bare, as root,
+     * the sandbox uid's. Bare and unprivileged it would count the worker's
+     * own threads and everything else of its user: not set. */
+    if (sb->ns || sb->outside_root)
+        set_limit(a, RLIMIT_NPROC, cfg->local.max_processes, cfg->local.max_processes);
+    set_limit(a, RLIMIT_NOFILE, cfg->local.max_open_files, cfg->local.max_open_files);
+    set_limit(a, RLIMIT_CORE, 0, 0);
+    set_limit(a, RLIMIT_MEMLOCK, 64 * 1024, 64 * 1024);
+    set_limit(a, RLIMIT_MSGQUEUE, 1024, 1024);
+    set_limit(a, RLIMIT_RTPRIO, 0, 0);
+    set_limit(a, RLIMIT_STACK, 8 * MiB, 8 * MiB);
+}
+
+static bool plain_name(const char *name)
+{
+    size_t len = strlen(name);
+    return len > 0 && len < 256 && !strchr(name, '/') && strcmp(name, ".") != 0 &&
+           strcmp(name, "..") != 0;
+}
+
+/* Writes the inputs into the workspace through its fd. The files are
+ * created as the sandbox user (setfsuid is per thread): a root worker has
+ * no mapping in the sandbox's user namespace and could not create them
+ * itself, and the code must be able to overwrite its inputs. */
+static ci_status write_inputs(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                              struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    bool switch_fs = sb->outside_root;
+    if (switch_fs) {
+        sys_setfsgid(sb->outside_gid);
+        sys_setfsuid(sb->outside_uid);
+    }
+    ci_status s = CI_OK;
+    for (size_t i = 0; i < job->n_files && !s; i++) {
+        const struct ci_file *f = &job->files[i];
+        int fd = openat(run->ws_fd, f->name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                        0644);
+        if (fd < 0) {
+            s = errno == EEXIST
+                    ? ci_error_set(err, CI_ERR_INVALID, "input '%s' is listed twice", f->name)
+                    : ci_error_errno(err, CI_ERR_IO, errno, "cannot create input '%s'", f->name);
+            break;
+        }
+        if (ci_write_all(fd, f->data, f->len) != CI_OK) {
+            int e = errno;
+            s = e == ENOSPC || e == EFBIG
+                    ? ci_error_set(err, CI_ERR_LIMIT,
+                                   "the inputs do not fit in the workspace of %u MiB",
+                                   sb->cfg->local.workspace_mb)
+                    : ci_error_errno(err, CI_ERR_IO, e, "cannot write input '%s'", f->name);
+        }
+        close(fd);
+    }
+    if (switch_fs) {
+        sys_setfsuid(0);
+        sys_setfsgid(0);
+    }
+    return s;
+}
+
+static ci_status digest_inputs(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                               struct ci_error *err)
+{
+    if (!job->n_files)
+        return CI_OK;
+    run->inputs = calloc(job->n_files, sizeof(*run->inputs));
+    if (!run->inputs)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < job->n_files; i++) {
+        const struct ci_file *f = &job->files[i];
+        if (!f->name || !plain_name(f->name))
+            return ci_error_set(err, CI_ERR_INVALID, "input name '%s' is not a plain file name",
+                                f->name ? f->name : "");
+        run->inputs[i].name = strdup(f->name);
+        if (!run->inputs[i].name)
+            return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+        ci_sha256_hex(f->data ? f->data : (const uint8_t *)"", f->len, run->inputs[i].sha256);
+        run->n_inputs++;
+    }
+    return CI_OK;
+}
+
+/* Receives one message from the child within timeout_ms with up to n fds
+ * (a READY carries the workspace fd, a HELLO two pidfds) into ret_fds[],
+ * the rest -1; fds beyond n are closed. */
+static ci_status recv_msg_fds(int sock, int timeout_ms, struct msg *m, int *ret_fds, int n)
+{
+    for (int i = 0; i < n; i++)
+        ret_fds[i] = -1;
+    struct pollfd p = {.fd = sock, .events = POLLIN};
+    int r;
+    do
+        r = poll(&p, 1, timeout_ms);
+    while (r < 0 && errno == EINTR);
+    if (r == 0)
+        return CI_ERR_TIMEOUT;
+    if (r < 0)
+        return CI_ERR_SYS;
+    union {
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof(cm.buf)};
+    ssize_t got;
+    do
+        got = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    if (got <= 0)
+        return CI_ERR_IO; /* EOF: the child is gone */
+    int fds[2], k = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (k < 2)
+                fds[k++] = fd;
+            else
+                close(fd);
+        }
+    }
+    bool ok = got == (ssize_t)sizeof(*m) && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC));
+    for (int i = 0; i < k; i++) {
+        if (ok && i < n)
+            ret_fds[i] = fds[i];
+        else
+            close(fds[i]);
+    }
+    return ok ? CI_OK : CI_ERR_INTEGRITY;
+}
+
+/* As recv_msg_fds() with at most one fd; ret_fd may be NULL. */
+static ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd)
+{
+    int fd;
+    ci_status s = recv_msg_fds(sock, timeout_ms, m, &fd, 1);
+    if (ret_fd)
+        *ret_fd = fd;
+    else if (fd >= 0)
+        close(fd);
+    return s;
+}
+
+static ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m,
+                          int *ret_fd)
+{
+    return recv_msg_on(run->sock, timeout_ms, m, ret_fd);
+}
+
+/* Turns a MSG_FAILED into one sentence. */
+static void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out,
+                             size_t size)
+{
+    const char *what = m->step > 0 && m->step < STEP_COUNT ? step_names[m->step] : "set up";
+    if (m->step == STEP_OP && m->op >= 0 && (size_t)m->op < sb->n_ops)
+        what = sb->ops[m->op].what;
+    char ebuf[128];
+    snprintf(out, size, "%s: %s", what, strerror_r(m->err, ebuf, sizeof(ebuf)));
+}
+
+static ci_status write_proc_file(pid_t pid, const char *name, const char *text,
+                                 struct ci_error *err)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, name);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, errno,
+                              "user namespaces are not usable: open %s", path);
+    ssize_t w = write(fd, text, strlen(text));
+    int e = errno;
+    close(fd);
+    if (w != (ssize_t)strlen(text))
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, w < 0 ? e : EIO,
+                              "user namespaces are not usable: writing '%.*s' to %s",
+                              (int)strcspn(text, "\n"), text, path);
+    return CI_OK;
+}
+
+static ci_status open_channels(struct ci_sandbox_run *run, struct ci_error *err)
+{
+    int sv[2], code[2], out[2], errp[2], rep[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "socketpair");
+    run->sock = sv[0];
+    run->args.fds[FD_SOCK] = sv[1];
+    /* The code goes through a socket, not a pipe: send(MSG_NOSIGNAL) cannot
+     * raise SIGPIPE in the worker when the task dies without reading. */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, code) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "socketpair");
+    run->code_fd = code[0];
+    run->args.fds[FD_CODE] = code[1];
+    shutdown(code[0], SHUT_RD);
+    if (pipe2(out, O_CLOEXEC) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "pipe");
+    run->out_fd = out[0];
+    run->args.fds[FD_OUT] = out[1];
+    if (pipe2(errp, O_CLOEXEC) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "pipe");
+    run->err_fd = errp[0];
+    run->args.fds[FD_ERR] = errp[1];
+    if (pipe2(rep, O_CLOEXEC) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "pipe");
+    run->rep_fd = rep[0];
+    run->args.fds[FD_REPORT] = rep[1];
+    run->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (run->wake_fd < 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "eventfd");
+    return CI_OK;
+}
+
+static void close_child_ends(struct ci_sandbox_run *run)
+{
+    for (int i = 0; i < FD_COUNT; i++)
+        close_fd(&run->args.fds[i]);
+}
+
+static ci_status send_byte(struct ci_sandbox_run *run)
+{
+    char c = 1;
+    return send(run->sock, &c, 1, MSG_NOSIGNAL) == 1 ? CI_OK : CI_ERR_IO;
+}
+
+static int warm_op_index(const struct ci_sandbox *sb, int op);
+
+/* The end of a start, cold or warm: init builds its sandbox and says READY
+ * with /workspace; the inputs go in; GO. A failure before READY sets
+ * *ret_fallback (when not NULL): nothing of the task has run. */
+static ci_status finish_start(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                              bool *ret_fallback, struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    bool dummy;
+    bool *fallback = ret_fallback ? ret_fallback : &dummy;
+    struct msg m;
+    int ws = -1;
+    ci_status s = recv_msg(run, READY_TIMEOUT_MS, &m, &ws);
+    *fallback = true;
+    if (s == CI_ERR_TIMEOUT)
+        return ci_error_set(err, CI_ERR_TIMEOUT, "the sandbox was not built within %d s",
+                            READY_TIMEOUT_MS / 1000);
+    if (s)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died during its setup");
+    if (m.type == MSG_FAILED) {
+        char what[256];
+        if (run->warm && m.step == STEP_OP)
+            m.op = warm_op_index(sb, m.op);
+        describe_failure(sb, &m, what, sizeof(what));
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox could not be set up: %s", what);
+    }
+    if (m.type != MSG_READY || ws < 0) {
+        if (ws >= 0)
+            close(ws);
+        return ci_error_set(err, CI_ERR_INTEGRITY, "the sandbox's init sent a bad message");
+    }
+    *fallback = false;
+    run->ws_fd = ws;
+    if ((s = write_inputs(run, job, err)))
+        return s;
+    if (send_byte(run) != CI_OK)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before the code started");
+    return CI_OK;
+}
+
+/* The task's cgroup exists, with its limits, before any of its processes. */
+static ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                                 struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    if (!sb->cgroups)
+        return CI_OK;
+    struct ci_cgroup_limits lim = {.memory_bytes = (uint64_t)job->memory_mb << 20,
+                                   .pids = sb->cfg->local.max_processes,
+                                   .cpus = sb->cfg->local.cpus};
+    struct ci_error cg_err = {{0}};
+    ci_status s = ci_cgroup_new(sb->cgroups, &lim, &run->cg, &cg_err);
+    if (s)
+        return ci_error_set(err, s, "the sandbox could not be set up: %s", cg_err.msg);
+    return CI_OK;
+}
+
+/* Namespace mode: clone init, map ids, wait for READY, inputs, GO. */
+static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                          struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    run->args.workdir = "/workspace";
+    run->args.envp = sb->envp_ns;
+    ci_status s = new_task_cgroup(run, job, err);
+    if (s)
+        return s;
+
+    pid_t pid = sys_clone(sb->clone_flags | SIGCHLD);
+    if (pid < 0)
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "clone of the sandbox failed");
+    if (pid == 0)
+        init_main(&run->args);
+    run->pid = pid;
+    run->pidfd = sys_pidfd_open(pid);
+    close_child_ends(run);
+
+    /* Init waits for our first byte before it does anything: inside its
+     * cgroup before it forks, writes a file or mounts a tmpfs. */
+    if (run->cg) {
+        struct ci_error cg_err = {{0}};
+        if ((s = ci_cgroup_attach(run->cg, pid, &cg_err)))
+            return ci_error_set(err, s, "the sandbox could not be set up: %s", cg_err.msg);
+    }
+    /* An unprivileged writer may only map its own id, after denying
+     * setgroups. Root keeps setgroups allowed so init can drop gid 0. */
+    if (!sb->outside_root && (s = write_proc_file(pid, "setgroups", "deny\n", err)))
+        return s;
+    if ((s = write_proc_file(pid, "uid_map", sb->uid_map, err)) ||
+        (s = write_proc_file(pid, "gid_map", sb->gid_map, err)))
+        return s;
+    if (send_byte(run) != CI_OK)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before its setup");
+    return finish_start(run, job, NULL, err);
+}
+
+/* Bare mode: a private directory, the inputs, then fork and exec. */
+static ci_status start_bare(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                            struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    const char *base = getenv("TMPDIR");
+    if (!base || base[0] != '/')
+        base = "/tmp";
+    if (asprintf(&run->bare_dir, "%s/ci-task-XXXXXX", base) < 0) {
+        run->bare_dir = NULL;
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    }
+    if (!mkdtemp(run->bare_dir)) { /* mode 0700 */
+        int e = errno;
+        free(run->bare_dir);
+        run->bare_dir = NULL;
+        return ci_error_errno(err, CI_ERR_IO, e, "cannot create a task directory in %s", base);
+    }
+    run->bare_dir_fd = open(run->bare_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (run->bare_dir_fd < 0 || mkdirat(run->bare_dir_fd, "workspace", 0755) != 0 ||
+        mkdirat(run->bare_dir_fd, "tmp", 0700) != 0)
+        return ci_error_errno(err, CI_ERR_IO, errno, "cannot create the task directory");
+    run->ws_fd = openat(run->bare_dir_fd, "workspace", O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+                                                           O_CLOEXEC);
+    int tmp_fd = openat(run->bare_dir_fd, "tmp", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (run->ws_fd < 0 || tmp_fd < 0) {
+        if (tmp_fd >= 0)
+            close(tmp_fd);
+        return ci_error_errno(err, CI_ERR_IO, errno, "cannot open the task directory");
+    }
+    if (sb->outside_root) {
+        bool ok = fchown(run->bare_dir_fd, sb->outside_uid, sb->outside_gid) == 0 &&
+                  fchown(run->ws_fd, sb->outside_uid, sb->outside_gid) == 0 &&
+                  fchown(tmp_fd, sb->outside_uid, sb->outside_gid) == 0;
+        if (!ok) {
+            int e = errno;
+            close(tmp_fd);
+            return ci_error_errno(err, CI_ERR_IO, e, "cannot hand the task directory over");
+        }
+    }
+    close(tmp_fd);
+    ci_status s = write_inputs(run, job, err);
+    if (s)
+        return s;
+
+    char *ws = NULL, *tmp = NULL;
+    if (asprintf(&ws, "%s/workspace", run->bare_dir) < 0)
+        ws = NULL;
+    run->bare_strs[0] = ws;
+    if (asprintf(&tmp, "%s/tmp", run->bare_dir) < 0)
+        tmp = NULL;
+    run->bare_strs[1] = tmp;
+    if (!ws || !tmp)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    /* plan_env() keeps its strings in the sandbox; for a run we want them in
+     * the run: build them in a throwaway plan and move them over. */
+    struct ci_sandbox scratch = {0};
+    if (plan_env(&scratch, run->bare_env, ws, tmp) != CI_OK) {
+        for (size_t i = 0; i < scratch.n_strs; i++)
+            free(scratch.strs[i]);
+        free(scratch.strs);
+        memset(run->bare_env, 0, sizeof(run->bare_env));
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    }
+    free(scratch.strs); /* the strings now belong to run->bare_env */
+    run->args.workdir = ws;
+    run->args.envp = run->bare_env;
+    run->args.drop_to_sandbox_ids = sb->outside_root;
+
+    pid_t pid = sys_clone(SIGCHLD);
+    if (pid < 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "fork");
+    if (pid == 0)
+        bare_main(&run->args);
+    run->pid = pid;
+    run->pidfd = sys_pidfd_open(pid);
+    close_child_ends(run);
+    return CI_OK;
+}
+
+/* Sends what the code socket takes without blocking. Closing it when all
+ * is sent is the driver's EOF; a socket nobody reads any more is closed. */
+static void send_code(struct ci_sandbox_run *run)
+{
+    while (run->code_fd >= 0 && run->code_off < run->code_len) {
+        ssize_t w = send(run->code_fd, run->code + run->code_off, run->code_len - run->code_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN)
+            return;
+        if (w <= 0)
+            break;
+        run->code_off += (size_t)w;
+    }
+    close_fd(&run->code_fd);
+}
+
+static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                            bool *ret_fallback, struct ci_error *err);
+
+/* One start, cold or (warm) in a zygote. */
+static ci_status run_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job, bool warm,
+                           bool *ret_fallback, struct ci_sandbox_run **ret, struct ci_error *err)
+{
+    struct ci_sandbox_run *run = calloc(1, sizeof(*run));
+    if (!run)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    run->sb = sb;
+    run->pidfd = run->sock = run->code_fd = run->out_fd = run->err_fd = run->rep_fd = -1;
+    run->wake_fd = run->ws_fd = run->bare_dir_fd = -1;
+    for (int i = 0; i < FD_COUNT; i++)
+        run->args.fds[i] = -1;
+    run->args.sb = sb;
+    atomic_init(&run->cancel_requested, false);
+    run->code_len = job->code_len;
+    run->timeout_ms = job->timeout_ms;
+    plan_limits(&run->args, sb, job);
+
+    ci_status s = CI_OK;
+    run->code = malloc(job->code_len + 1);
+    if (!run->code)
+        s = ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    else if (job->code_len)
+        memcpy(run->code, job->code, job->code_len);
+    if (!s)
+        s = digest_inputs(run, job, err);
+    if (!s)
+        s = open_channels(run, err);
+    if (!s)
+        s = !sb->ns ? start_bare(run, job, err)
+            : warm  ? start_warm(run, job, ret_fallback, err)
+                    : start_ns(run, job, err);
+    if (s) {
+        ci_sandbox_run_free(run);
+        return s;
+    }
+    run->t_go = ci_mono_ms();
+    run->deadline = run->t_go + job->timeout_ms;
+    send_code(run); /* usually all of it fits in the socket buffer now */
+    *ret = run;
+    return CI_OK;
+}
+
+ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job,
+                           struct ci_sandbox_run **ret, struct ci_error *err)
+{
+    if (sb->warm) {
+        bool fallback = false;
+        ci_status s = run_start(sb, job, true, &fallback, ret, err);
+        if (!s || !fallback)
+            return s;
+        /* No zygote could build this task's sandbox, and nothing of the task
+         * ran: run it cold. */
+        atomic_fetch_add(&sb->warm_fallbacks, 1);
+    }
+    return run_start(sb, job, false, NULL, ret, err);
+}
+
+void ci_sandbox_cancel(struct ci_sandbox_run *run)
+{
+    /* After wait() the flag is never read again: harmless. */
+    if (!run || atomic_exchange(&run->cancel_requested, true))
+        return;
+    uint64_t one = 1;
+    ssize_t w = write(run->wake_fd, &one, sizeof(one));
+    (void)w; /* the flag alone is enough: the loop also polls with a tick */
+}
+
+/* --- the I/O loop --- */
+
+struct capture {
+    struct ci_buf buf;
+    size_t cap;
+    uint64_t total;
+};
+
+/* Reads what fd has; keeps at most c->cap bytes and counts all of them.
+ * Returns false at EOF or error (the caller stops polling fd). */
+static bool drain(int fd, struct capture *c, uint8_t *scratch, size_t size, ci_status *s)
+{
+    ssize_t n = read(fd, scratch, size);
+    if (n < 0)
+        return errno == EINTR || errno == EAGAIN;
+    if (n == 0)
+        return false;
+    c->total += (uint64_t)n;
+    if (c->buf.len < c->cap) {
+        size_t keep = (size_t)n < c->cap - c->buf.len ? (size_t)n : c->cap - c->buf.len;
+        if (ci_buf_append(&c->buf, scratch, keep) != CI_OK)
+            *s = CI_ERR_NOMEM;
+    }
+    return true;
+}
+
+static void kill_run(struct ci_sandbox_run *run, enum ci_sandbox_end why,
+                     enum ci_sandbox_end *end)
+{
+    if (run->pid <= 0 || *end != CI_SANDBOX_EXITED)
+        return;
+    *end = why;
+    run->t_end = ci_mono_ms();
+    if (run->sb->ns) {
+        /* Init kills and reaps everything and reports; if it has not within
+         * the grace time, SIGKILL on init kills the whole pid namespace. */
+        signal_init(run, SIG_STOP);
+        run->kill_at = run->t_end + STOP_GRACE_MS;
+    } else {
+        /* The process group is the best we have (and the leader itself, in
+         * case it has not called setsid() yet). */
+        kill(run->pid, SIGKILL);
+        kill(-run->pid, SIGKILL);
+    }
+}
+
+/* The grace time is over and init is still there: kill it. */
+static void kill_hard(struct ci_sandbox_run *run, int64_t now)
+{
+    if (run->pid > 0 && run->kill_at && now >= run->kill_at) {
+        signal_init(run, SIGKILL);
+        run->kill_at = 0;
+    }
+}
+
+static bool has_exited(struct ci_sandbox_run *run)
+{
+    if (run->warm)
+        return warm_exited(run, 0);
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    if (waitid(P_PID, (id_t)run->pid, &si, WEXITED | WNOHANG | WNOWAIT | __WALL) != 0)
+        return errno == ECHILD;
+    return si.si_pid == run->pid;
+}
+
+/* Reaps init (or the bare task, after killing its group) and returns its
+ * rusage: everything it reaped is included. */
+static void reap(struct ci_sandbox_run *run, int *ret_status, struct rusage *ru)
+{
+    if (!run->sb->ns)
+        kill(-run->pid, SIGKILL); /* the leader is a zombie: the group id is still ours */
+    int st = 0;
+    memset(ru, 0, sizeof(*ru));
+    /* A zygote's child is reaped by its zygote: its DONE has the rusage. */
+    while (!run->warm && wait4(run->pid, &st, __WALL, ru) < 0 && errno == EINTR)
+        ;
+    *ret_status = st;
+    run->pid = 0;
+    close_fd(&run->pidfd);
+}
+
+/* A cut output must not end inside a UTF-8 character: the result carries it
+ * as a proto3 string, where the broken tail would turn into U+FFFD and grow
+ * past the cap. Returns len without an incomplete last sequence (bytes that
+ * are not UTF-8 at all are left as they are). */
+static size_t trim_partial_utf8(const uint8_t *p, size_t len)
+{
+    for (size_t back = 1; back <= 3 && back <= len; back++) {
+        uint8_t c = p[len - back];
+        if ((c & 0xc0) == 0x80)
+            continue; /* a continuation byte: the lead is further back */
+        size_t need = c >= 0xc2 && c <= 0xdf   ? 2
+                      : c >= 0xe0 && c <= 0xef ? 3
+                      : c >= 0xf0 && c <= 0xf4 ? 4
+                                               : 1;
+        return need > back ? len - back : len;
+    }
+    return len;
+}
+
+static void take_capture(struct capture *c, char **data, size_t *len, uint64_t *total,
+                         ci_status *s)
+{
+    if (!c->buf.data && ci_buf_reserve(&c->buf, 0) != CI_OK) {
+        *s = CI_ERR_NOMEM;
+        return;
+    }
+    if (c->total > c->buf.len) {
+        c->buf.len = trim_partial_utf8(c->buf.data, c->buf.len);
+        c->buf.data[c->buf.len] = '\0';
+    }
+    *total = c->total;
+    *data = (char *)ci_buf_steal(&c->buf, len);
+}
+
+static ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
+
+/* Adds fd (if open) to the poll set; returns its index or -1. */
+static int watch(struct pollfd *p, int *n, int fd, short events)
+{
+    if (fd < 0)
+        return -1;
+    p[*n] = (struct pollfd){.fd = fd, .events = events};
+    return (*n)++;
+}
+
+/* What the control socket told the parent during a run. */
+struct run_news {
+    bool have_done;
+    struct msg done;
+    bool exec_failed; /* python3 could not be executed */
+    bool broken;      /* another step failed after start */
+    char why[256];
+};
+
+/* Reads one message from the control socket; closes it at EOF. */
+static void read_news(struct ci_sandbox_run *run, struct run_news *news)
+{
+    struct msg m;
+    ci_status s = recv_msg(run, 0, &m, NULL);
+    if (s == CI_ERR_TIMEOUT)
+        return;
+    if (s != CI_OK) {
+        close_fd(&run->sock); /* EOF: init is gone (or the bare task exec'd) */
+        return;
+    }
+    if (m.type == MSG_DONE) {
+        news->done = m;
+        news->have_done = true;
+        if (!run->t_end)
+            run->t_end = ci_mono_ms();
+    } else if (m.type == MSG_FAILED) {
+        describe_failure(run->sb, &m, news->why, sizeof(news->why));
+        if (m.step == STEP_EXEC)
+            news->exec_failed = true;
+        else
+            news->broken = true;
+    }
+}
+
+ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *ret)
+{
+    const struct ci_sandbox *sb = run->sb;
+    const size_t scratch_size = 64 * 1024;
+    uint8_t *scratch = malloc(scratch_size);
+    if (!scratch) {
+        run_kill_now(run);
+        run_close(run);
+        return CI_ERR_NOMEM;
+    }
+    struct capture out = {CI_BUF_INIT, sb->cfg->limits.max_output_bytes, 0};
+    struct capture errc = {CI_BUF_INIT, sb->cfg->limits.max_output_bytes, 0};
+    struct capture rep = {CI_BUF_INIT, REPORT_CAP, 0};
+    enum ci_sandbox_end end = CI_SANDBOX_EXITED;
+    struct run_news news = {0};
+    int init_status = 0;
+    struct rusage ru = {0};
+    int64_t drain_until = 0;
+    ci_status s = CI_OK;
+
+    for (;;) {
+        int64_t now = ci_mono_ms();
+        if (run->pid > 0) {
+            if (atomic_load(&run->cancel_requested) || s != CI_OK)
+                kill_run(run, CI_SANDBOX_CANCELLED, &end);
+            else if (now >= run->deadline)
+                kill_run(run, CI_SANDBOX_TIMED_OUT, &end);
+            kill_hard(run, now);
+        }
+        /* Without a pidfd, and after a kill, look for the exit directly. */
+        if (run->pid > 0 && (run->pidfd < 0 || end != CI_SANDBOX_EXITED) && has_exited(run)) {
+            if (!run->t_end)
+                run->t_end = now;
+            reap(run, &init_status, &ru);
+            drain_until = now + DRAIN_MS;
+        }
+        bool pipes_open = run->out_fd >= 0 || run->err_fd >= 0 || run->rep_fd >= 0;
+        if (run->pid == 0 && (!pipes_open || now >= drain_until))
+            break;
+        /* A warm init reports once it has reaped everything but the task's
+         * keeper, before the task's memory is gone (zygote_main.c): with its
+         * report and every pipe drained, the run has all it will say. Its
+         * exit, and the cgroup's removal, wait for ci_sandbox_run_free(). */
+        if (run->warm && news.have_done && !pipes_open) {
+            if (!run->t_end)
+                run->t_end = now;
+            break;
+        }
+
+        struct pollfd p[7];
+        int n = 0;
+        int i_out = watch(p, &n, run->out_fd, POLLIN);
+        int i_err = watch(p, &n, run->err_fd, POLLIN);
+        int i_rep = watch(p, &n, run->rep_fd, POLLIN);
+        int i_code = watch(p, &n, run->code_fd, POLLOUT);
+        int i_pid = watch(p, &n, run->pid > 0 ? run->pidfd : -1, POLLIN);
+        int i_wake = watch(p, &n, run->wake_fd, POLLIN);
+        int i_sock = watch(p, &n, run->sock, POLLIN);
+        int64_t wait_ms = run->pid > 0 ? run->deadline - now : drain_until - now;
+        if (run->pid > 0 && run->pidfd < 0 && wait_ms > 50)
+            wait_ms = 50;
+        if (run->pid > 0 && end != CI_SANDBOX_EXITED && wait_ms > 20)
+            wait_ms = 20; /* killed: it is gone in a moment */
+        wait_ms = wait_ms < 0 ? 0 : wait_ms > 1000 ? 1000 : wait_ms;
+        int r = poll(p, (nfds_t)n, (int)wait_ms);
+        if (r < 0 && errno != EINTR) {
+            news.broken = true;
+            snprintf(news.why, sizeof(news.why), "poll failed: %s", strerror(errno));
+            kill_run(run, CI_SANDBOX_CANCELLED, &end);
+            continue;
+        }
+        if (r <= 0)
+            continue;
+        if (i_out >= 0 && p[i_out].revents && !drain(run->out_fd, &out, scratch, scratch_size, &s))
+            close_fd(&run->out_fd);
+        if (i_err >= 0 && p[i_err].revents && !drain(run->err_fd, &errc, scratch, scratch_size, &s))
+            close_fd(&run->err_fd);
+        if (i_rep >= 0 && p[i_rep].revents && !drain(run->rep_fd, &rep, scratch, scratch_size, &s))
+            close_fd(&run->rep_fd);
+        if (i_code >= 0 && p[i_code].revents)
+            send_code(run);
+        if (i_wake >= 0 && p[i_wake].revents) {
+            uint64_t v;
+            ssize_t rd = read(run->wake_fd, &v, sizeof(v));
+            (void)rd; /* the flag is what counts */
+        }
+        if (i_sock >= 0 && p[i_sock].revents)
+            read_news(run, &news);
+        if (i_pid >= 0 && p[i_pid].revents && run->pid > 0) {
+            if (!run->t_end)
+                run->t_end = ci_mono_ms();
+            reap(run, &init_status, &ru);
+            drain_until = ci_mono_ms() + DRAIN_MS;
+        }
+    }
+    /* Every process of the sandbox is gone (bare mode: every one we can reach).
+     * A last message may still sit in the socket. */
+    while (run->sock >= 0 && !news.have_done) {
+        int before = run->sock;
+        bool had = news.have_done;
+        read_news(run, &news);
+        if (run->sock == before && news.have_done == had)
+            break;
+    }
+    close_fd(&run->code_fd);
+    free(scratch);
+
+    struct ci_sandbox_result r;
+    memset(&r, 0, sizeof(r));
+    r.end = end;
+    r.exec_failed = news.exec_failed;
+    if (sb->ns && news.have_done) {
+        /* init's own accounting of what it reaped: exact for the task. */
+        r.has_status = true;
+        r.status = news.done.status;
+        r.outcome.cpu_ms = (uint64_t)(news.done.utime_us + news.done.stime_us) / 1000;
+        r.outcome.memory_mb = (uint32_t)((news.done.maxrss_kb + 1023) / 1024);
+    } else {
+        if (!sb->ns && end == CI_SANDBOX_EXITED) {
+            r.has_status = true;
+            r.status = init_status;
+        }
+        r.outcome.cpu_ms = (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000 +
+                           (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
+        r.outcome.memory_mb = (uint32_t)((ru.ru_maxrss + 1023) / 1024);
+    }
+    if (run->cg) {
+        /* Everything in it is dead: its counters are final. */
+        struct ci_cgroup_stats cs;
+        ci_cgroup_stats(run->cg, &cs);
+        r.cgroup = true;
+        r.oom_killed = cs.oom_kills > 0;
+        if (cs.has_peak) {
+            r.cgroup_peak = true;
+            r.outcome.memory_mb = (uint32_t)((cs.peak_bytes + (1 << 20) - 1) >> 20);
+        }
+    }
+    if (end == CI_SANDBOX_EXITED && !r.has_status && !news.broken) {
+        news.broken = true;
+        if (run->warm)
+            snprintf(news.why, sizeof(news.why), "the sandbox's init ended without a report "
+                     "(the warm runtime it came from may have died)");
+        else
+            snprintf(news.why, sizeof(news.why),
+                     "the sandbox's init ended without a report (wait status 0x%x)",
+                     (unsigned)init_status);
+    }
+    if (news.broken)
+        r.end = CI_SANDBOX_BROKEN;
+    int64_t t_end = run->t_end ? run->t_end : ci_mono_ms();
+    r.outcome.duration_ms = t_end > run->t_go ? (uint64_t)(t_end - run->t_go) : 0;
+    snprintf(r.outcome.isolation, sizeof(r.outcome.isolation), "%s", sb->isolation);
+    uint64_t rep_total = 0;
+    take_capture(&out, &r.outcome.out, &r.outcome.out_len, &r.outcome.out_total, &s);
+    take_capture(&errc, &r.outcome.err, &r.outcome.err_len, &r.outcome.err_total, &s);
+    take_capture(&rep, &r.report, &r.report_len, &rep_total, &s);
+    if (!s && (news.broken || news.exec_failed) && !(r.outcome.error = strdup(news.why)))
+        s = CI_ERR_NOMEM;
+    if (!s && run->ws_fd >= 0)
+        s = collect_artifacts(run, &r);
+    ci_buf_release(&out.buf);
+    ci_buf_release(&errc.buf);
+    ci_buf_release(&rep.buf);
+    if (run->pid > 0)
+        run_close_io(run); /* a warm init still on its way out: see above */
+    else
+        run_close(run);
+    if (s) {
+        ci_sandbox_result_release(&r);
+        return s;
+    }
+    *ret = r;
+    return CI_OK;
+}
+
+void ci_sandbox_result_release(struct ci_sandbox_result *r)
+{
+    if (!r)
+        return;
+    ci_outcome_release(&r->outcome);
+    free(r->report);
+    free(r->artifact_note);
+    memset(r, 0, sizeof(*r));
+}
+
+/* --- artifacts --- */
+
+struct walk {
+    struct ci_sandbox_run *run;
+    struct ci_artifact *items;
+    size_t n, cap;
+    uint64_t used, limit;
+    unsigned entries;
+    dev_t dev;
+    struct ci_buf skipped; /* "'a.png', 'b.csv'" */
+    unsigned n_skipped;
+    bool too_many;
+    ci_status s;
+};
+
+/* Opens name in dirfd without leaving it: no symlink, no magic link, no
+ * other mount, no "..". openat2() where the kernel has it; names are single
+ * components, so O_NOFOLLOW plus the st_dev check is the same elsewhere. */
+static int open_beneath(int dirfd, const char *name, int flags)
+{
+    struct open_how how = {.flags = (uint64_t)flags,
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+                                      RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
+    int fd = sys_openat2(dirfd, name, &how);
+    if (fd < 0 && errno == ENOSYS)
+        fd = openat(dirfd, name, flags);
+    return fd;
+}
+
+/* Length of the well-formed UTF-8 sequence at p (no overlong forms, no
+ * surrogates, nothing past U+10FFFF), or 0. */
+static size_t utf8_char_len(const unsigned char *p, size_t left)
+{
+    unsigned char c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        lo = c == 0xe0 ? 0xa0 : 0x80;
+        hi = c == 0xed ? 0x9f : 0xbf;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        lo = c == 0xf0 ? 0x90 : 0x80;
+        hi = c == 0xf4 ? 0x8f : 0xbf;
+    } else {
+        return 0;
+    }
+    if (left < n || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t k = 2; k < n; k++)
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+    return n;
+}
+
+/* Names we hand on: well-formed UTF-8 (clients decode them as proto3
+ * strings) without control characters (C0, DEL, C1). */
+static bool artifact_name_ok(const char *name)
+{
+    const unsigned char *p = (const unsigned char *)name;
+    size_t len = strlen(name);
+    if (len == 0 || len > 255)
+        return false;
+    for (size_t i = 0; i < len;) {
+        if (p[i] < 0x20 || p[i] == 0x7f || (p[i] == 0xc2 && i + 1 < len && p[i + 1] < 0xa0))
+            return false;
+        size_t n = utf8_char_len(p + i, len - i);
+        if (n == 0)
+            return false;
+        i += n;
+    }
+    return true;
+}
+
+static bool ends_with_csv(const char *name)
+{
+    size_t len = strlen(name);
+    return len >= 4 && strcasecmp(name + len - 4, ".csv") == 0;
+}
+
+static void note_skipped(struct walk *w, const char *rel)
+{
+    w->n_skipped++;
+    if (w->n_skipped <= 5 &&
+        ci_buf_appendf(&w->skipped, "%s'%s'", w->skipped.len ? ", " : "", rel) != CI_OK)
+        w->s = CI_ERR_NOMEM;
+}
+
+static bool unchanged_input(const struct walk *w, const char *rel, const char *sha)
+{
+    for (size_t i = 0; i < w->run->n_inputs; i++)
+        if (strcmp(w->run->inputs[i].name, rel) == 0)
+            return strcmp(w->run->inputs[i].sha256, sha) == 0;
+    return false;
+}
+
+static void consider_file(struct walk *w, int fd, const char *rel, const struct stat *st)
+{
+    static const uint8_t png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    uint8_t head[8];
+    ssize_t hn = pread(fd, head, sizeof(head), 0);
+    bool png = hn == (ssize_t)sizeof(head) && memcmp(head, png_magic, sizeof(head)) == 0;
+    bool csv = !png && ends_with_csv(rel);
+    if (!png && !csv)
+        return;
+    uint64_t size = (uint64_t)st->st_size;
+    if (size > w->limit - w->used) {
+        note_skipped(w, rel);
+        return;
+    }
+    uint8_t *data = malloc(size + 1);
+    if (!data) {
+        w->s = CI_ERR_NOMEM;
+        return;
+    }
+    size_t got = 0;
+    while (got <= size) { /* one byte more than expected: the file must not have grown */
+        ssize_t n = pread(fd, data + got, size + 1 - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    if (got != size || (csv && memchr(data, 0, size))) {
+        free(data);
+        return;
+    }
+    char sha[65];
+    ci_sha256_hex(data, size, sha);
+    if (!strchr(rel, '/') && unchanged_input(w, rel, sha)) {
+        free(data);
+        return;
+    }
+    if (w->n == w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 8;
+        struct ci_artifact *p = realloc(w->items, cap * sizeof(*p));
+        if (!p) {
+            free(data);
+            w->s = CI_ERR_NOMEM;
+            return;
+        }
+        w->items = p;
+        w->cap = cap;
+    }
+    struct ci_artifact *a = &w->items[w->n];
+    memset(a, 0, sizeof(*a));
+    a->name = strdup(rel);
+    a->mime_type = strdup(png ? "image/png" : "text/csv");
+    if (!a->name || !a->mime_type) {
+        free(a->name);
+        free(a->mime_type);
+        free(data);
+        w->s = CI_ERR_NOMEM;
+        return;
+    }
+    a->data = data;
+    a->len = size;
+    memcpy(a->sha256, sha, sizeof(sha));
+    w->n++;
+    w->used += size;
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Lists dirfd's names (sorted) without following anything. */
+static char **list_dir(int dirfd, size_t budget, size_t *ret_n, bool *truncated)
+{
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return NULL;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (n == budget) {
+            *truncated = true;
+            break;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **p = realloc(names, cap * sizeof(*p));
+            if (!p)
+                break;
+            names = p;
+        }
+        if (!(names[n] = strdup(e->d_name)))
+            break;
+        n++;
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof(*names), cmp_names);
+    *ret_n = n;
+    return names;
+}
+
+static void walk_dir(struct walk *w, int dirfd, const char *prefix, int depth)
+{
+    size_t n = 0;
+    bool truncated = false;
+    char **names = list_dir(dirfd, ARTIFACT_MAX_ENTRIES - w->entries, &n, &truncated);
+    if (truncated)
+        w->too_many = true;
+    w->entries += (unsigned)n;
+    for (size_t i = 0; i < n && !w->s; i++) {
+        const char *name = names[i];
+        if (!artifact_name_ok(name))
+            continue;
+        char *rel = NULL;
+        if (asprintf(&rel, "%s%s%s", prefix, *prefix ? "/" : "", name) < 0) {
+            w->s = CI_ERR_NOMEM;
+            break;
+        }
+        int fd = open_beneath(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY |
+                                               O_CLOEXEC);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == w->dev) {
+            if (S_ISDIR(st.st_mode) && depth < ARTIFACT_MAX_DEPTH)
+                walk_dir(w, fd, rel, depth + 1);
+            else if (S_ISREG(st.st_mode) && st.st_nlink == 1)
+                consider_file(w, fd, rel, &st);
+        }
+        if (fd >= 0)
+            close(fd);
+        free(rel);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+static ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r)
+{
+    struct walk w = {.run = run, .limit = run->sb->cfg->limits.max_artifact_bytes,
+                     .skipped = CI_BUF_INIT};
+    struct stat st;
+    if (fstat(run->ws_fd, &st) != 0)
+        return CI_OK;
+    w.dev = st.st_dev;
+    walk_dir(&w, run->ws_fd, "", 1);
+    struct ci_buf note = CI_BUF_INIT;
+    if (!w.s && w.n_skipped) {
+        char cap[48];
+        if (w.limit % (1024 * 1024) == 0)
+            snprintf(cap, sizeof(cap), "%llu MiB", (unsigned long long)(w.limit >> 20));
+        else
+            snprintf(cap, sizeof(cap), "%llu bytes", (unsigned long long)w.limit);
+        if (ci_buf_appendf(&note, "artifacts exceed %s in all; %s%s %s not kept", cap,
+                           (const char *)w.skipped.data, w.n_skipped > 5 ? " and others" : "",
+                           w.n_skipped > 1 ? "were" : "was") != CI_OK)
+            w.s = CI_ERR_NOMEM;
+    }
+    if (!w.s && w.too_many &&
+        ci_buf_appendf(&note, "%sthe workspace holds more than %d entries; only the first "
+                       "%d were looked at for artifacts", note.len ? "; " : "",
+                       ARTIFACT_MAX_ENTRIES, ARTIFACT_MAX_ENTRIES) != CI_OK)
+        w.s = CI_ERR_NOMEM;
+    ci_buf_release(&w.skipped);
+    if (w.s) {
+        for (size_t i = 0; i < w.n; i++)
+            ci_artifact_release(&w.items[i]);
+        free(w.items);
+        ci_buf_release(&note);
+        return w.s;
+    }
+    r->outcome.artifacts = w.items;
+    r->outcome.n_artifacts = w.n;
+    r->artifact_note = note.len ? (char *)ci_buf_steal(&note, NULL) : NULL;
+    ci_buf_release(&note);
+    return CI_OK;
+}
+
+/* Removes a bare-mode task directory's content, fd-relative, following
+ * nothing. Depth-limited: a deeper tree is left behind. */
+static void remove_tree_at(int dirfd, int depth)
+{
+    size_t n = 0;
+    bool truncated = false;
+    char **names = list_dir(dirfd, 100000, &n, &truncated);
+    for (size_t i = 0; i < n; i++) {
+        if (unlinkat(dirfd, names[i], 0) != 0 && (errno == EISDIR || errno == EPERM) &&
+            depth < 64) {
+            int fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (fd >= 0) {
+                remove_tree_at(fd, depth + 1);
+                close(fd);
+            }
+            unlinkat(dirfd, names[i], AT_REMOVEDIR);
+        }
+        free(names[i]);
+    }
+    free(names);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 5. The probe                                                            */
+/* ---------------------------------------------------------------------- */
+
+static ci_status probe_warm(const struct ci_config *cfg, struct build_opts opts,
+                            struct ci_sandbox_probe *p);
+static ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error *err);
+
+/* Can this machine clone with flags? The child exits at once. */
+static int try_clone(unsigned long flags)
+{
+    pid_t pid = sys_clone(flags | SIGCHLD);
+    if (pid == 0)
+        _exit(0);
+    if (pid < 0)
+        return errno;
+    int st;
+    while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR)
+        ;
+    return 0;
+}
+
+/* Runs `pass` through the whole machinery; returns CI_OK when it exited 0. */
+static ci_status probe_run(struct ci_sandbox *sb, struct ci_error *err)
+{
+    static const char code[] = "pass\n";
+    struct ci_sandbox_job job = {.code = code, .code_len = sizeof(code) - 1,
+                                 .timeout_ms = 20000, .memory_mb = 1024};
+    struct ci_sandbox_run *run;
+    ci_status s = ci_sandbox_start(sb, &job, &run, err);
+    if (s)
+        return s;
+    struct ci_sandbox_result r;
+    s = ci_sandbox_wait(run, &r);
+    ci_sandbox_run_free(run);
+    if (s)
+        return ci_error_set(err, s, "out of memory");
+    if (r.end != CI_SANDBOX_EXITED || !r.has_status || r.status != 0) {
+        size_t len = r.outcome.err_len > 200 ? 200 : r.outcome.err_len;
+        s = ci_error_set(err, CI_ERR_UNSUPPORTED,
+                         "%s could not run the driver: %s (wait status 0x%x, stderr: %.*s)",
+                         sb->cfg->local.python,
+                         r.outcome.error ? r.outcome.error : "it failed",
+                         (unsigned)r.status, (int)len, r.outcome.err ? r.outcome.err : "");
+    }
+    ci_sandbox_result_release(&r);
+    return s;
+}
+
+/* Does the seccomp filter load, and does it refuse unshare()? */
+static int try_seccomp(void)
+{
+    struct ci_sandbox scratch;
+    memset(&scratch, 0, sizeof(scratch));
+    ci_status s = plan_seccomp(&scratch);
+    if (s)
+        return s == CI_ERR_NOMEM ? ENOMEM : EINVAL;
+    pid_t pid = sys_clone(SIGCHLD);
+    if (pid == 0) {
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || load_seccomp(&scratch.seccomp) != 0)
+            _exit(errno > 0 && errno < 126 ? errno : 126);
+        _exit(unshare(CLONE_NEWUSER) != 0 && errno == EPERM ? 0 : 127);
+    }
+    int e = pid < 0 ? errno : 0;
+    int st = 0;
+    while (pid > 0 && waitpid(pid, &st, __WALL) < 0 && errno == EINTR)
+        ;
+    if (pid > 0)
+        e = WIFEXITED(st) ? WEXITSTATUS(st) : EINTR;
+    if (e == 127)
+        e = ENOTSUP; /* loaded but not enforced */
+    free(scratch.seccomp.filter);
+    return e;
+}
+
+/* Why a namespace could not be created, for the people reading the log. */
+static const char *clone_errno_hint(int e)
+{
+    switch (e) {
+    case EPERM:
+        return " (unprivileged user namespaces are disabled: kernel.unprivileged_userns_clone, "
+               "an AppArmor restriction, or a container's seccomp profile)";
+    case ENOSPC:
+        return " (user.max_user_namespaces is 0 or used up)";
+    case EINVAL:
+        return " (this kernel was built without it)";
+    case EUSERS:
+        return " (user namespaces are nested too deeply)";
+    default:
+        return "";
+    }
+}
+
+/* Runs `pass` in a per-task cgroup with the sandbox opts describes: the
+ * limits are only claimed when that worked. Fills p's cgroup fields and, on
+ * success, its isolation string. Fails only for CI_ERR_NOMEM. */
+static ci_status probe_cgroups(const struct ci_config *cfg, struct build_opts opts,
+                               struct ci_sandbox_probe *p)
+{
+    struct ci_error err = {{0}};
+    struct ci_cgroup_places places;
+    struct ci_sandbox *sb = NULL;
+    ci_status s = ci_cgroup_find(&places, &err);
+    if (!s)
+        s = ci_cgroup_root_new(&places, &opts.cgroups, &err);
+    if (!s && (s = sandbox_build(cfg, &opts, &sb, &err)))
+        ci_cgroup_root_free(opts.cgroups);
+    if (!s)
+        s = probe_run(sb, &err);
+    if (!s) {
+        p->cgroup_version = places.version;
+        snprintf(p->cgroup_dir, sizeof(p->cgroup_dir), "%.255s", places.dir[CI_CG_MEMORY]);
+        snprintf(p->isolation, sizeof(p->isolation), "%s", sb->isolation);
+    } else {
+        snprintf(p->cgroup_failure, sizeof(p->cgroup_failure), "%s", err.msg);
+    }
+    ci_sandbox_free(sb); /* and its cgroup root */
+    return s == CI_ERR_NOMEM ? s : CI_OK;
+}
+
+ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe *ret)
+{
+    /* ret is the explanation of a failure too: filled whatever happens. */
+    struct ci_sandbox_probe p;
+    memset(&p, 0, sizeof(p));
+    memset(ret, 0, sizeof(*ret));
+    p.requested = cfg->local.isolation;
+    snprintf(p.isolation, sizeof(p.isolation), "none");
+    char ebuf[128];
+
+    /* One clone per layer (each with a user namespace, as the sandbox does). */
+    p.layer_errno[CI_LAYER_USER] = try_clone(CLONE_NEWUSER);
+    p.layer_ok[CI_LAYER_USER] = p.layer_errno[CI_LAYER_USER] == 0;
+    struct build_opts opts = {0};
+    bool all_required = true;
+    for (int i = 0; i < CI_LAYER_COUNT; i++) {
+        if (i != CI_LAYER_USER) {
+            p.layer_errno[i] = p.layer_ok[CI_LAYER_USER]
+                                   ? try_clone(CLONE_NEWUSER | layers[i].flag)
+                                   : p.layer_errno[CI_LAYER_USER];
+            p.layer_ok[i] = p.layer_errno[i] == 0;
+        }
+        if (p.layer_ok[i]) {
+            opts.clone_flags |= layers[i].flag;
+        } else if (layers[i].required && all_required) {
+            all_required = false;
+            snprintf(p.failure, sizeof(p.failure),
+                     "%s namespaces are not available: clone(%s%s): %s%s", layers[i].noun,
+                     i == CI_LAYER_USER ? "" : "CLONE_NEWUSER|", layers[i].flag_name,
+                     strerror_r(p.layer_errno[i], ebuf, sizeof(ebuf)),
+                     clone_errno_hint(p.layer_errno[i]));
+        }
+    }
+    p.seccomp_errno = try_seccomp();
+    p.seccomp_ok = p.seccomp_errno == 0;
+    opts.with_seccomp = p.seccomp_ok;
+
+    /* The whole sandbox, with /proc, then without it if /proc is what failed. */
+    struct ci_error err = {{0}};
+    if (all_required) {
+        opts.with_proc = true;
+        for (int attempt = 0; attempt < 2; attempt++) {
+            struct ci_sandbox *sb = NULL;
+            ci_status s = sandbox_build(cfg, &opts, &sb, &err);
+            if (s == CI_ERR_NOMEM) {
+                snprintf(p.failure, sizeof(p.failure), "out of memory");
+                *ret = p;
+                return s;
+            }
+            if (!s)
+                s = probe_run(sb, &err);
+            if (!s)
+                snprintf(p.isolation, sizeof(p.isolation), "%s", sb->isolation);
+            ci_sandbox_free(sb);
+            if (!s) {
+                p.setup_ok = p.python_ok = true;
+                p.proc_ok = opts.with_proc;
+                break;
+            }
+            if (opts.with_proc && strstr(err.msg, "mount /proc")) {
+                opts.with_proc = false; /* again, without a fresh /proc */
+                snprintf(p.proc_failure, sizeof(p.proc_failure), "%.200s", err.msg);
+                continue;
+            }
+            snprintf(p.failure, sizeof(p.failure), "%s", err.msg);
+            break;
+        }
+    }
+
+    p.sandboxed = p.setup_ok && p.requested != CI_ISOLATION_NONE;
+    if (p.sandboxed && probe_cgroups(cfg, opts, &p) == CI_ERR_NOMEM) {
+        snprintf(p.failure, sizeof(p.failure), "out of memory");
+        *ret = p;
+        return CI_ERR_NOMEM;
+    }
+    p.warm_requested = cfg->local.mode == CI_MODE_WARM;
+    if (p.warm_requested && !p.sandboxed)
+        snprintf(p.warm_failure, sizeof(p.warm_failure),
+                 "warm mode needs the namespace sandbox, which is not in use");
+    if (p.warm_requested && p.sandboxed && probe_warm(cfg, opts, &p) == CI_ERR_NOMEM) {
+        snprintf(p.failure, sizeof(p.failure), "out of memory");
+        *ret = p;
+        return CI_ERR_NOMEM;
+    }
+    if (!p.sandboxed)
+        snprintf(p.isolation, sizeof(p.isolation), "none");
+    if (!p.sandboxed && p.requested != CI_ISOLATION_REQUIRED) {
+        /* The fallback must at least run python. */
+        struct ci_sandbox *sb = NULL;
+        struct build_opts bare = {.with_seccomp = p.seccomp_ok};
+        ci_status s = sandbox_build(cfg, &bare, &sb, &err);
+        if (s == CI_ERR_NOMEM) {
+            snprintf(p.failure, sizeof(p.failure), "out of memory");
+            *ret = p;
+            return s;
+        }
+        if (!s)
+            s = probe_run(sb, &err);
+        ci_sandbox_free(sb);
+        p.python_ok = s == CI_OK;
+        if (s)
+            snprintf(p.python_failure, sizeof(p.python_failure), "%.250s", err.msg);
+        if (p.requested == CI_ISOLATION_AUTO)
+            snprintf(p.warning, sizeof(p.warning),
+                     "tasks run WITHOUT a sandbox (isolation: auto): %.440s", p.failure);
+    }
+    p.cgroup_required = cfg->local.require_cgroup;
+    if (p.cgroup_required && !p.cgroup_version)
+        snprintf(p.failure, sizeof(p.failure),
+                 "per-task cgroups are required (local.require_cgroup: true) but %.400s",
+                 p.cgroup_failure[0] ? p.cgroup_failure
+                 : p.sandboxed       ? "they were not tried"
+                                     : "they need the namespace sandbox, which is not in use");
+    *ret = p;
+    if (!p.sandboxed && p.requested == CI_ISOLATION_REQUIRED)
+        return CI_ERR_UNSUPPORTED;
+    if (p.cgroup_required && !p.cgroup_version)
+        return CI_ERR_UNSUPPORTED;
+    return p.python_ok ? CI_OK : CI_ERR_UNSUPPORTED;
+}
+
+void ci_sandbox_probe_print(const struct ci_sandbox_probe *p, FILE *out)
+{
+    char ebuf[128];
+    for (int i = 0; i < CI_LAYER_COUNT; i++) {
+        if (p->layer_ok[i])
+            fprintf(out, "%s: ok\n", layers[i].name);
+        else
+            fprintf(out, "%s: FAILED (%s)%s\n", layers[i].name,
+                    strerror_r(p->layer_errno[i], ebuf, sizeof(ebuf)),
+                    layers[i].required ? "" : " - optional");
+    }
+    if (p->seccomp_ok)
+        fprintf(out, "seccomp: ok\n");
+    else
+        fprintf(out, "seccomp: FAILED (%s) - tasks run without the filter\n",
+                strerror_r(p->seccomp_errno, ebuf, sizeof(ebuf)));
+    if (p->proc_ok)
+        fprintf(out, "proc: ok\n");
+    else if (p->proc_failure[0])
+        fprintf(out, "proc: unavailable, the sandbox's /proc stays empty (%s)\n", p->proc_failure);
+    else
+        fprintf(out, "proc: not tried\n");
+    fprintf(out, "root (tmpfs, read-only binds, pivot_root): %s\n", p->setup_ok ? "ok" : "FAILED");
+    if (p->python_ok)
+        fprintf(out, "python: ok\n");
+    else if (!p->setup_ok && !p->python_failure[0])
+        fprintf(out, "python: not tried\n");
+    else
+        fprintf(out, "python: FAILED%s%s\n", p->python_failure[0] ? ": " : "", p->python_failure);
+    if (p->cgroup_version)
+        fprintf(out, "cgroup: v%d (memory, pids, cpu limits per task, in %s)\n",
+                p->cgroup_version, p->cgroup_dir);
+    else if (p->cgroup_failure[0])
+        fprintf(out, "cgroup: unavailable, memory is limited by RLIMIT_AS only (%s)\n",
+                p->cgroup_failure);
+    else
+        fprintf(out, "cgroup: not tried (only with the namespace sandbox)\n");
+    if (p->warm_ok)
+        fprintf(out, "warm: ok (a zygote was ready and ran a task in %lld ms)\n",
+                (long long)p->warm_start_ms);
+    else if (p->warm_requested)
+        fprintf(out, "warm: FAILED (%s) - tasks run cold\n", p->warm_failure);
+    else
+        fprintf(out, "warm: not requested (local.mode: cold)\n");
+    static const char *const modes[] = {[CI_ISOLATION_AUTO] = "auto",
+                                        [CI_ISOLATION_REQUIRED] = "required",
+                                        [CI_ISOLATION_NONE] = "none"};
+    const char *req = (unsigned)p->requested < 3 ? modes[p->requested] : "?";
+    if (p->cgroup_required && !p->cgroup_version)
+        fprintf(out, "mode: REFUSED - %s\n", p->failure);
+    else if (p->sandboxed)
+        fprintf(out, "mode: sandbox (%s), isolation %s%s\n", p->isolation, req,
+                p->requested == CI_ISOLATION_REQUIRED && !p->cgroup_required
+                    ? " (the namespaces; set local.require_cgroup to require the cgroups too)"
+                    : "");
+    else if (p->requested == CI_ISOLATION_REQUIRED)
+        fprintf(out, "mode: REFUSED - isolation is required: %s\n", p->failure);
+    else if (p->requested == CI_ISOLATION_NONE)
+        fprintf(out, "mode: NO SANDBOX (isolation: none)\n");
+    else
+        fprintf(out, "mode: NO SANDBOX - %s\n", p->warning);
+    if (p->failure[0] && p->sandboxed && !(p->cgroup_required && !p->cgroup_version))
+        fprintf(out, "note: %s\n", p->failure);
+}
+
+/* matplotlib builds a list of the system's fonts on its first import into
+ * MPLCONFIGDIR (~0.15 s, with an fc-list subprocess), and every task has a
+ * fresh /tmp. Build the list once, in a sandbox, and have init write it into
+ * each task's /tmp/matplotlib. Best effort: without it matplotlib builds it. */
+static void plan_font_cache(struct ci_sandbox *sb)
+{
+    static const char code[] =
+        "import os, sys, matplotlib, matplotlib.font_manager as fm\n"
+        "name = 'fontlist-v%s.json' % fm.FontManager.__version__\n"
+        "path = os.path.join(matplotlib.get_cachedir(), name)\n"
+        "sys.stdout.write(name + '\\n' + open(path).read())\n";
+    struct ci_sandbox_job job = {.code = code, .code_len = sizeof(code) - 1,
+                                 .timeout_ms = 30000, .memory_mb = 1024};
+    struct ci_sandbox_run *run;
+    struct ci_sandbox_result r;
+    if (ci_sandbox_start(sb, &job, &run, NULL) != CI_OK)
+        return;
+    ci_status s = ci_sandbox_wait(run, &r);
+    ci_sandbox_run_free(run);
+    if (s)
+        return;
+    const char *out = r.outcome.out;
+    const char *nl = out ? memchr(out, '\n', r.outcome.out_len) : NULL;
+    char name[64];
+    bool ok = r.end == CI_SANDBOX_EXITED && r.has_status && r.status == 0 && nl &&
+              r.outcome.out_total == r.outcome.out_len && r.outcome.out_len < 512 * 1024 &&
+              (size_t)(nl - out) < sizeof(name) && nl[1] == '{';
+    if (ok) {
+        memcpy(name, out, (size_t)(nl - out));
+        name[nl - out] = '\0';
+        unsigned version;
+        char tail[8];
+        ok = sscanf(name, "fontlist-v%u.%5s", &version, tail) == 2 && strcmp(tail, "json") == 0 &&
+             plain_name(name);
+    }
+    if (ok) {
+        char *rel = plan_str(sb, "/tmp/matplotlib/%s", name);
+        char *content = plan_str(sb, "%s", nl + 1);
+        struct op *dir = rel && content && sb->n_ops + 2 <= MAX_OPS
+                             ? plan_op(sb, OP_DIR, "/tmp/matplotlib", "create /tmp/matplotlib")
+                             : NULL;
+        struct op *file = dir ? plan_op(sb, OP_FILE, rel, "write matplotlib's font list") : NULL;
+        if (file) {
+            file->data = content;
+            file->data_len = strlen(content);
+        } else if (dir) {
+            sb->n_ops--; /* all or nothing */
+        }
+    }
+    ci_sandbox_result_release(&r);
+}
+
+ci_status ci_sandbox_new(const struct ci_config *cfg, const struct ci_sandbox_probe *probe,
+                         struct ci_sandbox **ret, struct ci_error *err)
+{
+    if (!probe->sandboxed && cfg->local.isolation == CI_ISOLATION_REQUIRED)
+        return ci_error_set(err, CI_ERR_UNSUPPORTED,
+                            "the sandbox is required (local.isolation: required) but %s",
+                            probe->failure[0] ? probe->failure : "it is unavailable");
+    if (!probe->python_ok)
+        return ci_error_set(err, CI_ERR_UNSUPPORTED, "python cannot run: %s",
+                            probe->python_failure[0] ? probe->python_failure : probe->failure);
+    if (cfg->local.require_cgroup && !probe->cgroup_version)
+        return ci_error_set(err, CI_ERR_UNSUPPORTED, "%s", probe->failure);
+    struct build_opts opts = {.with_proc = probe->proc_ok, .with_seccomp = probe->seccomp_ok};
+    if (probe->sandboxed)
+        for (int i = 0; i < CI_LAYER_COUNT; i++)
+            if (probe->layer_ok[i])
+                opts.clone_flags |= layers[i].flag;
+    ci_status s;
+    if (probe->sandboxed && probe->cgroup_version) {
+        /* A root of our own (the probe's is gone). Should that fail now,
+         * the isolation string of every result says the cgroup is missing. */
+        struct ci_cgroup_places places;
+        struct ci_error cg_err = {{0}};
+        s = ci_cgroup_find(&places, &cg_err);
+        if (!s)
+            s = ci_cgroup_root_new(&places, &opts.cgroups, &cg_err);
+        if (s == CI_ERR_NOMEM || (s && cfg->local.require_cgroup))
+            return ci_error_set(err, s, "per-task cgroups: %s", cg_err.msg);
+    }
+    struct ci_sandbox *sb = NULL;
+    s = sandbox_build(cfg, &opts, &sb, err);
+    if (s) {
+        ci_cgroup_root_free(opts.cgroups);
+        return s;
+    }
+    if (sb->ns)
+        plan_font_cache(sb);
+    /* Warm when the probe could run a zygote; should that fail now, tasks
+     * run cold (ci_sandbox_mode() says which). */
+    if (sb->ns && cfg->local.mode == CI_MODE_WARM && probe->warm_ok) {
+        struct ci_error werr = {{0}};
+        if (warm_start(sb, cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1, &werr) ==
+            CI_ERR_NOMEM) {
+            ci_sandbox_free(sb);
+            return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+        }
+    }
+    *ret = sb;
+    return CI_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* 6. Warm mode                                                            */
+/* ---------------------------------------------------------------------- */
+
+/* A zygote (zygote_main.c) is built like the init of a cold sandbox, then
+ * executes ci-zygote instead of forking a task. Each task's init in the
+ * zygote runs the per-task part of the plan itself - its /workspace, /tmp,
+ * /dev/shm, /proc and what goes into /tmp - and speaks the same messages as
+ * a cold init, after a HELLO that carries pidfds of itself and of its task
+ * process (forked ahead, see zygote_main.c): from there on a warm run is a
+ * cold run whose init is not our child. */
+
+/* The steps of the plan each task of a zygote runs in its own mount
+ * namespace, on top of the zygote's (identical) root. */
+static bool op_per_task(const struct op *op)
+{
+    const char *rel = op->path + strlen(NEWROOT);
+    switch (op->kind) {
+    case OP_TMPFS:
+        return strcmp(rel, "/workspace") == 0 || strcmp(rel, "/tmp") == 0 ||
+               strcmp(rel, "/dev/shm") == 0;
+    case OP_PROC:
+        return true;
+    case OP_DIR:
+    case OP_FILE:
+        return strncmp(rel, "/tmp/", 5) == 0;
+    default:
+        return false;
+    }
+}
+
+/* A task's failing step, as an index into sb->ops. */
+static int warm_op_index(const struct ci_sandbox *sb, int op)
+{
+    return op >= 0 && (size_t)op < sb->n_warm_ops ? sb->warm_ops[op] : -1;
+}
+
+/* Can we take another process out of SCHED_IDLE (CAP_SYS_NICE)? */
+static bool can_renice(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    if (syscall(SYS_capget, &hdr, data) != 0)
+        return false;
+    return (data[CAP_TO_INDEX(CAP_SYS_NICE)].effective & CAP_TO_MASK(CAP_SYS_NICE)) != 0;
+}
+
+/* Spares per zygote: local.warm_spares, or enough for every slot to find
+ * one when tasks come all at once (slots / zygotes, rounded up). */
+static uint32_t warm_spares(const struct ci_config *cfg)
+{
+    uint32_t n = cfg->local.warm_spares;
+    if (n == 0) {
+        uint32_t pool = cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1;
+        n = (ci_config_slots(cfg) + pool - 1) / pool;
+    }
+    return n < 1 ? 1 : n > ZYGOTE_MAX_SPARES ? ZYGOTE_MAX_SPARES : n;
+}
+
+/* The SETUP plan (sandbox_proto.h) for sb's zygotes. */
+static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
+{
+    static const uint32_t kinds[] = {[OP_TMPFS] = ZOP_TMPFS, [OP_DIR] = ZOP_DIR,
+                                     [OP_FILE] = ZOP_FILE, [OP_PROC] = ZOP_PROC};
+    struct zsetup_head h = {.clone_flags = sb->clone_flags,
+                            .filter_len = sb->seccomp.filter ? sb->seccomp.len : 0,
+                            .python_len = (uint32_t)strlen(sb->cfg->local.python) + 1,
+                            .spares = warm_spares(sb->cfg)};
+    if (sb->cgroups && (sb->clone_flags & CLONE_NEWCGROUP))
+        h.flags |= ZSETUP_CGROUPNS;
+    /* A spare's warm-up then takes only CPU nothing else wants, and we put
+     * its task back to normal when it comes: without the capability we
+     * could not, and the warm-up competes with the tasks running. */
+    sb->warm_idle = can_renice();
+    if (sb->warm_idle)
+        h.flags |= ZSETUP_IDLE_WARMUP;
+    sb->n_warm_ops = 0;
+    for (size_t i = 0; i < sb->n_ops; i++)
+        if (op_per_task(&sb->ops[i])) {
+            if (sb->n_warm_ops == ZYGOTE_MAX_OPS)
+                return CI_ERR_LIMIT;
+            sb->warm_ops[sb->n_warm_ops++] = (int)i;
+        }
+    h.n_ops = (uint32_t)sb->n_warm_ops;
+    ci_status s = ci_buf_append(out, &h, sizeof(h));
+    for (size_t k = 0; k < sb->n_warm_ops && !s; k++) {
+        const struct op *op = &sb->ops[sb->warm_ops[k]];
+        const char *rel = op->path + strlen(NEWROOT);
+        const char *data = op->data ? op->data : "";
+        size_t len = op->kind == OP_FILE ? op->data_len : strlen(data);
+        struct zop_head oh = {.kind = kinds[op->kind], .path_len = (uint32_t)strlen(rel) + 1,
+                              .data_len = (uint32_t)len + 1, .flags = op->flags};
+        s = ci_buf_append(out, &oh, sizeof(oh));
+        if (!s)
+            s = ci_buf_append(out, rel, oh.path_len);
+        if (!s)
+            s = ci_buf_append(out, data, len);
+        if (!s)
+            s = ci_buf_append(out, "", 1);
+    }
+    if (!s && h.filter_len)
+        s = ci_buf_append(out, sb->seccomp.filter, h.filter_len * sizeof(struct sock_filter));
+    if (!s)
+        s = ci_buf_append(out, sb->cfg->local.python, h.python_len);
+    return s;
+}
+
+/* The pool's launch callback: a cold sandbox's init that becomes a zygote.
+ * Runs on the pool's thread, which the zygote dies with. */
+static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_error *err)
+{
+    struct ci_sandbox *sb = ctx;
+    struct child_args a;
+    memset(&a, 0, sizeof(a));
+    a.sb = sb;
+    a.zygote = true;
+    a.envp = sb->envp_ns;
+    a.workdir = "/";
+    int sv[2] = {-1, -1}, errp[2] = {-1, -1}, null = -1, pidfd = -1;
+    pid_t pid = -1;
+    ci_status s = CI_OK;
+    int prog = open(sb->zygote_path, O_PATH | O_CLOEXEC);
+    if (prog < 0) {
+        s = ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "cannot open the zygote program %s",
+                           sb->zygote_path);
+        goto out;
+    }
+    null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0 ||
+        pipe2(errp, O_CLOEXEC) != 0) {
+        s = ci_error_errno(err, CI_ERR_SYS, errno, "cannot create the zygote's channels");
+        goto out;
+    }
+    /* fd 0 carries the program to execute: a zygote reads no code. */
+    a.fds[FD_CODE] = prog;
+    a.fds[FD_OUT] = null;
+    a.fds[FD_ERR] = errp[1];
+    a.fds[FD_REPORT] = null;
+    a.fds[FD_SOCK] = sv[1];
+    pid = sys_clone(sb->clone_flags | SIGCHLD);
+    if (pid < 0) {
+        s = ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "clone of the zygote's sandbox failed");
+        goto out;
+    }
+    if (pid == 0)
+        init_main(&a);
+    pidfd = sys_pidfd_open(pid);
+    close_fd(&prog);
+    close_fd(&null);
+    close_fd(&errp[1]);
+    close_fd(&sv[1]);
+    if (pidfd < 0) {
+        s = ci_error_errno(err, CI_ERR_SYS, errno, "pidfd_open of the zygote");
+        goto out;
+    }
+    if ((!sb->outside_root && (s = write_proc_file(pid, "setgroups", "deny\n", err))) ||
+        (s = write_proc_file(pid, "uid_map", sb->uid_map, err)) ||
+        (s = write_proc_file(pid, "gid_map", sb->gid_map, err)))
+        goto out;
+    char go = 1;
+    if (send(sv[0], &go, 1, MSG_NOSIGNAL) != 1) {
+        s = ci_error_set(err, CI_ERR_SYS, "the zygote's init died before its setup");
+        goto out;
+    }
+    struct msg m;
+    s = recv_msg_on(sv[0], READY_TIMEOUT_MS, &m, NULL);
+    if (!s && m.type == MSG_FAILED) {
+        char what[256];
+        describe_failure(sb, &m, what, sizeof(what));
+        s = ci_error_set(err, CI_ERR_SYS, "the zygote's sandbox could not be set up: %s", what);
+    } else if (s || m.type != MSG_READY) {
+        s = ci_error_set(err, CI_ERR_SYS, "the zygote's init died during its setup");
+    }
+    if (s)
+        goto out;
+    ret->pid = pid;
+    ret->pidfd = pidfd;
+    ret->sock = sv[0];
+    ret->err_fd = errp[0];
+    return CI_OK;
+out:
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
+            ;
+    }
+    close_fd(&pidfd);
+    close_fd(&prog);
+    close_fd(&null);
+    close_fd(&sv[0]);
+    close_fd(&sv[1]);
+    close_fd(&errp[0]);
+    close_fd(&errp[1]);
+    return s;
+}
+
+/* Where ci-zygote is: local.zygote, or beside the running program. */
+static ci_status zygote_program(struct ci_sandbox *sb, struct ci_error *err)
+{
+    const char *conf = sb->cfg->local.zygote;
+    char path[4096];
+    if (conf && conf[0]) {
+        snprintf(path, sizeof(path), "%s", conf);
+    } else {
+        ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 32);
+        if (n <= 0)
+            return ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "readlink /proc/self/exe");
+        path[n] = '\0';
+        char *slash = strrchr(path, '/');
+        if (!slash)
+            return ci_error_set(err, CI_ERR_UNSUPPORTED, "cannot tell where ci-zygote is");
+        snprintf(slash + 1, sizeof(path) - (size_t)(slash + 1 - path), "ci-zygote");
+    }
+    if (path[0] != '/')
+        return ci_error_set(err, CI_ERR_INVALID, "local.zygote '%s' is not an absolute path",
+                            path);
+    if (access(path, X_OK) != 0)
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, errno,
+                              "the zygote program %s is missing (build ci-zygote beside "
+                              "ci-worker, or set local.zygote)", path);
+    sb->zygote_path = plan_str(sb, "%s", path);
+    sb->zygote_argv[0] = plan_str(sb, "ci-zygote");
+    sb->zygote_argv[1] = NULL;
+    if (!sb->zygote_path || !sb->zygote_argv[0])
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    return CI_OK;
+}
+
+/* Starts sb's zygotes; on success tasks run warm. */
+static ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error *err)
+{
+    const struct ci_config *cfg = sb->cfg;
+    if (!sb->ns || !sb->with_proc)
+        return ci_error_set(err, CI_ERR_UNSUPPORTED,
+                            "warm mode needs the namespace sandbox with its own /proc");
+    ci_status s = zygote_program(sb, err);
+    if (s)
+        return s;
+    struct ci_buf setup = CI_BUF_INIT;
+    if ((s = warm_setup(sb, &setup))) {
+        ci_buf_release(&setup);
+        return ci_error_set(err, s, "cannot prepare the zygote's setup");
+    }
+    struct ci_zygote_pool_config zc = {
+        .size = pool_size,
+        .rotate_after = cfg->local.warm_rotate_after ? cfg->local.warm_rotate_after : 200,
+        .setup = setup.data,
+        .setup_len = setup.len,
+        .launch = launch_zygote,
+        .launch_ctx = sb,
+    };
+    s = ci_zygote_pool_new(&zc, &sb->warm, err);
+    ci_buf_release(&setup);
+    return s;
+}
+
+/* The host pid behind a pidfd (its fdinfo), or -1. */
+static pid_t pidfd_pid(int pidfd)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", pidfd);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    const char *p = strstr(buf, "\nPid:");
+    long pid = -1;
+    if (p)
+        pid = strtol(p + 5, NULL, 10);
+    return pid > 0 ? (pid_t)pid : -1;
+}
+
+/* Warm mode: a zygote hands the task to a spare init (cloned ahead, its
+ * task process forked and waiting), which says HELLO with pidfds of both;
+ * we put both in the task's cgroup, then init builds its mounts like a cold
+ * init (finish_start). *ret_fallback: nothing of the task has run. */
+static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+                            bool *ret_fallback, struct ci_error *err)
+{
+    struct ci_sandbox *sb = run->sb;
+    run->args.workdir = "/workspace";
+    run->args.envp = sb->envp_ns;
+    *ret_fallback = true;
+    ci_status s = new_task_cgroup(run, job, err);
+    if (s)
+        return s;
+    struct zmsg_spawn req;
+    memset(&req, 0, sizeof(req));
+    req.type = ZMSG_SPAWN;
+    for (int r = 0; r < RLIM_NLIMITS; r++)
+        if (run->args.limit_set[r]) {
+            req.limits[r].cur = run->args.limits[r].rlim_cur;
+            req.limits[r].max = run->args.limits[r].rlim_max;
+            req.limits[r].set = 1;
+        }
+    if ((s = ci_zygote_pool_spawn(sb->warm, &req, sizeof(req), run->args.fds, FD_COUNT, err)))
+        return s;
+    close_child_ends(run);
+
+    struct msg m;
+    int pfd[2]; /* init, and its task process: forked ahead, warm, waiting */
+    s = recv_msg_fds(run->sock, READY_TIMEOUT_MS, &m, pfd, 2);
+    if (s || m.type != MSG_HELLO || pfd[0] < 0 || pfd[1] < 0) {
+        char what[256] = "";
+        if (!s && m.type == MSG_FAILED)
+            describe_failure(sb, &m, what, sizeof(what));
+        else if (!s && m.type == MSG_HELLO)
+            snprintf(what, sizeof(what), "its HELLO lacks a pidfd (an older ci-zygote?)");
+        for (int i = 0; i < 2; i++)
+            if (pfd[i] >= 0)
+                close(pfd[i]);
+        return ci_error_set(err, CI_ERR_SYS, "the warm runtime did not start the task: %s",
+                            what[0] ? what : s == CI_ERR_TIMEOUT ? "no answer" : "it is gone");
+    }
+    run->warm = true;
+    run->pidfd = pfd[0];
+    run->pid = pidfd_pid(pfd[0]);
+    pid_t task_pid = pidfd_pid(pfd[1]);
+    if (run->pid <= 0 || task_pid <= 0) {
+        close(pfd[1]);
+        return ci_error_set(err, CI_ERR_SYS, "the task's init ended before its setup");
+    }
+    /* Init waits for our byte: in its cgroup before it mounts. The task
+     * process exists already and writing init's pid would not move it, so
+     * it goes in too, before it gets the code (at GO). Its pid cannot be
+     * reused meanwhile: init reaps nothing until GO. In cgroup v1 and v2 the
+     * memory its warm-up touched stays charged where it was (no charge
+     * moves with a process): the task's limit counts what the task adds. */
+    if (run->cg) {
+        struct ci_error cg_err = {{0}};
+        if ((s = ci_cgroup_attach(run->cg, run->pid, &cg_err)) ||
+            (s = ci_cgroup_attach(run->cg, task_pid, &cg_err))) {
+            close(pfd[1]);
+            return ci_error_set(err, s, "the sandbox could not be set up: %s", cg_err.msg);
+        }
+        /* Init waits for our byte and lives on until something kills it
+         * (its zygote's death does): then its pid was free between
+         * pidfd_pid() and the attach, but pids are handed out in turn, so
+         * none was reused in that moment. Fail now rather than later. */
+        struct pollfd p = {.fd = pfd[1], .events = POLLIN};
+        if (warm_exited(run, 0) || poll(&p, 1, 0) != 0) {
+            close(pfd[1]);
+            return ci_error_set(err, CI_ERR_SYS, "the task's init ended before its setup");
+        }
+    }
+    /* Its warm-up ran at SCHED_IDLE: the task runs at the normal policy. */
+    struct sched_param normal = {.sched_priority = 0};
+    if (sb->warm_idle && sched_setscheduler(task_pid, SCHED_OTHER, &normal) != 0) {
+        s = ci_error_errno(err, CI_ERR_SYS, errno, "cannot reset the task's scheduling policy");
+        close(pfd[1]);
+        return s;
+    }
+    close(pfd[1]);
+    if (send_byte(run) != CI_OK)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before its setup");
+    return finish_start(run, job, ret_fallback, err);
+}
+
+const char *ci_sandbox_mode(const struct ci_sandbox *sb)
+{
+    return sb->warm ? "warm" : "cold";
+}
+
+bool ci_sandbox_warm_stats(struct ci_sandbox *sb, struct ci_zygote_stats *ret,
+                           uint64_t *ret_fallbacks)
+{
+    if (!sb->warm)
+        return false;
+    ci_zygote_pool_stats(sb->warm, ret);
+    *ret_fallbacks = atomic_load(&sb->warm_fallbacks);
+    return true;
+}
+
+/* The probe's try: start one zygote and run `pass` in a child of it (not
+ * falling back to cold). Fills p's warm fields; fails only for NOMEM. */
+static ci_status probe_warm(const struct ci_config *cfg, struct build_opts opts,
+                            struct ci_sandbox_probe *p)
+{
+    struct ci_error err = {{0}};
+    struct ci_sandbox *sb = NULL;
+    int64_t t0 = ci_mono_ms();
+    opts.cgroups = NULL; /* the cgroups were probed apart */
+    ci_status s = sandbox_build(cfg, &opts, &sb, &err);
+    if (!s)
+        s = warm_start(sb, 1, &err);
+    if (!s) {
+        p->warm_start_ms = ci_mono_ms() - t0;
+        static const char code[] = "pass\n";
+        struct ci_sandbox_job job = {.code = code, .code_len = sizeof(code) - 1,
+                                     .timeout_ms = 20000, .memory_mb = 1024};
+        struct ci_sandbox_run *run = NULL;
+        bool fallback = false;
+        s = run_start(sb, &job, true, &fallback, &run, &err);
+        struct ci_sandbox_result r;
+        if (!s && (s = ci_sandbox_wait(run, &r)) == CI_OK) {
+            if (r.end != CI_SANDBOX_EXITED || !r.has_status || r.status != 0) {
+                size_t len = r.outcome.err_len > 200 ? 200 : r.outcome.err_len;
+                s = ci_error_set(&err, CI_ERR_UNSUPPORTED,
+                                 "a task in the zygote failed: %s (wait status 0x%x, stderr: "
+                                 "%.*s)", r.outcome.error ? r.outcome.error : "it failed",
+                                 (unsigned)r.status, (int)len,
+                                 r.outcome.err ? r.outcome.err : "");
+            }
+            ci_sandbox_result_release(&r);
+        }
+        ci_sandbox_run_free(run);
+    }
+    p->warm_ok = s == CI_OK;
+    if (s)
+        snprintf(p->warm_failure, sizeof(p->warm_failure), "%.479s", err.msg);
+    ci_sandbox_free(sb);
+    return s == CI_ERR_NOMEM ? s : CI_OK;
+}

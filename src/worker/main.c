@@ -1,0 +1,496 @@
+/* ci-worker: pulls tasks from NATS JetStream and runs them through the
+ * configured provider until SIGTERM or SIGINT, then drains and exits 0. */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nats/broker.h"
+#include "core/config.h"
+#include "nats/heartbeat.h"
+#include "core/log.h"
+#include "monitor/metrics.h"
+#include "monitor/monitor.h"
+#include "provider/provider.h"
+#include "core/request.h"
+#include "sandbox/sandbox.h"
+#include "worker/task.h"
+#include "core/util.h"
+
+#define CI_WORKER_VERSION "0.1.0"
+#define FETCH_WAIT_MS 1000
+#define TICK_MS 250
+
+static volatile sig_atomic_t g_stop; /* set by the signal handler only */
+
+static void on_signal(int sig) { g_stop = 1; }
+
+struct worker {
+    struct ci_worker_env env;
+    struct ci_slot *slots;
+    pthread_t *threads;
+    size_t n_slots;
+    atomic_int running_threads;
+    atomic_bool ticker_stop;
+    atomic_bool failed; /* a slot could not bind: stop, and exit 1 */
+    char id[128];
+    /* For operators (/metrics, /healthz, /readyz, heartbeats). */
+    atomic_int bound_slots;          /* slots bound to the consumer */
+    atomic_int_fast64_t last_tick_ms; /* the ticker's last round (monotonic) */
+    atomic_uint_fast64_t tasks_done;
+    struct ci_monitor *monitor;
+    struct ci_heartbeat *heartbeat;
+};
+
+struct slot_arg {
+    struct worker *w;
+    struct ci_slot *slot;
+};
+
+/* Whether the slot may run a message that waited in its own queue (see
+ * ci_delivery_queued_ms) while it ran another task. Past half the ack wait
+ * the server may have redelivered it to another worker, which may be
+ * running it now: running this copy too would run the task twice. So it is
+ * left alone, neither acked nor nak'ed (a nak of a message delivered again
+ * elsewhere could bring a third delivery), and the server redelivers it
+ * once its ack wait runs out: nothing is lost. On its last attempt no
+ * redelivery will come, so it runs. A fresh message behind a late 408 may
+ * pass for queued: it then costs one redelivery after the ack wait, never a
+ * loss or a second run. */
+static bool take_queued(const struct worker *w, struct ci_delivery *d)
+{
+    int64_t queued = ci_delivery_queued_ms(d);
+    if (queued < 0)
+        return true;
+    int64_t ack_wait_ms = (int64_t)w->env.cfg->jetstream.ack_wait_s * 1000;
+    bool fresh = queued < ack_wait_ms / 2; /* no redelivery can have happened yet */
+    bool run = fresh || ci_delivery_last_attempt(d);
+    if (run) /* its ack timer has been running: reset it before the task starts */
+        ci_delivery_in_progress(d);
+    /* Clients set Nats-Msg-Id to the task id; the body is not decoded here. */
+    const char *id = ci_delivery_header(d, "Nats-Msg-Id");
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", id && ci_task_id_valid(id) ? id : ""),
+        CI_LOG_N("attempt", ci_delivery_attempt(d)),
+        CI_LOG_N("waited_ms", queued), /* at most */
+        CI_LOG_N("ack_wait_ms", ack_wait_ms),
+        CI_LOG_S("action", !run ? "left_for_redelivery" : fresh ? "run" : "run_last_attempt"),
+    };
+    ci_log_fields(fresh ? CI_LOG_DEBUG : CI_LOG_WARN, "task.stale_delivery", f,
+                  sizeof(f) / sizeof(f[0]));
+    if (!run)
+        ci_metrics_delivery(w->env.metrics, CI_METRICS_STALE);
+    return run;
+}
+
+static void *slot_main(void *p)
+{
+    struct slot_arg *a = p;
+    struct worker *w = a->w;
+    struct ci_puller *puller = NULL;
+    struct ci_error e = {{0}};
+    if (ci_puller_new(w->env.broker, &puller, &e)) {
+        ci_log(CI_LOG_ERROR, "slot.bind_failed", "error", e.msg, NULL);
+        atomic_store(&w->failed, true);
+        g_stop = 1;
+        goto out;
+    }
+    atomic_fetch_add(&w->bound_slots, 1);
+    while (!g_stop) {
+        struct ci_delivery *d = NULL;
+        ci_status s = ci_puller_fetch(puller, FETCH_WAIT_MS, &d, &e);
+        if (s == CI_ERR_TIMEOUT)
+            continue;
+        if (s && ci_broker_closed(w->env.broker)) {
+            /* nats.max_reconnects used up: nothing will ever come again. */
+            ci_log(CI_LOG_ERROR, "slot.connection_closed", "error", e.msg, NULL);
+            atomic_store(&w->failed, true);
+            g_stop = 1;
+            break;
+        }
+        if (s) {
+            /* 409s after a leader change, a reconnect in progress: retry. */
+            ci_log(CI_LOG_DEBUG, "slot.fetch_failed", "error", e.msg, NULL);
+            struct timespec ts = {0, 200 * 1000000L};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (!take_queued(w, d)) {
+            ci_delivery_free(d);
+            continue;
+        }
+        if (g_stop && !ci_delivery_last_attempt(d)) {
+            /* Came in after SIGTERM: a draining worker takes no new task, so
+             * hand it back at once for another worker. Not on its last
+             * attempt: the server would never deliver it again, so it runs
+             * here, within the drain. */
+            ci_delivery_nak(d, 0);
+            ci_delivery_free(d);
+            break;
+        }
+        ci_metrics_slot_busy(w->env.metrics, true);
+        enum ci_task_end end = ci_task_process(&w->env, a->slot, d);
+        ci_metrics_slot_busy(w->env.metrics, false);
+        ci_metrics_delivery(w->env.metrics, (enum ci_metrics_outcome)end);
+        if (end == CI_TASK_END_DONE)
+            atomic_fetch_add(&w->tasks_done, 1);
+    }
+    if (puller)
+        atomic_fetch_sub(&w->bound_slots, 1);
+out:
+    ci_puller_free(puller);
+    atomic_fetch_sub(&w->running_threads, 1);
+    free(a);
+    return NULL;
+}
+
+/* Keeps every running task's message alive: the server redelivers a
+ * message whose ack timer runs out, so each one gets an in-progress ack at
+ * a third of the ack wait. */
+static void *ticker_main(void *p)
+{
+    struct worker *w = p;
+    int64_t every = (int64_t)w->env.cfg->jetstream.ack_wait_s * 1000 / 3;
+    while (!atomic_load(&w->ticker_stop)) {
+        int64_t now = ci_mono_ms();
+        atomic_store(&w->last_tick_ms, now);
+        for (size_t i = 0; i < w->n_slots; i++) {
+            struct ci_slot *s = &w->slots[i];
+            pthread_mutex_lock(&s->lock);
+            if (s->delivery && now - s->last_progress_ms >= every) {
+                ci_delivery_in_progress(s->delivery);
+                s->last_progress_ms = now;
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+        struct timespec ts = {0, TICK_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+/* --- what operators see: /healthz, /readyz, /metrics, heartbeats --- */
+
+/* Live while the ticker goes round: a worker whose ticker is stuck can no
+ * longer keep its tasks' messages alive, and is better restarted. */
+static bool worker_live(void *closure, char *why, size_t n)
+{
+    struct worker *w = closure;
+    int64_t idle = ci_mono_ms() - atomic_load(&w->last_tick_ms);
+    if (idle <= 10000)
+        return true;
+    snprintf(why, n, "the in-progress ticker has not run for %lld ms", (long long)idle);
+    return false;
+}
+
+/* Ready when it can take tasks: connected, every slot bound to the
+ * consumer, not draining. The sandbox probe passed before any of this
+ * started (a failed probe stops the worker at start). */
+static bool worker_ready(void *closure, char *why, size_t n)
+{
+    struct worker *w = closure;
+    int bound = atomic_load(&w->bound_slots);
+    if (g_stop)
+        snprintf(why, n, "draining: the worker takes no new task");
+    else if (!ci_broker_connected(w->env.broker))
+        snprintf(why, n, "not connected to NATS");
+    else if (bound < (int)w->n_slots)
+        snprintf(why, n, "%d of %zu slots bound to the task consumer", bound, w->n_slots);
+    else
+        return true;
+    return false;
+}
+
+static void collect_live(void *closure, struct ci_metrics_live *ret)
+{
+    struct worker *w = closure;
+    ret->nats_reconnects = ci_broker_reconnects(w->env.broker);
+    ret->nats_connected = ci_broker_connected(w->env.broker);
+    /* The warm pool (local.mode: warm): zygotes ready to take a task. */
+    ret->warm_pool_size = ci_provider_warm_ready(w->env.provider);
+}
+
+static void fill_heartbeat(void *closure, struct ci_heartbeat_info *info)
+{
+    struct worker *w = closure;
+    char why[8];
+    info->worker = w->id;
+    info->provider = (char *)ci_provider_name(w->env.provider);
+    info->version = (char *)CI_WORKER_VERSION;
+    info->slots = (uint32_t)w->n_slots;
+    int free_slots = 0;
+    for (size_t i = 0; i < w->n_slots; i++) {
+        pthread_mutex_lock(&w->slots[i].lock);
+        free_slots += w->slots[i].task_id[0] == '\0';
+        pthread_mutex_unlock(&w->slots[i].lock);
+    }
+    info->active = (uint32_t)w->n_slots - (uint32_t)free_slots;
+    info->ready = worker_ready(w, why, sizeof(why));
+    info->tasks_done = atomic_load(&w->tasks_done);
+}
+
+static void on_cancel(const char *task_id, void *closure)
+{
+    struct worker *w = closure;
+    for (size_t i = 0; i < w->n_slots; i++)
+        ci_slot_cancel(&w->env, &w->slots[i], task_id);
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ci-worker [--config FILE] [--probe] [--check-config] [--version]\n"
+            "  --config FILE    worker configuration (YAML); defaults apply without it\n"
+            "  --probe          print which sandbox layers this machine grants, then exit\n"
+            "                   (non-zero when local.isolation is 'required' and unmet)\n"
+            "  --check-config   load and validate the configuration, print it, exit\n"
+            "environment: CI_NATS_URL overrides nats.url\n");
+}
+
+/* JetStream may not answer yet when the worker starts beside it (a cluster
+ * still electing its leaders, a server recovering its streams): the setup
+ * is tried again, with a growing pause, for up to SETUP_RETRY_MS; SIGTERM
+ * or SIGINT ends the wait. A refusal that lasts (a stream with settings
+ * that cannot be updated) is only reported later. */
+#define SETUP_RETRY_MS 60000
+
+static ci_status setup_broker(struct ci_broker *b, struct ci_error *err)
+{
+    int64_t deadline = ci_mono_ms() + SETUP_RETRY_MS;
+    int64_t pause_ms = 250;
+    for (;;) {
+        ci_status s = ci_broker_setup(b, true, err);
+        if ((s != CI_ERR_NATS && s != CI_ERR_TIMEOUT) || ci_mono_ms() + pause_ms > deadline)
+            return s;
+        ci_log(CI_LOG_WARN, "worker.nats_setup_retry", "error", err->msg, NULL);
+        for (int64_t slept = 0; slept < pause_ms && !g_stop; slept += 50) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (g_stop)
+            return s;
+        pause_ms = pause_ms * 2 > 4000 ? 4000 : pause_ms * 2;
+    }
+}
+
+static int run_worker(const struct ci_config *cfg)
+{
+    struct worker w;
+    memset(&w, 0, sizeof(w));
+    struct ci_error e = {{0}};
+    int rc = 1;
+    pthread_t ticker;
+    bool ticker_started = false;
+
+    if (cfg->worker.id && cfg->worker.id[0]) {
+        snprintf(w.id, sizeof(w.id), "%s", cfg->worker.id);
+    } else {
+        char host[64] = "worker";
+        gethostname(host, sizeof(host) - 1);
+        snprintf(w.id, sizeof(w.id), "%s-%d", host, (int)getpid());
+    }
+    ci_log_init(!strcmp(cfg->worker.log_level, "debug")  ? CI_LOG_DEBUG
+                : !strcmp(cfg->worker.log_level, "warn")  ? CI_LOG_WARN
+                : !strcmp(cfg->worker.log_level, "error") ? CI_LOG_ERROR
+                                                           : CI_LOG_INFO,
+                w.id);
+    w.env.cfg = cfg;
+    w.env.worker_id = w.id;
+
+    /* The sandbox first: a machine that cannot run tasks safely fails here,
+     * before it takes any task. */
+    if (ci_provider_new(cfg, &w.env.provider, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.provider_failed", "error", e.msg, NULL);
+        goto out;
+    }
+    if (e.msg[0]) /* isolation: auto fell back to no sandbox: say it once */
+        ci_log(CI_LOG_WARN, "worker.no_isolation", "warning", e.msg, NULL);
+    if (ci_broker_connect(cfg, &w.env.broker, &e) || setup_broker(w.env.broker, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
+        goto out;
+    }
+
+    w.n_slots = ci_config_slots(cfg);
+    w.slots = calloc(w.n_slots, sizeof(*w.slots));
+    w.threads = calloc(w.n_slots, sizeof(*w.threads));
+    if (!w.slots || !w.threads) {
+        ci_log(CI_LOG_ERROR, "worker.nomem", NULL);
+        goto out;
+    }
+    for (size_t i = 0; i < w.n_slots; i++)
+        pthread_mutex_init(&w.slots[i].lock, NULL);
+    if (ci_metrics_new(ci_provider_name(w.env.provider), w.n_slots, &w.env.metrics, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.nomem", "error", e.msg, NULL);
+        goto out;
+    }
+    ci_metrics_set_collector(w.env.metrics, collect_live, &w);
+    atomic_store(&w.last_tick_ms, ci_mono_ms());
+    if (cfg->worker.metrics_addr[0]) {
+        struct ci_monitor_options mo = {
+            .addr = cfg->worker.metrics_addr,
+            .metrics = w.env.metrics,
+            .live = worker_live,
+            .ready = worker_ready,
+            .closure = &w,
+        };
+        if (ci_monitor_start(&mo, &w.monitor, &e)) {
+            ci_log(CI_LOG_ERROR, "worker.monitor_failed", "error", e.msg, NULL);
+            goto out;
+        }
+    }
+    if (cfg->worker.heartbeat_s &&
+        ci_heartbeat_start(w.env.broker, w.id, cfg->worker.heartbeat_s, fill_heartbeat, &w,
+                           &w.heartbeat, &e))
+        /* Only `ci stats` misses this worker: not a reason to stop. */
+        ci_log(CI_LOG_WARN, "worker.heartbeat_failed", "error", e.msg, NULL);
+    if (ci_broker_on_cancel(w.env.broker, on_cancel, &w, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
+        goto out;
+    }
+    /* Without the ticker a task longer than the ack wait would be
+     * redelivered, and run twice, while it runs. */
+    if (pthread_create(&ticker, NULL, ticker_main, &w) != 0) {
+        ci_log(CI_LOG_ERROR, "worker.thread_failed", "thread", "ticker", NULL);
+        goto out;
+    }
+    ticker_started = true;
+    for (size_t i = 0; i < w.n_slots; i++) {
+        struct slot_arg *a = malloc(sizeof(*a));
+        if (!a) {
+            ci_log(CI_LOG_ERROR, "worker.thread_failed", "thread", "slot", NULL);
+            atomic_store(&w.failed, true);
+            g_stop = 1;
+            break;
+        }
+        a->w = &w;
+        a->slot = &w.slots[i];
+        atomic_fetch_add(&w.running_threads, 1);
+        if (pthread_create(&w.threads[i], NULL, slot_main, a) != 0) {
+            atomic_fetch_sub(&w.running_threads, 1);
+            free(a);
+            w.threads[i] = 0;
+            ci_log(CI_LOG_ERROR, "worker.thread_failed", "thread", "slot", NULL);
+            atomic_store(&w.failed, true);
+            g_stop = 1;
+            break;
+        }
+    }
+    /* "ready" in the log means what /readyz means: every slot is bound. A
+     * slot that cannot bind stops the worker (g_stop). */
+    while (!g_stop && atomic_load(&w.bound_slots) < (int)w.n_slots) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    char urls[1024];
+    ci_broker_redact_urls(cfg->nats.url, urls, sizeof(urls));
+    if (!g_stop)
+        ci_log_num(CI_LOG_INFO, "worker.ready", "slots", (int64_t)w.n_slots, "provider",
+                   ci_provider_name(w.env.provider), "nats", urls, "metrics_addr",
+                   ci_monitor_address(w.monitor), NULL);
+
+    while (!g_stop) {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    ci_log(CI_LOG_INFO, "worker.draining", NULL);
+    /* Running tasks finish within their own limits; past the drain timeout
+     * we leave without acking and JetStream redelivers them. */
+    int64_t deadline = ci_mono_ms() + (int64_t)cfg->worker.drain_timeout_s * 1000;
+    while (atomic_load(&w.running_threads) > 0 && ci_mono_ms() < deadline) {
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (atomic_load(&w.running_threads) > 0) {
+        ci_log(CI_LOG_WARN, "worker.drain_timeout", NULL);
+        rc = 1;
+        _exit(1); /* threads still hold the provider: do not free under them */
+    }
+    for (size_t i = 0; i < w.n_slots; i++)
+        if (w.threads[i])
+            pthread_join(w.threads[i], NULL);
+    rc = atomic_load(&w.failed) ? 1 : 0;
+out:
+    atomic_store(&w.ticker_stop, true);
+    if (ticker_started)
+        pthread_join(ticker, NULL);
+    /* Both read the broker: stop them before it goes. */
+    ci_heartbeat_stop(w.heartbeat);
+    ci_monitor_stop(w.monitor);
+    ci_broker_free(w.env.broker);
+    ci_metrics_free(w.env.metrics);
+    ci_provider_free(w.env.provider);
+    for (size_t i = 0; w.slots && i < w.n_slots; i++)
+        pthread_mutex_destroy(&w.slots[i].lock);
+    free(w.slots);
+    free(w.threads);
+    ci_log(CI_LOG_INFO, "worker.stopped", NULL);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'}, {"probe", no_argument, NULL, 'p'},
+        {"check-config", no_argument, NULL, 'k'}, {"version", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+    };
+    const char *config_path = NULL;
+    bool probe = false, check = false;
+    int c;
+    while ((c = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': config_path = optarg; break;
+        case 'p': probe = true; break;
+        case 'k': check = true; break;
+        case 'v': printf("ci-worker %s\n", CI_WORKER_VERSION); return 0;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    /* No core dumps or ptrace of a process that holds NATS credentials.
+     * An unprivileged worker must stay dumpable, or it could not write the
+     * uid map of its sandboxes (their /proc files would be root's); its
+     * sandboxes make themselves non-dumpable once the maps are written. */
+    if (geteuid() == 0)
+        prctl(PR_SET_DUMPABLE, 0);
+
+    struct ci_config *cfg = NULL;
+    struct ci_error e = {{0}};
+    ci_status s = config_path ? ci_config_load(config_path, &cfg, &e) : ci_config_defaults(&cfg, &e);
+    if (s) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 2;
+    }
+    int rc = 0;
+    if (check) {
+        ci_config_dump(cfg, stdout);
+    } else if (probe) {
+        struct ci_sandbox_probe p;
+        ci_status ps = ci_sandbox_probe(cfg, &p);
+        ci_sandbox_probe_print(&p, stdout);
+        rc = ps ? 1 : 0;
+    } else {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
+        signal(SIGPIPE, SIG_IGN);
+        rc = run_worker(cfg);
+    }
+    ci_config_free(cfg);
+    ci_broker_library_close();
+    return rc;
+}

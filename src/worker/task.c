@@ -1,0 +1,866 @@
+#include "worker/task.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/codec.h"
+#include "core/log.h"
+#include "core/request.h"
+#include "core/util.h"
+
+/* Room kept in a KV value or event for headers and framing. */
+#define PAYLOAD_SLACK 8192
+#define MIB (1024.0 * 1024.0)
+
+/* Everything one task accumulates; released in one place. */
+struct task {
+    const struct ci_worker_env *env;
+    struct ci_slot *slot;
+    struct ci_delivery *d;
+    enum ci_encoding enc;
+    char id[65];
+    Ci__V1__ExecutionRequest *req; /* NULL when the body did not decode */
+    struct ci_file *files;
+    size_t n_files;
+    int64_t started_at_ms;
+    /* For the audit line and the metrics (task_ended). */
+    int64_t taken_mono_ms;
+    int64_t queue_wait_ms;   /* -1 when the message carried no timestamp */
+    uint64_t input_bytes;    /* inline and object inputs read */
+    uint64_t artifact_bytes; /* artifacts stored */
+    bool running_stored;     /* this attempt wrote the RUNNING record */
+    bool final_started;      /* this attempt began to store its terminal result */
+};
+
+static void task_release(struct task *t)
+{
+    ci_message_free(t->req ? &t->req->base : NULL);
+    for (size_t i = 0; i < t->n_files; i++) {
+        free(t->files[i].name);
+        free(t->files[i].data);
+    }
+    free(t->files);
+}
+
+/* The result being built, with the memory it points to. */
+struct result {
+    Ci__V1__ExecutionResult msg;
+    Ci__V1__Usage usage;
+    Ci__V1__Artifact *arts;
+    Ci__V1__Artifact **art_ptrs;
+    char **art_objects; /* n_art_objects of them, even when the list is dropped */
+    size_t n_art_objects;
+    Ci__V1__ExecutionResult__LabelsEntry *labels;
+    Ci__V1__ExecutionResult__LabelsEntry **label_ptrs;
+    char *out, *err_text; /* sanitized UTF-8 */
+    char error[1024];
+    char hint[1024];
+};
+
+static void result_init(struct result *r, const struct task *t, Ci__V1__TaskStatus status)
+{
+    memset(r, 0, sizeof(*r));
+    ci__v1__execution_result__init(&r->msg);
+    ci__v1__usage__init(&r->usage);
+    r->msg.task_id = (char *)t->id;
+    r->msg.status = status;
+    r->msg.worker = (char *)t->env->worker_id;
+    r->msg.attempt = ci_delivery_attempt(t->d);
+    r->msg.started_at_ms = t->started_at_ms;
+    r->msg.runtime = (char *)CI_DEFAULT_RUNTIME;
+    r->msg.error = r->error;
+    r->msg.hint = r->hint;
+    r->msg.stdout = (char *)"";
+    r->msg.stderr = (char *)"";
+    r->msg.isolation = (char *)"";
+    if (t->req && t->req->n_labels) {
+        r->labels = calloc(t->req->n_labels, sizeof(*r->labels));
+        r->label_ptrs = calloc(t->req->n_labels, sizeof(*r->label_ptrs));
+        if (r->labels && r->label_ptrs) {
+            for (size_t i = 0; i < t->req->n_labels; i++) {
+                ci__v1__execution_result__labels_entry__init(&r->labels[i]);
+                r->labels[i].key = t->req->labels[i]->key;
+                r->labels[i].value = t->req->labels[i]->value;
+                r->label_ptrs[i] = &r->labels[i];
+            }
+            r->msg.labels = r->label_ptrs;
+            r->msg.n_labels = t->req->n_labels;
+        }
+    }
+}
+
+static void result_release(struct result *r)
+{
+    for (size_t i = 0; i < r->n_art_objects; i++)
+        free(r->art_objects[i]);
+    free(r->art_objects);
+    free(r->arts);
+    free(r->art_ptrs);
+    free(r->labels);
+    free(r->label_ptrs);
+    free(r->out);
+    free(r->err_text);
+}
+
+static void result_fail(struct result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void result_fail(struct result *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->error, sizeof(r->error), fmt, ap);
+    va_end(ap);
+}
+
+static void set_exit_code(Ci__V1__ExecutionResult *m, int32_t code)
+{
+    m->_exit_code_case = CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE;
+    m->exit_code = code;
+}
+
+/* Makes what is not stdout or stderr fit in max bytes on its own: echoed
+ * labels (a request refused for its labels may carry megabytes of them)
+ * go first, then the list of artifacts (they stay in the bucket). A result
+ * that cannot be stored would leave the task without an end. */
+static ci_status fit_fixed_part(const struct task *t, struct result *r, int64_t max,
+                                struct ci_error *err)
+{
+    for (;;) {
+        char *out = r->msg.stdout, *errs = r->msg.stderr;
+        r->msg.stdout = (char *)"";
+        r->msg.stderr = (char *)"";
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        ci_status s = ci_message_encode(t->enc, &r->msg.base, &buf, &len, err);
+        r->msg.stdout = out;
+        r->msg.stderr = errs;
+        free(buf);
+        if (s)
+            return s;
+        if ((int64_t)len <= max)
+            return CI_OK;
+        if (r->msg.n_labels) {
+            r->msg.n_labels = 0;
+        } else if (r->msg.n_artifacts) {
+            size_t used = strlen(r->error);
+            snprintf(r->error + used, sizeof(r->error) - used,
+                     "%sthe %zu artifacts are too many to list in the result; they are in bucket '%s' under '%s/'",
+                     used ? "; " : "", r->msg.n_artifacts, t->env->cfg->jetstream.files_bucket,
+                     t->id);
+            r->msg.n_artifacts = 0;
+        } else {
+            return ci_error_set(err, CI_ERR_LIMIT, "the result does not fit in %" PRId64 " bytes",
+                                max);
+        }
+    }
+}
+
+/* Encodes the result so that it fits in one message: when stdout and stderr
+ * make it too large (JSON escaping can multiply their size), they are cut
+ * further and marked truncated. */
+static ci_status encode_result(const struct task *t, struct result *r, uint8_t **ret,
+                               size_t *ret_len, struct ci_error *err)
+{
+    int64_t max = ci_broker_max_payload(t->env->broker) - PAYLOAD_SLACK;
+    ci_status fs = fit_fixed_part(t, r, max, err);
+    if (fs)
+        return fs;
+    for (;;) {
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        ci_status s = ci_message_encode(t->enc, &r->msg.base, &buf, &len, err);
+        if (s)
+            return s;
+        if ((int64_t)len <= max) {
+            *ret = buf;
+            *ret_len = len;
+            return CI_OK;
+        }
+        free(buf);
+        size_t olen = strlen(r->msg.stdout), elen = strlen(r->msg.stderr);
+        if (olen == 0 && elen == 0)
+            return ci_error_set(err, CI_ERR_LIMIT, "the result does not fit in %" PRId64 " bytes",
+                                max);
+        /* Halve the larger one, on a UTF-8 boundary. */
+        char *big = olen >= elen ? r->msg.stdout : r->msg.stderr;
+        size_t cut = (olen >= elen ? olen : elen) / 2;
+        while (cut > 0 && ((unsigned char)big[cut] & 0xC0) == 0x80)
+            cut--;
+        big[cut] = '\0';
+        if (olen >= elen)
+            r->msg.stdout_truncated = true;
+        else
+            r->msg.stderr_truncated = true;
+    }
+}
+
+/* Publishes the event of a transition. Its Nats-Msg-Id lets the stream
+ * drop a second copy: one per attempt for RUNNING, one per task for the
+ * terminal event, so a retried or repaired publish never makes two. */
+static ci_status publish_event(const struct task *t, Ci__V1__TaskStatus status,
+                               const char *message, const Ci__V1__ExecutionResult *res,
+                               struct ci_error *err)
+{
+    Ci__V1__StatusEvent ev = CI__V1__STATUS_EVENT__INIT;
+    ev.task_id = (char *)t->id;
+    ev.status = status;
+    ev.at_ms = ci_now_ms();
+    ev.worker = (char *)(res && res->worker && res->worker[0] ? res->worker : t->env->worker_id);
+    ev.message = (char *)(message ? message : "");
+    if (res && res->_exit_code_case == CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE) {
+        ev._exit_code_case = CI__V1__STATUS_EVENT___EXIT_CODE_EXIT_CODE;
+        ev.exit_code = res->exit_code;
+    }
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ci_status s = ci_message_encode(t->enc, &ev.base, &buf, &len, err);
+    if (s)
+        return s;
+    char msg_id[96];
+    if (ci_task_status_terminal(status))
+        snprintf(msg_id, sizeof(msg_id), "%s.end", t->id);
+    else
+        snprintf(msg_id, sizeof(msg_id), "%s.%s.%u", t->id, ci_task_status_short(status),
+                 ci_delivery_attempt(t->d));
+    s = ci_broker_event_publish(t->env->broker, t->id, ci_task_status_short(status),
+                                ci_encoding_content_type(t->enc), msg_id, buf, len, err);
+    free(buf);
+    return s;
+}
+
+/* Writes the result to KV and publishes its event. */
+static ci_status store_result(const struct task *t, struct result *r, struct ci_error *err)
+{
+    if (ci_task_status_terminal(r->msg.status))
+        r->msg.finished_at_ms = ci_now_ms();
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ci_status s = encode_result(t, r, &buf, &len, err);
+    if (s)
+        return s;
+    s = ci_broker_result_put(t->env->broker, t->id, buf, len, err);
+    free(buf);
+    if (s)
+        return s;
+    const char *msg = r->error[0] ? r->error : NULL;
+    return publish_event(t, r->msg.status, msg, &r->msg, err);
+}
+
+/* The task's stored result, if it has one that decodes. */
+static Ci__V1__ExecutionResult *existing_result(const struct task *t)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (ci_broker_result_get(t->env->broker, t->id, &buf, &len, NULL))
+        return false;
+    ProtobufCMessage *m = NULL;
+    /* A client may have written the QUEUED record in the other encoding. */
+    if (ci_message_decode(t->enc, &ci__v1__execution_result__descriptor, buf, len, &m, NULL) &&
+        ci_message_decode(t->enc == CI_ENC_JSON ? CI_ENC_PROTOBUF : CI_ENC_JSON,
+                          &ci__v1__execution_result__descriptor, buf, len, &m, NULL)) {
+        free(buf);
+        return NULL;
+    }
+    free(buf);
+    return (Ci__V1__ExecutionResult *)m;
+}
+
+/* Stores a terminal result, trying again for a few seconds when NATS
+ * fails: a reconnect in progress should not throw away a run (a nak would
+ * run the code again). The event's Nats-Msg-Id keeps a retry from doubling
+ * an event whose ack was lost. */
+static ci_status store_final(const struct task *t, struct result *r, struct ci_error *err)
+{
+    ci_status s = CI_OK;
+    for (int i = 0; i < 4; i++) {
+        if (i) {
+            struct timespec ts = {(time_t)1 << (i - 1), 0}; /* 1, 2, 4 s */
+            nanosleep(&ts, NULL);
+        }
+        s = store_result(t, r, err);
+        if (s != CI_ERR_NATS && s != CI_ERR_TIMEOUT)
+            return s;
+    }
+    return s;
+}
+
+/* Whether an earlier attempt left the task RUNNING without a word: the
+ * worker running it died (or lost NATS before it could say why). An
+ * attempt that gave up on an infrastructure failure leaves its reason in
+ * the record's error (note_retry), and did not die. */
+static bool died_before(const struct task *t)
+{
+    Ci__V1__ExecutionResult *m = existing_result(t);
+    if (!m)
+        return false;
+    bool died = m->status == CI__V1__TASK_STATUS__TASK_STATUS_RUNNING && !(m->error && m->error[0]);
+    ci_message_free(&m->base);
+    return died;
+}
+
+/* A redelivered task that already ended: a worker may have stored the
+ * result, then failed to publish its terminal event (and nak'ed). Publish
+ * it now unless the last event is terminal, so that watchers see the end. */
+static void ensure_terminal_event(const struct task *t, const Ci__V1__ExecutionResult *res)
+{
+    struct ci_error e = {{0}};
+    char last[32];
+    ci_status s = ci_broker_event_last_status(t->env->broker, t->id, last, sizeof(last), &e);
+    if (s == CI_OK) {
+        for (int st = CI__V1__TASK_STATUS__TASK_STATUS_SUCCEEDED;
+             st <= CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED; st++)
+            if (strcmp(last, ci_task_status_short((Ci__V1__TaskStatus)st)) == 0)
+                return;
+    } else if (s != CI_ERR_NOT_FOUND) {
+        ci_log(CI_LOG_WARN, "task.event_check_failed", "task_id", t->id, "error", e.msg, NULL);
+        return;
+    }
+    if (publish_event(t, res->status, res->error, res, &e))
+        ci_log(CI_LOG_WARN, "task.event_failed", "task_id", t->id, "error", e.msg, NULL);
+    else
+        ci_log(CI_LOG_INFO, "task.event_repaired", "task_id", t->id, "status",
+               ci_task_status_short(res->status), NULL);
+}
+
+static void slot_set(struct ci_slot *slot, const char *id, struct ci_delivery *d)
+{
+    pthread_mutex_lock(&slot->lock);
+    snprintf(slot->task_id, sizeof(slot->task_id), "%s", id ? id : "");
+    slot->delivery = d;
+    slot->run = NULL;
+    slot->cancel_requested = false;
+    slot->last_progress_ms = ci_mono_ms();
+    pthread_mutex_unlock(&slot->lock);
+}
+
+/* Takes the message away from the in-progress ticker just before it is
+ * acked, termed or nak'ed, so that no in-progress ack races with that on
+ * the same natsMsg from another thread, or follows it. */
+static void slot_detach(struct ci_slot *slot)
+{
+    pthread_mutex_lock(&slot->lock);
+    slot->delivery = NULL;
+    pthread_mutex_unlock(&slot->lock);
+}
+
+static bool slot_cancelled(struct ci_slot *slot)
+{
+    pthread_mutex_lock(&slot->lock);
+    bool c = slot->cancel_requested;
+    pthread_mutex_unlock(&slot->lock);
+    return c;
+}
+
+void ci_slot_cancel(const struct ci_worker_env *env, struct ci_slot *slot, const char *task_id)
+{
+    pthread_mutex_lock(&slot->lock);
+    if (slot->task_id[0] && strcmp(slot->task_id, task_id) == 0) {
+        slot->cancel_requested = true;
+        if (slot->run)
+            ci_provider_cancel(env->provider, slot->run);
+    }
+    pthread_mutex_unlock(&slot->lock);
+}
+
+/* Fetches the inputs. A failure of the request's making fills r->error;
+ * a NATS failure (CI_ERR_NATS, CI_ERR_TIMEOUT) fills err only: a later
+ * try may succeed. */
+static ci_status fetch_inputs(struct task *t, struct result *r, struct ci_error *err)
+{
+    const Ci__V1__ExecutionRequest *req = t->req;
+    uint64_t cap = t->env->cfg->limits.max_input_bytes, total = 0;
+    if (req->n_files == 0)
+        return CI_OK;
+    t->files = calloc(req->n_files, sizeof(*t->files));
+    if (!t->files) {
+        result_fail(r, "the worker ran out of memory while reading the inputs");
+        return CI_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < req->n_files; i++) {
+        const Ci__V1__InputFile *f = req->files[i];
+        struct ci_file *dst = &t->files[t->n_files];
+        dst->name = strdup(f->name);
+        if (!dst->name) {
+            result_fail(r, "the worker ran out of memory while reading the inputs");
+            return CI_ERR_NOMEM;
+        }
+        t->n_files++;
+        if (f->source_case == CI__V1__INPUT_FILE__SOURCE_CONTENT) {
+            total += f->content.len;
+            dst->data = malloc(f->content.len ? f->content.len : 1);
+            if (!dst->data) {
+                result_fail(r, "the worker ran out of memory while reading the inputs");
+                return CI_ERR_NOMEM;
+            }
+            if (f->content.len)
+                memcpy(dst->data, f->content.data, f->content.len);
+            dst->len = f->content.len;
+            t->input_bytes += f->content.len;
+            continue;
+        }
+        struct ci_error e = {{0}};
+        size_t left = total < cap ? (size_t)(cap - total) : 0;
+        ci_status s = ci_objstore_get(ci_broker_objstore(t->env->broker), f->object, left,
+                                      &dst->data, &dst->len, &e);
+        if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT) {
+            *err = e;
+            return s;
+        }
+        if (s == CI_ERR_NOT_FOUND) {
+            result_fail(r, "input '%s' names object '%s', which is not in bucket '%s' (objects expire after %u s)",
+                        f->name, f->object, t->env->cfg->jetstream.files_bucket,
+                        t->env->cfg->jetstream.max_age_s);
+            return s;
+        }
+        if (s == CI_ERR_LIMIT) {
+            result_fail(r, "input files total more than %.1f MiB (the limit) with object '%s'",
+                        cap / MIB, f->object);
+            return s;
+        }
+        if (s) {
+            result_fail(r, "cannot read input '%s' from object '%s': %s", f->name, f->object,
+                        e.msg);
+            return s;
+        }
+        total += dst->len;
+        t->input_bytes += dst->len;
+        ci_metrics_objstore_bytes(t->env->metrics, CI_METRICS_DOWNLOAD, dst->len);
+    }
+    return CI_OK;
+}
+
+static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_outcome *o,
+                                  struct ci_error *err)
+{
+    if (o->n_artifacts == 0)
+        return CI_OK;
+    r->arts = calloc(o->n_artifacts, sizeof(*r->arts));
+    r->art_ptrs = calloc(o->n_artifacts, sizeof(*r->art_ptrs));
+    r->art_objects = calloc(o->n_artifacts, sizeof(*r->art_objects));
+    if (!r->arts || !r->art_ptrs || !r->art_objects)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    r->msg.artifacts = r->art_ptrs;
+    for (size_t i = 0; i < o->n_artifacts; i++) {
+        struct ci_artifact *a = &o->artifacts[i];
+        size_t n = strlen(t->id) + 1 + strlen(a->name) + 1;
+        char *obj = malloc(n);
+        if (!obj)
+            return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+        snprintf(obj, n, "%s/%s", t->id, a->name);
+        r->art_objects[i] = obj;
+        r->n_art_objects = i + 1;
+        ci_status s = ci_objstore_put(ci_broker_objstore(t->env->broker), obj, a->data, a->len, err);
+        if (s == CI_ERR_INVALID || s == CI_ERR_LIMIT) {
+            /* This artifact can never be stored (e.g. a path longer than an
+             * object name may be): say so and keep the others, rather than
+             * retry, which would run the code again for the same end. */
+            size_t used = strlen(r->error);
+            snprintf(r->error + used, sizeof(r->error) - used, "%sartifact not kept: %s",
+                     used ? "; " : "", err->msg);
+            continue;
+        }
+        if (s)
+            return s;
+        t->artifact_bytes += a->len;
+        ci_metrics_objstore_bytes(t->env->metrics, CI_METRICS_UPLOAD, a->len);
+        size_t k = r->msg.n_artifacts; /* only entries that are filled in */
+        Ci__V1__Artifact *pa = &r->arts[k];
+        ci__v1__artifact__init(pa);
+        pa->name = a->name;
+        pa->mime_type = a->mime_type;
+        pa->size = a->len;
+        pa->sha256 = a->sha256;
+        pa->object = obj;
+        r->art_ptrs[k] = pa;
+        r->msg.n_artifacts = k + 1;
+    }
+    return CI_OK;
+}
+
+/* Fills the result from what the provider reported. */
+static void apply_outcome(const struct task *t, struct result *r, struct ci_outcome *o,
+                          uint32_t timeout_ms, uint32_t memory_mb)
+{
+    size_t n = 0;
+    r->out = ci_utf8_sanitize((const uint8_t *)(o->out ? o->out : ""), o->out_len, &n);
+    r->err_text = ci_utf8_sanitize((const uint8_t *)(o->err ? o->err : ""), o->err_len, &n);
+    r->msg.stdout = r->out ? r->out : (char *)"";
+    r->msg.stderr = r->err_text ? r->err_text : (char *)"";
+    r->msg.stdout_total_bytes = o->out_total;
+    r->msg.stderr_total_bytes = o->err_total;
+    r->msg.stdout_truncated = o->out_total > o->out_len;
+    r->msg.stderr_truncated = o->err_total > o->err_len;
+    r->usage.duration_ms = o->duration_ms;
+    r->usage.cpu_ms = o->cpu_ms;
+    r->usage.memory_mb = o->memory_mb;
+    r->msg.usage = &r->usage;
+    r->msg.isolation = o->isolation;
+    if (o->has_exit_code)
+        set_exit_code(&r->msg, o->exit_code);
+    if (o->hint)
+        snprintf(r->hint, sizeof(r->hint), "%s", o->hint);
+    switch (o->kind) {
+    case CI_OUTCOME_EXITED:
+        if (o->has_exit_code && o->exit_code == 0) {
+            r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_SUCCEEDED;
+            if (o->error) /* e.g. artifacts over the cap */
+                snprintf(r->error, sizeof(r->error), "%s", o->error);
+        } else {
+            r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
+            if (o->error)
+                snprintf(r->error, sizeof(r->error), "%s", o->error);
+            else
+                result_fail(r, "the code exited with code %d", o->has_exit_code ? o->exit_code : -1);
+        }
+        break;
+    case CI_OUTCOME_TIMED_OUT:
+        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_TIMED_OUT;
+        result_fail(r, "the code did not finish within the time limit of %u ms", timeout_ms);
+        if (!r->hint[0])
+            snprintf(r->hint, sizeof(r->hint),
+                     "make the code faster (vectorise with pandas/numpy, sample the data) or ask for a larger limits.timeoutMs");
+        break;
+    case CI_OUTCOME_CANCELLED:
+        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED;
+        result_fail(r, "the task was cancelled");
+        break;
+    case CI_OUTCOME_MEMORY:
+        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
+        if (o->error)
+            snprintf(r->error, sizeof(r->error), "%s", o->error);
+        else
+            result_fail(r, "the code exceeded the memory limit of %u MiB", memory_mb);
+        if (!r->hint[0])
+            snprintf(r->hint, sizeof(r->hint),
+                     "process the data in chunks (pandas read_csv chunksize=), use smaller dtypes, or ask for a larger limits.memoryMb");
+        break;
+    case CI_OUTCOME_ERROR:
+        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
+        result_fail(r, "%s", o->error ? o->error : "the sandbox failed to run the code");
+        break;
+    }
+}
+
+/* Log fields for at most this many label keys, each cut to this size. */
+#define AUDIT_MAX_LABELS 64
+#define AUDIT_KEY_BYTES 64
+
+/* The audit line of a task's end, and its metrics. Metadata only: sizes,
+ * digests, durations, label keys. Never the code, the output, the inputs,
+ * label values or the error text, whose content the code or the caller
+ * chose (an exception message can hold anything the code read). */
+static void task_ended(const struct task *t, const struct result *r)
+{
+    const Ci__V1__ExecutionResult *m = &r->msg;
+    double run_s = (double)(ci_mono_ms() - t->taken_mono_ms) / 1000.0;
+    ci_metrics_task_end(t->env->metrics, ci_task_status_short(m->status), run_s);
+
+    char sha[65] = "";
+    size_t code_len = 0;
+    if (t->req && t->req->code) {
+        code_len = strlen(t->req->code);
+        ci_sha256_hex(t->req->code, code_len, sha);
+    }
+    char *keys[AUDIT_MAX_LABELS];
+    size_t n_keys = 0;
+    for (size_t i = 0; t->req && i < t->req->n_labels && n_keys < AUDIT_MAX_LABELS; i++) {
+        const char *k = t->req->labels[i] && t->req->labels[i]->key ? t->req->labels[i]->key : "";
+        size_t n = strnlen(k, AUDIT_KEY_BYTES);
+        while (n > 0 && k[n] && ((unsigned char)k[n] & 0xC0) == 0x80)
+            n--; /* not inside a UTF-8 character */
+        keys[n_keys] = ci_utf8_sanitize((const uint8_t *)k, n, NULL);
+        if (keys[n_keys])
+            n_keys++;
+    }
+    uint64_t art_bytes = 0;
+    for (size_t i = 0; i < m->n_artifacts; i++)
+        art_bytes += m->artifacts[i]->size;
+    bool ran = m->_exit_code_case == CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE;
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_S("status", ci_task_status_short(m->status)),
+        CI_LOG_N("attempt", m->attempt),
+        ran ? (struct ci_log_field)CI_LOG_N("exit_code", m->exit_code) : (struct ci_log_field){0},
+        CI_LOG_S("encoding", t->enc == CI_ENC_JSON ? "json" : "protobuf"),
+        CI_LOG_N("code_bytes", code_len),
+        CI_LOG_S("code_sha256", sha),
+        CI_LOG_N("input_files", t->req ? t->req->n_files : 0),
+        CI_LOG_N("input_bytes", t->input_bytes),
+        CI_LOG_N("stdout_bytes", m->stdout_total_bytes),
+        CI_LOG_N("stderr_bytes", m->stderr_total_bytes),
+        CI_LOG_B("output_truncated", m->stdout_truncated || m->stderr_truncated),
+        CI_LOG_N("artifacts", m->n_artifacts),
+        CI_LOG_N("artifact_bytes", art_bytes),
+        CI_LOG_N("error_bytes", strlen(r->error)),
+        CI_LOG_N("queue_wait_ms", t->queue_wait_ms),
+        CI_LOG_N("run_ms", (int64_t)(run_s * 1000)),
+        CI_LOG_N("code_ms", m->usage ? m->usage->duration_ms : 0),
+        CI_LOG_N("cpu_ms", m->usage ? m->usage->cpu_ms : 0),
+        CI_LOG_N("memory_mb", m->usage ? m->usage->memory_mb : 0),
+        CI_LOG_S("isolation", m->isolation),
+        CI_LOG_SV("label_keys", (const char *const *)keys, n_keys),
+    };
+    ci_log_fields(CI_LOG_INFO, "task.done", f, sizeof(f) / sizeof(f[0]));
+    for (size_t i = 0; i < n_keys; i++)
+        free(keys[i]);
+}
+
+/* Leaves why this attempt gives up in the RUNNING record's error (KV
+ * only, best effort): a client sees it, and the next attempt knows that
+ * this one did not die. */
+static void note_retry(const struct task *t, const struct result *r, const char *what,
+                       const struct ci_error *e)
+{
+    struct result note;
+    result_init(&note, t, CI__V1__TASK_STATUS__TASK_STATUS_RUNNING);
+    note.msg.runtime = r->msg.runtime;
+    snprintf(note.error, sizeof(note.error), "attempt %u: the worker could not %s (%s); it will be tried again",
+             ci_delivery_attempt(t->d), what, e->msg);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    struct ci_error ignored = {{0}};
+    if (encode_result(t, &note, &buf, &len, &ignored) == CI_OK)
+        ci_broker_result_put(t->env->broker, t->id, buf, len, &ignored);
+    free(buf);
+    result_release(&note);
+}
+
+/* Disposes of a message whose processing met an infrastructure failure:
+ * a later try may succeed, unless this was the last one. */
+static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const char *what,
+                                         const struct ci_error *e)
+{
+    ci_log(CI_LOG_ERROR, "task.infra_error", "task_id", t->id, "step", what, "error", e->msg, NULL);
+    if (!ci_delivery_last_attempt(t->d)) {
+        /* Never over a terminal result that may be stored already (its
+         * event failed): the redelivery must find it and not run again. */
+        if (t->running_stored && !t->final_started)
+            note_retry(t, r, what, e);
+        slot_detach(t->slot);
+        ci_delivery_nak(t->d, 2000);
+        return CI_TASK_END_RETRY;
+    }
+    /* Last try: end it FAILED rather than leave it RUNNING forever. */
+    r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
+    result_fail(r, "the worker could not %s after %u attempts: %s", what,
+                ci_delivery_attempt(t->d), e->msg);
+    struct ci_error e2 = {{0}};
+    if (store_final(t, r, &e2))
+        ci_log(CI_LOG_ERROR, "task.store_failed", "task_id", t->id, "error", e2.msg, NULL);
+    slot_detach(t->slot);
+    ci_delivery_term(t->d);
+    task_ended(t, r);
+    return CI_TASK_END_DONE;
+}
+
+/* Writes a terminal result for a task that never ran, then acks. */
+static enum ci_task_end finish(struct task *t, struct result *r)
+{
+    struct ci_error e = {{0}};
+    t->final_started = true;
+    if (store_final(t, r, &e))
+        return give_up_or_retry(t, r, "store the result", &e);
+    slot_detach(t->slot);
+    ci_delivery_ack(t->d);
+    task_ended(t, r);
+    return CI_TASK_END_DONE;
+}
+
+/* Picks the task id: the request's, else Nats-Msg-Id. */
+static bool choose_id(struct task *t, const char *msg_id)
+{
+    const char *id = (t->req && t->req->task_id && t->req->task_id[0]) ? t->req->task_id : msg_id;
+    if (!id || !ci_task_id_valid(id))
+        return false;
+    snprintf(t->id, sizeof(t->id), "%s", id);
+    return true;
+}
+
+static enum ci_task_end run_task(struct task *t, struct result *r)
+{
+    const struct ci_worker_env *env = t->env;
+    struct ci_error e = {{0}};
+    uint32_t timeout_ms = 0, memory_mb = 0;
+
+    if (ci_request_validate(env->cfg, t->req, &timeout_ms, &memory_mb, &e)) {
+        result_fail(r, "%s", e.msg);
+        return finish(t, r);
+    }
+    if (t->req->runtime && t->req->runtime[0])
+        r->msg.runtime = t->req->runtime;
+
+    bool cancelled = false;
+    if (ci_broker_cancel_requested(env->broker, t->id, &cancelled, &e))
+        return give_up_or_retry(t, r, "read the cancel stream", &e);
+    if (cancelled || slot_cancelled(t->slot)) {
+        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED;
+        result_fail(r, "the task was cancelled before it ran");
+        return finish(t, r);
+    }
+
+    /* A worker that died mid-task leaves RUNNING behind; on the last try
+     * we end it rather than risk dying again with nobody left to end it.
+     * (One that gave up on NATS and said so did not die: try again.) */
+    if (ci_delivery_last_attempt(t->d) && ci_delivery_attempt(t->d) > 1 && died_before(t)) {
+        uint32_t n = ci_delivery_attempt(t->d) - 1;
+        result_fail(r, "the task was started %u time%s and never finished: each time the worker running it stopped or could not reach NATS",
+                    n, n == 1 ? "" : "s");
+        return finish(t, r);
+    }
+
+    struct result running;
+    result_init(&running, t, CI__V1__TASK_STATUS__TASK_STATUS_RUNNING);
+    running.msg.runtime = r->msg.runtime;
+    ci_status s = store_result(t, &running, &e);
+    result_release(&running);
+    if (s)
+        return give_up_or_retry(t, r, "record the task as running", &e);
+    t->running_stored = true;
+
+    s = fetch_inputs(t, r, &e);
+    if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT)
+        return give_up_or_retry(t, r, "read the inputs", &e);
+    if (s)
+        return finish(t, r);
+    if (slot_cancelled(t->slot)) { /* while RUNNING was stored or inputs read */
+        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED;
+        result_fail(r, "the task was cancelled before it ran");
+        return finish(t, r);
+    }
+
+    struct ci_task task = {
+        .task_id = t->id,
+        .runtime = r->msg.runtime,
+        .code = t->req->code,
+        .code_len = strlen(t->req->code),
+        .files = t->files,
+        .n_files = t->n_files,
+        .timeout_ms = timeout_ms,
+        .memory_mb = memory_mb,
+    };
+    struct ci_run *run = NULL;
+    s = ci_provider_start(env->provider, &task, &run, &e);
+    if (s) {
+        result_fail(r, "%s", e.msg);
+        return finish(t, r);
+    }
+    pthread_mutex_lock(&t->slot->lock);
+    t->slot->run = run;
+    if (t->slot->cancel_requested)
+        ci_provider_cancel(env->provider, run);
+    pthread_mutex_unlock(&t->slot->lock);
+
+    struct ci_outcome o;
+    memset(&o, 0, sizeof(o));
+    s = ci_provider_wait(env->provider, run, &o);
+
+    pthread_mutex_lock(&t->slot->lock);
+    t->slot->run = NULL;
+    pthread_mutex_unlock(&t->slot->lock);
+
+    if (s) {
+        o.kind = CI_OUTCOME_ERROR;
+        if (!o.error)
+            o.error = strdup("the sandbox failed while running the code");
+    }
+    apply_outcome(t, r, &o, timeout_ms, memory_mb);
+    enum ci_task_end end;
+    if (upload_artifacts(t, r, &o, &e)) {
+        r->msg.n_artifacts = 0;
+        end = give_up_or_retry(t, r, "store the artifacts", &e);
+    } else {
+        end = finish(t, r);
+    }
+    /* Only now: freeing a warm run waits for its init to be gone, while the
+     * task's memory is torn down (sandbox.c, zygote_main.c). */
+    ci_provider_release(env->provider, run);
+    ci_outcome_release(&o);
+    return end;
+}
+
+enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot *slot,
+                                 struct ci_delivery *d)
+{
+    struct task t = {.env = env, .slot = slot, .d = d, .started_at_ms = ci_now_ms(),
+                     .taken_mono_ms = ci_mono_ms(), .queue_wait_ms = -1};
+    enum ci_task_end end;
+    struct ci_error e = {{0}};
+    const char *msg_id = ci_delivery_header(d, "Nats-Msg-Id");
+    const char *ctype = ci_delivery_header(d, "Content-Type");
+    size_t len = 0;
+    const uint8_t *body = ci_delivery_data(d, &len);
+
+    ci_status ct_status = ci_encoding_from_content_type(ctype, &t.enc, &e);
+    ci_status dec_status = ct_status;
+    if (!ct_status) {
+        ProtobufCMessage *m = NULL;
+        dec_status = ci_message_decode(t.enc, &ci__v1__execution_request__descriptor, body, len,
+                                       &m, &e);
+        if (!dec_status)
+            t.req = (Ci__V1__ExecutionRequest *)m;
+    } else {
+        t.enc = CI_ENC_PROTOBUF;
+    }
+
+    if (!choose_id(&t, msg_id)) {
+        /* Nobody could ever look up a result for it: drop it, loudly, with
+         * at most 64 bytes of whatever id it had (a header can be MiBs). */
+        char shown[65];
+        size_t n = msg_id ? strnlen(msg_id, 64) : 0;
+        while (n > 0 && msg_id[n] && ((unsigned char)msg_id[n] & 0xC0) == 0x80)
+            n--; /* not inside a UTF-8 character */
+        snprintf(shown, sizeof(shown), "%.*s", (int)n, msg_id ? msg_id : "");
+        ci_log(CI_LOG_WARN, "task.dropped", "reason",
+               t.req ? "the task id is missing or not [A-Za-z0-9_-]{1,64}"
+                     : "undecodable body and no valid Nats-Msg-Id",
+               "nats_msg_id", shown, NULL);
+        ci_delivery_term(d);
+        task_release(&t);
+        ci_delivery_free(d);
+        return CI_TASK_END_DROPPED;
+    }
+    slot_set(slot, t.id, d);
+
+    Ci__V1__ExecutionResult *prev = existing_result(&t);
+    if (prev && ci_task_status_terminal(prev->status)) {
+        /* Redelivered after it ended (a worker died before its ack, or
+         * could not publish the terminal event and nak'ed). */
+        ensure_terminal_event(&t, prev);
+        slot_detach(slot);
+        ci_delivery_ack(d);
+        ci_log(CI_LOG_INFO, "task.duplicate", "task_id", t.id, "status",
+               ci_task_status_short(prev->status), NULL);
+        ci_message_free(&prev->base);
+        end = CI_TASK_END_DUPLICATE;
+        goto out;
+    }
+    ci_message_free(prev ? &prev->base : NULL);
+
+    int64_t published = ci_delivery_published_ms(d);
+    if (published > 0) {
+        t.queue_wait_ms = t.started_at_ms - published;
+        ci_metrics_queue_wait(env->metrics, (double)t.queue_wait_ms / 1000.0);
+    }
+    const struct ci_log_field start[] = {
+        CI_LOG_S("task_id", t.id),
+        CI_LOG_N("attempt", ci_delivery_attempt(d)),
+        CI_LOG_N("queue_wait_ms", t.queue_wait_ms),
+    };
+    ci_log_fields(CI_LOG_INFO, "task.start", start, sizeof(start) / sizeof(start[0]));
+    struct result r;
+    result_init(&r, &t, CI__V1__TASK_STATUS__TASK_STATUS_FAILED);
+    if (dec_status) {
+        result_fail(&r, "%s", e.msg);
+        end = finish(&t, &r);
+    } else {
+        end = run_task(&t, &r);
+    }
+    result_release(&r);
+out:
+    slot_set(slot, NULL, NULL);
+    task_release(&t);
+    ci_delivery_free(d);
+    return end;
+}

@@ -1,0 +1,52 @@
+/* task.h - one task from the work queue to its terminal result: decode,
+ * validate, honour an early cancel, RUNNING, inputs, provider, artifacts,
+ * terminal result in KV, terminal event, ack. */
+#ifndef CI_TASK_H
+#define CI_TASK_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nats/broker.h"
+#include "core/config.h"
+#include "monitor/metrics.h"
+#include "provider/provider.h"
+
+/* What every slot shares; read-only while tasks run. */
+struct ci_worker_env {
+    const struct ci_config *cfg;
+    struct ci_broker *broker;
+    struct ci_provider *provider;
+    const char *worker_id;
+    struct ci_metrics *metrics; /* NULL = none; updated with atomics */
+};
+
+/* A slot runs one task at a time. Its fields are shared with the cancel
+ * callback and the in-progress ticker, under lock. */
+struct ci_slot {
+    pthread_mutex_t lock;
+    char task_id[65];             /* "" when idle */
+    struct ci_delivery *delivery; /* the message being worked on */
+    struct ci_run *run;           /* set while the provider runs it */
+    bool cancel_requested;
+    int64_t last_progress_ms;     /* last in-progress ack (monotonic) */
+};
+
+/* Counters for logs (and later metrics). */
+enum ci_task_end {
+    CI_TASK_END_DONE,       /* a terminal result was written and the message acked */
+    CI_TASK_END_DUPLICATE,  /* it had a terminal result already: acked, not run again */
+    CI_TASK_END_DROPPED,    /* no valid task id: terminated and logged */
+    CI_TASK_END_RETRY,      /* an infrastructure failure: nak'ed for a later try */
+};
+
+/* Processes one delivery and always disposes of it (ack, term or nak);
+ * takes ownership of d. */
+enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot *slot,
+                                 struct ci_delivery *d);
+
+/* Marks the slot's task cancelled if it is task_id, and kills its run. */
+void ci_slot_cancel(const struct ci_worker_env *env, struct ci_slot *slot, const char *task_id);
+
+#endif

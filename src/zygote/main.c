@@ -1,0 +1,1229 @@
+/* zygote_main.c - ci-zygote: a warm Python runtime that forks one fully
+ * isolated child per task (local.mode: warm). See zygote.h for the pool
+ * that runs it and sandbox_proto.h for what it says to the worker.
+ *
+ * How a zygote starts. The worker builds it exactly like the init of a cold
+ * sandbox (sandbox.c): clone with new user, pid, mount, net, ipc, uts (and
+ * cgroup) namespaces, the uid map, the read-only tmpfs root, pivot_root,
+ * every capability dropped, no_new_privs - then, instead of forking a task,
+ * that init executes this program (through an fd the worker opened) with the
+ * sandbox's environment. A fresh image: nothing of the worker's memory (its
+ * config, its credentials) exists here. It is pid 1 of its pid namespace:
+ * when it dies, every process it started dies too.
+ *
+ * Then: read SETUP (the per-task steps of the plan and the seccomp filter),
+ * start Python as `python3 -I -B` would, load runtime/driver.py as the module
+ * ci_driver and let it import numpy, pandas, matplotlib (Agg) and openpyxl,
+ * freeze the heap, call PyOS_BeforeFork() once, say READY. From here on the
+ * zygote runs no Python at all, and allocates nothing: its memory stays as
+ * every child expects to find it.
+ *
+ * Spares. Forking this image costs ~16 ms here, and a freshly forked child
+ * pays tens of ms more in copy-on-write faults and first calls. So the
+ * zygote keeps spares made ahead of the next tasks (SETUP says how many,
+ * local.warm_spares), with no task data in them, and a task's critical
+ * path forks nothing:
+ *
+ *   zygote (single-threaded: /proc/self/task is checked before each fork)
+ *     ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS[|NEWCGROUP])──▶ init (pid 1)
+ *   init: writes its own uid/gid map (1000 -> the zygote's 1000), forks the
+ *     task process, waits for a SPAWN on a socketpair kept by the zygote.
+ *   task process: the zygote's signal dispositions back,
+ *     PyOS_AfterFork_Child(); once idle for WARM_UP_DELAY_MS, the steps of
+ *     ci_driver._warm_up() (our fixed code: the driver's steps, a small
+ *     csv/groupby; at SCHED_IDLE when the worker can undo that) until init tells
+ *     it a task came; then it waits for init.
+ *
+ * One task (one SPAWN with the task's five channel fds): the zygote passes
+ * it to the oldest spare's init and makes another spare. The init tells the task
+ * process (one byte: stop warming up), then does what the init of a cold
+ * sandbox does, with the same messages: sends the worker pidfds of itself
+ * and of the task process (HELLO) and waits until the worker has put both
+ * in the task's cgroup (moving init would not move a child it already
+ * has); makes mounts private and mounts what the task owns - fresh tmpfs
+ * /workspace, /tmp and /dev/shm (size, inode limits, nosuid, nodev,
+ * nosymfollow on /workspace), a fresh /proc, matplotlib's font list - then
+ * READY with the /workspace fd, drops every capability, waits for GO,
+ * passes the SPAWN and the task's fds to the task process and reaps. The
+ * task process answers with the CPU time its warm-up took, before any task
+ * code runs: init leaves it out of what it reports, and the task's
+ * RLIMIT_CPU gets it on top.
+ *   task: its cgroup namespace, ids and privileges dropped as init's were,
+ *     dumpable, OOM score 1000, setsid, the task's rlimits, cwd /workspace,
+ *     the same seccomp filter, then ci_driver._warm_main(): reseed random
+ *     and numpy, run the code, exit like Python would (threads, atexit,
+ *     flush).
+ * Each spare serves exactly one task; it dies with its zygote (parent-death
+ * signal, and EOF on its socket when the zygote retires).
+ *
+ * EOF on the request socket (the worker retired this zygote, or is gone):
+ * accept nothing more, wait until every child has ended, exit.
+ *
+ * This is a separate program, so the few child-side helpers it shares with
+ * sandbox.c (moving fds, dropping privileges, reaping) are repeated here;
+ * the messages are the same (sandbox_proto.h). It is never built with the
+ * sanitizers: their shadow memory would not fit under a task's RLIMIT_AS. */
+#include <Python.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sandbox/sandbox_proto.h"
+
+extern const char ci_driver_py[];
+extern const size_t ci_driver_py_len;
+
+#define SETUP_TIMEOUT_MS 30000
+#define SPARE_FD 3 /* in a spare's init until its SPAWN: the socket to the zygote */
+#define WARM_UP_DELAY_MS 150 /* a spare idle this long starts to warm up */
+
+/* The task process to its init, last thing before the task's code runs:
+ * the CPU time it spent before (its warm-up), and its keeper. */
+struct task_note {
+    int64_t utime_us, stime_us;
+    int32_t keeper; /* pid, or 0 */
+    int32_t pad;
+};
+
+#define KEEPER_STACK 16384
+
+struct zop {
+    uint32_t kind;
+    unsigned long flags;
+    const char *path;
+    const char *data;
+    size_t data_len;
+};
+
+/* Everything the children need, filled before the first fork and never
+ * changed after it. */
+static struct {
+    unsigned long clone_flags;
+    bool cgroupns;
+    bool idle_warmup;
+    uint32_t spares;          /* spares kept made ahead */
+    struct zop ops[ZYGOTE_MAX_OPS];
+    size_t n_ops;
+    struct sock_fprog filter; /* .filter NULL: no filter */
+    const char *python;
+    PyObject *warm_main;      /* ci_driver._warm_main */
+    PyObject *warm_up;        /* ci_driver._warm_up */
+    int task_dir;             /* /proc/self/task, to count our threads */
+    struct sigaction saved[NSIG]; /* the dispositions Python set, for the task */
+} z = {.task_dir = -1};
+
+/* One task: the request and its fds, at the zygote's numbers. */
+struct task_req {
+    struct zmsg_spawn spawn;
+    int fds[FD_COUNT];
+};
+
+/* ---------------------------------------------------------------------- */
+/* Small system helpers (as in sandbox.c)                                  */
+/* ---------------------------------------------------------------------- */
+
+static pid_t sys_clone(unsigned long flags)
+{
+#if defined(__s390__) || defined(__CRIS__)
+    return (pid_t)syscall(SYS_clone, NULL, flags);
+#else
+    return (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
+#endif
+}
+
+static int sys_setresuid(uid_t u) { return (int)syscall(SYS_setresuid, u, u, u); }
+static int sys_setresgid(gid_t g) { return (int)syscall(SYS_setresgid, g, g, g); }
+
+static int sys_capset_zero(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    return (int)syscall(SYS_capset, &hdr, data);
+}
+
+static void close_fds_from(int from)
+{
+    if (syscall(SYS_close_range, (unsigned)from, ~0U, 0) == 0)
+        return;
+    for (int fd = from; fd < 65536; fd++)
+        close(fd);
+}
+
+static void send_msg(int sock, const struct msg *m)
+{
+    ssize_t r;
+    do
+        r = send(sock, m, sizeof(*m), MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+}
+
+__attribute__((noreturn)) static void child_fail(int sock, enum step step, int op, int err)
+{
+    struct msg m = {.type = MSG_FAILED, .step = step, .op = op, .err = err};
+    send_msg(sock, &m);
+    _exit(127);
+}
+
+static bool wait_byte(int sock)
+{
+    char c;
+    ssize_t r;
+    do
+        r = recv(sock, &c, 1, 0);
+    while (r < 0 && errno == EINTR);
+    return r == 1;
+}
+
+/* Sends len bytes of buf with n fds attached (SCM_RIGHTS, in order). */
+static int send_fds(int sock, const void *buf, size_t len, const int *fds, int n)
+{
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    union {
+        char buf[CMSG_SPACE(FD_COUNT * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    memset(&cm, 0, sizeof(cm));
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = CMSG_SPACE((size_t)n * sizeof(int))};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN((size_t)n * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, (size_t)n * sizeof(int));
+    ssize_t r;
+    do
+        r = sendmsg(sock, &mh, MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    return r == (ssize_t)len ? 0 : -1;
+}
+
+static int send_with_fd(int sock, const struct msg *m, int fd)
+{
+    return send_fds(sock, m, sizeof(*m), &fd, 1);
+}
+
+/* Receives one message of exactly len bytes carrying exactly FD_COUNT fds:
+ * 1 with buf and fds filled, 0 at EOF, -1 for nothing usable (what came
+ * is closed). */
+static int recv_fds(int sock, void *buf, size_t len, int *fds, int flags)
+{
+    union {
+        char buf[CMSG_SPACE(FD_COUNT * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof(cm.buf)};
+    ssize_t n;
+    do
+        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | flags);
+    while (n < 0 && errno == EINTR && !(flags & MSG_DONTWAIT));
+    if (n == 0)
+        return 0;
+    if (n < 0)
+        return -1;
+    int got = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (got < FD_COUNT)
+                fds[got++] = fd;
+            else
+                close(fd);
+        }
+    }
+    if (n != (ssize_t)len || got != FD_COUNT || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        for (int i = 0; i < got; i++)
+            close(fds[i]);
+        return -1;
+    }
+    return 1;
+}
+
+/* Puts src[0..4] at 0..4, keep (if >= 0) at FD_COUNT, and closes every
+ * other fd. */
+static int move_fds(const int *src, int keep)
+{
+    int base = FD_COUNT + 1;
+    for (int i = 0; i < FD_COUNT; i++)
+        if (src[i] >= base)
+            base = src[i] + 1;
+    if (keep >= base)
+        base = keep + 1;
+    int tmp[FD_COUNT + 1];
+    for (int i = 0; i < FD_COUNT; i++)
+        if ((tmp[i] = fcntl(src[i], F_DUPFD, base)) < 0)
+            return -1;
+    if (keep >= 0 && (tmp[FD_COUNT] = fcntl(keep, F_DUPFD, base)) < 0)
+        return -1;
+    for (int i = 0; i < FD_COUNT; i++)
+        if (dup2(tmp[i], i) < 0)
+            return -1;
+    if (keep >= 0 && dup2(tmp[FD_COUNT], FD_COUNT) < 0)
+        return -1;
+    close_fds_from(keep >= 0 ? FD_COUNT + 1 : FD_COUNT);
+    return 0;
+}
+
+static int write_file(const char *path, const char *data, size_t len, int flags)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | flags, 0644);
+    if (fd < 0)
+        return -1;
+    while (len) {
+        ssize_t w = write(fd, data, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            errno = e;
+            return -1;
+        }
+        data += w;
+        len -= (size_t)w;
+    }
+    return close(fd);
+}
+
+static int run_op(const struct zop *op)
+{
+    switch (op->kind) {
+    case ZOP_TMPFS:
+        if (mkdir(op->path, 0755) != 0 && errno != EEXIST)
+            return -1;
+        return mount("tmpfs", op->path, "tmpfs", op->flags, op->data);
+    case ZOP_DIR:
+        return mkdir(op->path, 0755) == 0 || errno == EEXIST ? 0 : -1;
+    case ZOP_FILE:
+        return write_file(op->path, op->data, op->data_len, O_CREAT | O_EXCL);
+    case ZOP_PROC:
+        return mount("proc", op->path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    }
+    errno = EINVAL;
+    return -1;
+}
+
+/* Every capability gone for good, no_new_privs, not dumpable. */
+static enum step drop_privileges(void)
+{
+    for (int cap = 0; cap < 64; cap++)
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
+            return STEP_DROP_CAPS;
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    if (sys_capset_zero() != 0)
+        return STEP_DROP_CAPS;
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return STEP_NO_NEW_PRIVS;
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    return STEP_NONE;
+}
+
+/* Threads of this process, from its open /proc/self/task, without allocating. */
+static int count_threads(int task_dir)
+{
+    char buf[1024];
+    int n = 0;
+    if (task_dir < 0 || lseek(task_dir, 0, SEEK_SET) != 0)
+        return -1;
+    for (;;) {
+        long got = syscall(SYS_getdents64, task_dir, buf, sizeof(buf));
+        if (got < 0)
+            return -1;
+        if (got == 0)
+            return n;
+        for (long off = 0; off < got;) {
+            unsigned short reclen;
+            memcpy(&reclen, buf + off + 16, sizeof(reclen)); /* d_reclen in linux_dirent64 */
+            const char *name = buf + off + 19;
+            if (name[0] != '.')
+                n++;
+            off += reclen;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------- */
+/* The task process                                                        */
+/* ---------------------------------------------------------------------- */
+
+static int64_t tv_us(struct timeval tv)
+{
+    return (int64_t)tv.tv_sec * 1000000 + tv.tv_usec;
+}
+
+/* The keeper: a process that shares the task process's memory and holds
+ * nothing else (no fd, every signal blocked), asleep until init kills it.
+ * When the task process exits, its address space - the whole interpreter,
+ * ~100 MB mapped - is not torn down in its own exit but in the keeper's, after
+ * init has reaped the task and reported: the ~10 ms that unmapping takes
+ * here are off the task's path. Made after the seccomp filter, the ids and
+ * the limits, so it can do nothing the code could not. No libc state is
+ * touched (it shares our TLS): raw syscalls, errno only on a failure. */
+static int keeper_main(void *arg)
+{
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, NULL, (size_t)(_NSIG / 8));
+    if (syscall(SYS_close_range, 0U, ~0U, 0U) != 0)
+        for (long fd = 0; fd < 1024; fd++)
+            syscall(SYS_close, fd);
+    for (;;)
+        syscall(SYS_ppoll, NULL, 0UL, NULL, NULL, (size_t)(_NSIG / 8));
+    return 0;
+}
+
+static pid_t start_keeper(void)
+{
+    static char stack[KEEPER_STACK] __attribute__((aligned(16)));
+    /* CLONE_PARENT: init's child, out of the reach of the code's wait(). */
+    pid_t pid = clone(keeper_main, stack + sizeof(stack), CLONE_VM | CLONE_PARENT, NULL);
+    return pid > 0 ? pid : 0;
+}
+
+/* After GO, with the task's fds at 0..4 and the channel to init at
+ * FD_COUNT: the task. It was forked before init was placed and dropped its
+ * privileges, so it does both itself. note: the CPU time its warm-up took,
+ * which RLIMIT_CPU must not count, to pass on to init with the keeper. */
+__attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, struct task_note note)
+{
+    int64_t warm_us = note.utime_us + note.stime_us;
+    /* The worker moved us into the task's cgroup along with init (HELLO
+     * carried our pidfd): the same view of it as init's. */
+    if (z.cgroupns)
+        (void)unshare(CLONE_NEWCGROUP);
+    /* The warm-up ran Python in this process: a thread a library started
+     * would keep our privileges and no filter, as the calls below act on
+     * the calling thread only. */
+    int dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int threads = count_threads(dir);
+    if (dir >= 0)
+        close(dir);
+    if (threads != 1)
+        child_fail(FD_SOCK, STEP_ZYGOTE_THREADS, 0, threads < 0 ? errno : EBUSY);
+    if (sys_setresgid(SANDBOX_ID) != 0)
+        child_fail(FD_SOCK, STEP_SETGID, 0, errno);
+    if (sys_setresuid(SANDBOX_ID) != 0)
+        child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+    enum step failed = drop_privileges();
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, errno);
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    /* As in sandbox.c: our /proc files are ours, and the OOM killer of the
+     * task's cgroup takes the code, never init. */
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (adj >= 0) {
+        ssize_t w = write(adj, "1000", 4);
+        (void)w;
+        close(adj);
+    }
+    if (setsid() < 0)
+        child_fail(FD_SOCK, STEP_SETSID, 0, errno);
+    for (int r = 0; r < RLIM_NLIMITS; r++) {
+        if (!sp->limits[r].set)
+            continue;
+        struct rlimit want = {(rlim_t)sp->limits[r].cur, (rlim_t)sp->limits[r].max};
+        if (r == RLIMIT_CPU && warm_us > 0) { /* whole seconds: the warm-up's on top */
+            rlim_t extra = (rlim_t)((warm_us + 999999) / 1000000);
+            if (want.rlim_cur != RLIM_INFINITY)
+                want.rlim_cur += extra;
+            if (want.rlim_max != RLIM_INFINITY)
+                want.rlim_max += extra;
+        }
+        struct rlimit have;
+        if (getrlimit((__rlimit_resource_t)r, &have) == 0 && have.rlim_max != RLIM_INFINITY) {
+            if (want.rlim_max > have.rlim_max)
+                want.rlim_max = have.rlim_max;
+            if (want.rlim_cur > want.rlim_max)
+                want.rlim_cur = want.rlim_max;
+        }
+        if (setrlimit((__rlimit_resource_t)r, &want) != 0)
+            child_fail(FD_SOCK, STEP_RLIMIT, r, errno);
+    }
+    if (chdir("/workspace") != 0)
+        child_fail(FD_SOCK, STEP_CHDIR, 0, errno);
+    /* Last: from here on the calls above would be refused. */
+    if (z.filter.filter &&
+        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &z.filter) != 0)
+        child_fail(FD_SOCK, STEP_SECCOMP, 0, errno);
+    close(FD_SOCK); /* the code gets 0-3 only, as after execve in a cold task */
+    note.keeper = start_keeper(); /* none: the exit is only slower */
+    (void)send(FD_COUNT, &note, sizeof(note), MSG_NOSIGNAL); /* fails only if init is gone */
+    close(FD_COUNT);
+
+    PyObject *r = PyObject_CallNoArgs(z.warm_main); /* never returns when all is well */
+    Py_XDECREF(r);
+    static const char msg[] = "ci-zygote: the driver returned instead of exiting\n";
+    ssize_t w = write(FD_ERR, msg, sizeof(msg) - 1);
+    (void)w;
+    _exit(1);
+}
+
+/* A spare's task process, forked by its init ahead of any task: it warms
+ * the runtime up with our own fixed code (ci_driver._warm_up: the lazy
+ * imports, caches and copy-on-write faults of the first calls, paid here
+ * instead of by the task), then waits for init to hand it the task's fds
+ * and limits at GO. No task data exists in this process before that. */
+__attribute__((noreturn)) static void prefork_task_main(int chan)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    /* Python's own dispositions (SIGINT, SIGPIPE, SIGXFSZ), which init reset. */
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP)
+            sigaction(sig, &z.saved[sig], NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    /* Only CPU nothing else wants (the worker resets it when a task comes):
+     * a queue of tasks then runs first. */
+    struct sched_param idle = {.sched_priority = 0};
+    if (z.idle_warmup)
+        (void)sched_setscheduler(0, SCHED_IDLE, &idle);
+    PyOS_AfterFork_Child();
+    /* Step by step, and no further once a task has come (init's note). A
+     * step cannot be cut short, and a task that comes in the middle of one
+     * waits for it: so none starts while tasks come back to back (the next
+     * one is then likely within WARM_UP_DELAY_MS), where the warm-up would
+     * only move the cost from one task to the next. */
+    PyObject *steps = PyObject_CallNoArgs(z.warm_up);
+    Py_ssize_t n = steps && PyTuple_Check(steps) ? PyTuple_GET_SIZE(steps) : 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct pollfd p = {.fd = chan, .events = POLLIN};
+        if (poll(&p, 1, i == 0 ? WARM_UP_DELAY_MS : 0) != 0)
+            break;
+        PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(steps, i));
+        if (!r)
+            break;
+        Py_DECREF(r);
+    }
+    if (PyErr_Occurred())
+        PyErr_PrintEx(0); /* only slower: to the zygote's stderr, the task still runs;
+                           * 0: no sys.last_exc for the task to find */
+    Py_XDECREF(steps);
+
+    struct zmsg_spawn sp;
+    int fds[FD_COUNT];
+    if (!wait_byte(chan) || recv_fds(chan, &sp, sizeof(sp), fds, 0) != 1)
+        _exit(0); /* init went away before a task came */
+    /* What the warm-up cost is not the task's: init takes it off the CPU
+     * time it reports, task_main() puts it on top of RLIMIT_CPU. No task
+     * code has run yet: this is true. */
+    struct rusage ru;
+    struct task_note note = {0};
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        note.utime_us = tv_us(ru.ru_utime);
+        note.stime_us = tv_us(ru.ru_stime);
+    }
+    if (sp.type != ZMSG_SPAWN || move_fds(fds, chan) != 0)
+        child_fail(fds[FD_SOCK], STEP_FDS, 0, errno);
+    task_main(&sp, note);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The task's init                                                         */
+/* ---------------------------------------------------------------------- */
+
+static void add_rusage(struct msg *m, const struct rusage *ru)
+{
+    m->utime_us += tv_us(ru->ru_utime);
+    m->stime_us += tv_us(ru->ru_stime);
+    if (ru->ru_maxrss > m->maxrss_kb)
+        m->maxrss_kb = ru->ru_maxrss;
+}
+
+/* After kill(-1): is the task's keeper all that is left in the namespace
+ * but us? Our /proc is the namespace's (a process stays in it until reaped). */
+static bool only_keeper_left(pid_t keeper)
+{
+    char buf[1024];
+    bool other = false;
+    int dir = keeper > 0 ? open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dir < 0)
+        return false;
+    for (;;) {
+        long got = syscall(SYS_getdents64, dir, buf, sizeof(buf));
+        if (got <= 0) {
+            other = other || got < 0;
+            break;
+        }
+        for (long off = 0; off < got;) {
+            unsigned short reclen;
+            memcpy(&reclen, buf + off + 16, sizeof(reclen)); /* d_reclen in linux_dirent64 */
+            const char *name = buf + off + 19;
+            off += reclen;
+            if (name[0] < '0' || name[0] > '9')
+                continue;
+            long pid = strtol(name, NULL, 10);
+            if (pid != 1 && pid != keeper)
+                other = true;
+        }
+    }
+    close(dir);
+    return !other;
+}
+
+/* As sandbox.c's reap_all(): reap until the task is gone or the worker
+ * says stop (a signal from outside the namespace), kill what is left, report.
+ * Everything but the task's keeper is reaped first, so that the report
+ * counts it; the keeper's exit (the task's memory going away) is not
+ * waited for. note: the task process's CPU time before its task, not
+ * reported, and its keeper. */
+__attribute__((noreturn)) static void reap_all(pid_t task, struct task_note note)
+{
+    sigset_t waited;
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, SIG_STOP);
+    struct msg done = {.type = MSG_DONE};
+    bool task_done = false, stopping = false;
+    for (;;) {
+        for (;;) {
+            int st;
+            struct rusage ru;
+            pid_t r = wait4(-1, &st, __WALL | WNOHANG, &ru);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0)
+                goto report;
+            if (r == 0)
+                break;
+            add_rusage(&done, &ru);
+            if (r == note.keeper)
+                note.keeper = 0; /* gone early (the code killed it): nothing to skip */
+            if (r == task) {
+                done.utime_us -= note.utime_us < done.utime_us ? note.utime_us : done.utime_us;
+                done.stime_us -= note.stime_us < done.stime_us ? note.stime_us : done.stime_us;
+                done.status = st;
+                task_done = true;
+            }
+        }
+        if (task_done || stopping) {
+            stopping = true;
+            kill(-1, SIGKILL);
+            if (task_done && only_keeper_left(note.keeper))
+                goto report;
+        }
+        siginfo_t si;
+        int sig = sigwaitinfo(&waited, &si);
+        if (sig == SIG_STOP && si.si_pid == 0)
+            stopping = true;
+    }
+report:
+    if (!task_done)
+        _exit(1);
+    send_msg(FD_SOCK, &done);
+    _exit(0);
+}
+
+/* Writes "1000 1000 1": the zygote's sandbox user is ours, nobody else. The
+ * zygote is not dumpable, which would make these files root's. */
+static int write_own_maps(void)
+{
+    char map[32];
+    int n = snprintf(map, sizeof(map), "%d %d 1\n", SANDBOX_ID, SANDBOX_ID);
+    if (n <= 0 || (size_t)n >= sizeof(map))
+        return -1;
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    int rc = write_file("/proc/self/setgroups", "deny\n", 5, 0);
+    if (rc == 0)
+        rc = write_file("/proc/self/uid_map", map, (size_t)n, 0);
+    if (rc == 0)
+        rc = write_file("/proc/self/gid_map", map, (size_t)n, 0);
+    int e = errno;
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    errno = e;
+    return rc;
+}
+
+/* Is our child task gone (not reaped: its pid stays ours)? */
+static bool task_gone(pid_t task)
+{
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    return waitid(P_PID, (id_t)task, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == task;
+}
+
+/* A spare's init: cloned by the zygote ahead of any task, with the task's
+ * namespaces. It writes its maps, forks the task process (which warms up),
+ * and waits for a SPAWN on SPARE_FD. From then on it is the task's init,
+ * as in a cold sandbox: HELLO (pidfds of itself and of the task process,
+ * both to be put in the task's cgroup), mounts, READY, GO; then it hands
+ * the task's fds to the task process and reaps. */
+__attribute__((noreturn)) static void spare_init_main(int sock)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0); /* dies with the zygote */
+    /* Keep Python's dispositions for the task, take default ones here. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sigaction(sig, NULL, &z.saved[sig]) != 0)
+            z.saved[sig] = dfl;
+        sigaction(sig, &dfl, NULL);
+    }
+    sigset_t waited;
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, SIG_STOP);
+    sigprocmask(SIG_SETMASK, &waited, NULL);
+    if (dup2(sock, SPARE_FD) < 0)
+        _exit(1);
+    close_fds_from(SPARE_FD + 1); /* the zygote's request socket among them */
+
+    /* A failure before the SPAWN is told to the task it would have served. */
+    enum step failed = STEP_NONE;
+    int failed_err = 0, chan = -1;
+    pid_t task = -1;
+    if (write_own_maps() != 0) {
+        failed = STEP_MAPS;
+        failed_err = errno;
+    }
+    int tp[2];
+    if (!failed && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, tp) != 0) {
+        failed = STEP_FORK;
+        failed_err = errno;
+    }
+    if (!failed) {
+        task = sys_clone(SIGCHLD);
+        if (task == 0) {
+            close(SPARE_FD);
+            close(tp[0]);
+            prefork_task_main(tp[1]);
+        }
+        close(tp[1]);
+        chan = tp[0];
+        if (task < 0) {
+            failed = STEP_FORK;
+            failed_err = errno;
+        }
+    }
+
+    /* Wait for a task; a task process that dies first leaves nothing to
+     * offer: go, the zygote makes another spare. */
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    int sfd = task > 0 ? signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK) : -1;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = SPARE_FD, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+        if (poll(p, 2, -1) < 0)
+            continue; /* EINTR */
+        if (p[1].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+                ;
+            if (task_gone(task))
+                _exit(1);
+        }
+        if (p[0].revents)
+            break;
+    }
+    struct task_req rq;
+    if (recv_fds(SPARE_FD, &rq.spawn, sizeof(rq.spawn), rq.fds, 0) != 1)
+        _exit(0); /* EOF: the zygote retires */
+    if (rq.spawn.type != ZMSG_SPAWN || move_fds(rq.fds, chan) != 0)
+        child_fail(rq.fds[FD_SOCK], STEP_FDS, 0, errno);
+    if (chan >= 0) { /* the note: the task process stops warming up */
+        char note = 1;
+        ssize_t w = send(FD_COUNT, &note, 1, MSG_NOSIGNAL);
+        (void)w;
+    }
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, failed_err);
+    if (task_gone(task))
+        child_fail(FD_SOCK, STEP_FORK, 0, ECHILD);
+
+    /* HELLO with pidfds: the worker learns our pid and the task process's
+     * in its namespace, signals us without racing a reused pid, and puts
+     * both in the task's cgroup (moving init would not move its child). */
+    int pfd[2] = {(int)syscall(SYS_pidfd_open, getpid(), 0),
+                  (int)syscall(SYS_pidfd_open, task, 0)};
+    if (pfd[0] < 0 || pfd[1] < 0)
+        child_fail(FD_SOCK, STEP_HELLO, 0, errno);
+    struct msg hello = {.type = MSG_HELLO};
+    if (send_fds(FD_SOCK, &hello, sizeof(hello), pfd, 2) != 0)
+        _exit(1);
+    close(pfd[0]);
+    close(pfd[1]);
+    if (!wait_byte(FD_SOCK)) /* we and the task process are in the task's cgroup now */
+        _exit(1);
+    if (z.cgroupns)
+        (void)unshare(CLONE_NEWCGROUP); /* a view only, as in sandbox.c */
+    if (sys_setresgid(SANDBOX_ID) != 0)
+        child_fail(FD_SOCK, STEP_SETGID, 0, errno);
+    if (sys_setresuid(SANDBOX_ID) != 0)
+        child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+        child_fail(FD_SOCK, STEP_PRIVATE, 0, errno);
+    for (size_t i = 0; i < z.n_ops; i++)
+        if (run_op(&z.ops[i]) != 0)
+            child_fail(FD_SOCK, STEP_OP, (int)i, errno);
+    if (sethostname("sandbox", 7) != 0 || setdomainname("sandbox", 7) != 0)
+        child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
+
+    int ws = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (ws < 0)
+        child_fail(FD_SOCK, STEP_WORKSPACE, 0, errno);
+    struct msg ready = {.type = MSG_READY};
+    if (send_with_fd(FD_SOCK, &ready, ws) != 0)
+        _exit(1);
+    close(ws);
+    failed = drop_privileges();
+    if (failed)
+        child_fail(FD_SOCK, failed, 0, errno);
+    if (!wait_byte(FD_SOCK)) /* GO: the inputs are in place */
+        _exit(1);
+
+    /* The task process takes it from here, with the task's fds and limits. */
+    static const int all[FD_COUNT] = {0, 1, 2, 3, 4};
+    if (send_fds(FD_COUNT, &rq.spawn, sizeof(rq.spawn), all, FD_COUNT) != 0)
+        child_fail(FD_SOCK, STEP_FORK, 0, errno);
+    for (int fd = 0; fd < FD_SOCK; fd++)
+        close(fd);
+    /* Its note comes before any task code runs (or never: it died). */
+    struct task_note note = {0};
+    ssize_t got;
+    do
+        got = recv(FD_COUNT, &note, sizeof(note), 0);
+    while (got < 0 && errno == EINTR);
+    if (got != (ssize_t)sizeof(note) || note.utime_us < 0 || note.stime_us < 0 || note.keeper < 0)
+        note = (struct task_note){0};
+    close(FD_COUNT);
+    reap_all(task, note);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The zygote                                                              */
+/* ---------------------------------------------------------------------- */
+
+static void send_status(uint32_t type, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void send_status(uint32_t type, int err, const char *fmt, ...)
+{
+    struct zmsg_status st;
+    memset(&st, 0, sizeof(st));
+    st.type = type;
+    st.err = err;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st.text, sizeof(st.text), fmt, ap);
+    va_end(ap);
+    if (type == ZMSG_READY) {
+        FILE *f = fopen("/proc/self/status", "re");
+        char line[256];
+        while (f && fgets(line, sizeof(line), f))
+            if (sscanf(line, "VmRSS: %" SCNd64, &st.rss_kb) == 1)
+                break;
+        if (f)
+            fclose(f);
+    }
+    ssize_t r;
+    do
+        r = send(ZYGOTE_FD_REQ, &st, sizeof(st), MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+}
+
+__attribute__((noreturn)) static void fail(int err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+__attribute__((noreturn)) static void fail(int err, const char *fmt, ...)
+{
+    char text[480];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    send_status(ZMSG_FAILED, err, "%s", text);
+    _exit(1);
+}
+
+/* Reads SETUP: a small message carrying a sealed memfd with the plan. */
+static void read_setup(void)
+{
+    struct pollfd p = {.fd = ZYGOTE_FD_REQ, .events = POLLIN};
+    if (poll(&p, 1, SETUP_TIMEOUT_MS) != 1)
+        fail(ETIMEDOUT, "no setup message from the worker");
+    struct zmsg_setup m;
+    int fd = -1;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct iovec iov = {.iov_base = &m, .iov_len = sizeof(m)};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof(cm.buf)};
+    ssize_t n = recvmsg(ZYGOTE_FD_REQ, &mh, MSG_CMSG_CLOEXEC);
+    for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    if (n != (ssize_t)sizeof(m) || m.type != ZMSG_SETUP || fd < 0)
+        fail(EPROTO, "a malformed setup message");
+    if (m.version != ZYGOTE_PROTO_VERSION)
+        fail(EPROTO, "setup version %u, this zygote speaks %u", m.version,
+             ZYGOTE_PROTO_VERSION);
+    if (m.size < sizeof(struct zsetup_head) || m.size > ZYGOTE_SETUP_MAX)
+        fail(EPROTO, "a setup of %llu bytes", (unsigned long long)m.size);
+    char *blob = malloc(m.size + 1); /* kept for the zygote's life: ops point into it */
+    if (!blob)
+        fail(ENOMEM, "out of memory");
+    size_t got = 0;
+    while (got < m.size) {
+        ssize_t r = pread(fd, blob + got, m.size - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            fail(errno, "cannot read the setup");
+        got += (size_t)r;
+    }
+    close(fd);
+    blob[m.size] = '\0';
+
+    struct zsetup_head h;
+    memcpy(&h, blob, sizeof(h));
+    z.clone_flags = (unsigned long)h.clone_flags;
+    z.cgroupns = (h.flags & ZSETUP_CGROUPNS) != 0;
+    z.idle_warmup = (h.flags & ZSETUP_IDLE_WARMUP) != 0;
+    if (h.spares < 1 || h.spares > ZYGOTE_MAX_SPARES)
+        fail(EPROTO, "%u spares, 1 to %d", h.spares, ZYGOTE_MAX_SPARES);
+    z.spares = h.spares;
+    if (h.n_ops > ZYGOTE_MAX_OPS)
+        fail(EPROTO, "%u setup steps, at most %d", h.n_ops, ZYGOTE_MAX_OPS);
+    size_t off = sizeof(h);
+    for (uint32_t i = 0; i < h.n_ops; i++) {
+        struct zop_head oh;
+        if (m.size - off < sizeof(oh))
+            fail(EPROTO, "a truncated setup");
+        memcpy(&oh, blob + off, sizeof(oh));
+        off += sizeof(oh);
+        if (oh.path_len == 0 || oh.data_len == 0 || oh.path_len > m.size - off ||
+            oh.data_len > m.size - off - oh.path_len)
+            fail(EPROTO, "a truncated setup step");
+        struct zop *op = &z.ops[z.n_ops++];
+        op->kind = oh.kind;
+        op->flags = (unsigned long)oh.flags;
+        op->path = blob + off;
+        op->data = blob + off + oh.path_len;
+        op->data_len = oh.data_len - 1;
+        if (op->path[oh.path_len - 1] || op->data[op->data_len] || op->path[0] != '/')
+            fail(EPROTO, "a malformed setup step");
+        off += oh.path_len + oh.data_len;
+    }
+    size_t filter_bytes = (size_t)h.filter_len * sizeof(struct sock_filter);
+    if (h.filter_len > BPF_MAXINSNS || filter_bytes > m.size - off)
+        fail(EPROTO, "a truncated seccomp filter");
+    if (h.filter_len) {
+        /* Aligned copy: the blob offsets are not. */
+        struct sock_filter *prog = malloc(filter_bytes);
+        if (!prog)
+            fail(ENOMEM, "out of memory");
+        memcpy(prog, blob + off, filter_bytes);
+        z.filter.filter = prog;
+        z.filter.len = (unsigned short)h.filter_len;
+    }
+    off += filter_bytes;
+    if (h.python_len == 0 || h.python_len > m.size - off || blob[off + h.python_len - 1] ||
+        blob[off] != '/')
+        fail(EPROTO, "a malformed python path");
+    z.python = blob + off;
+}
+
+/* The first line of the pending Python exception, then the whole traceback
+ * on stderr (the worker keeps its tail). */
+static void python_fail(const char *what)
+{
+    char text[300] = "unknown error";
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *s = value ? PyObject_Str(value) : NULL;
+    const char *c = s ? PyUnicode_AsUTF8(s) : NULL;
+    const char *name = type ? ((PyTypeObject *)type)->tp_name : "error";
+    snprintf(text, sizeof(text), "%s: %.200s", name, c ? c : "");
+    Py_XDECREF(s);
+    PyErr_Restore(type, value, tb);
+    PyErr_Print();
+    fflush(stderr);
+    fail(0, "%s: %s", what, text);
+}
+
+static void python_start(void)
+{
+    /* The configuration `python3 -I -B -c ...` gets from its command line:
+     * isolated, no bytecode written, the locale and UTF-8 handling of a
+     * normal start, sys.executable the interpreter the cold path runs. */
+    char *argv[] = {"python3", "-I", "-B", "-c", "pass", NULL};
+    PyPreConfig pre;
+    PyPreConfig_InitPythonConfig(&pre);
+    PyStatus st = Py_PreInitializeFromBytesArgs(&pre, 5, argv);
+    if (PyStatus_Exception(st))
+        fail(0, "python pre-initialization failed: %s", st.err_msg ? st.err_msg : "?");
+    PyConfig cfg;
+    PyConfig_InitPythonConfig(&cfg);
+    st = PyConfig_SetBytesString(&cfg, &cfg.program_name, z.python);
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesArgv(&cfg, 5, argv);
+    if (!PyStatus_Exception(st))
+        st = Py_InitializeFromConfig(&cfg);
+    PyConfig_Clear(&cfg);
+    if (PyStatus_Exception(st))
+        fail(0, "python initialization failed: %s", st.err_msg ? st.err_msg : "?");
+
+    /* The driver as a module that does not run: `__name__` is not __main__.
+     * Compiled as "<string>" like `python3 -c`: its frames stay out of the
+     * tracebacks the code sees. */
+    PyObject *code = Py_CompileString(ci_driver_py, "<string>", Py_file_input);
+    if (!code)
+        python_fail("the driver does not compile");
+    PyObject *mod = PyModule_New("ci_driver");
+    PyObject *dict = mod ? PyModule_GetDict(mod) : NULL;
+    if (!dict || PyDict_SetItemString(dict, "__builtins__", PyEval_GetBuiltins()) != 0)
+        python_fail("cannot create the driver's module");
+    PyObject *r = PyEval_EvalCode(code, dict, dict);
+    Py_DECREF(code);
+    if (!r)
+        python_fail("the driver failed to load");
+    Py_DECREF(r);
+    PyObject *prepare = PyDict_GetItemString(dict, "_warm_prepare");
+    z.warm_main = PyDict_GetItemString(dict, "_warm_main");
+    z.warm_up = PyDict_GetItemString(dict, "_warm_up");
+    if (!prepare || !z.warm_main || !z.warm_up)
+        fail(0, "the driver has no _warm_prepare, _warm_up or _warm_main");
+    Py_INCREF(z.warm_main);
+    Py_INCREF(z.warm_up);
+    r = PyObject_CallNoArgs(prepare);
+    if (!r)
+        python_fail("the runtime could not be imported");
+    Py_DECREF(r);
+    /* mod stays alive: _warm_main's globals. */
+}
+
+/* The runtime must not keep a file open: every child closes all fds but
+ * its five (move_fds), and a Python object still holding one would then use
+ * whatever the task opens under that number. */
+static void check_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        fail(errno, "cannot list /proc/self/fd");
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char *end = NULL;
+        long fd = strtol(e->d_name, &end, 10);
+        if (e->d_name[0] == '.' || !end || *end || fd < FD_COUNT || fd == dirfd(d))
+            continue;
+        char path[64], target[256];
+        snprintf(path, sizeof(path), "/proc/self/fd/%ld", fd);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        target[n > 0 ? n : 0] = '\0';
+        fail(EBUSY, "the runtime left fd %ld open (%s): its children would inherit it", fd,
+             target);
+    }
+    closedir(d);
+}
+
+/* Receives one SPAWN; 1 with rq filled, 0 at EOF, -1 for nothing usable. */
+static int recv_request(struct task_req *rq)
+{
+    int r = recv_fds(ZYGOTE_FD_REQ, &rq->spawn, sizeof(rq->spawn), rq->fds, MSG_DONTWAIT);
+    if (r == 1 && rq->spawn.type != ZMSG_SPAWN) {
+        for (int i = 0; i < FD_COUNT; i++)
+            close(rq->fds[i]);
+        return -1;
+    }
+    return r;
+}
+
+/* The spares: inits cloned ahead of the next tasks, each with its task
+ * process forked and warming up; z.spares of them, oldest (the warmest)
+ * first, so that tasks coming together each find one and a task's critical
+ * path has no fork of this big image and no first-call costs. */
+static struct spare {
+    pid_t pid;
+    int sock; /* our end of its SPARE_FD */
+} spares[ZYGOTE_MAX_SPARES];
+static uint32_t n_spares;
+
+/* Forgets spare i (an idle one exits at the EOF, its task process with it). */
+static void spare_drop(uint32_t i)
+{
+    close(spares[i].sock);
+    memmove(&spares[i], &spares[i + 1], (n_spares - i - 1) * sizeof(spares[0]));
+    n_spares--;
+}
+
+static void spare_drop_all(void)
+{
+    while (n_spares)
+        spare_drop(n_spares - 1);
+}
+
+/* Clones one more spare; 0, or the step that failed (errno set). */
+static enum step spare_make(unsigned long *children)
+{
+    /* fork() copies one thread: a second one (a library's pool) would leave
+     * its locks held in every child. Then this zygote must go. */
+    if (count_threads(z.task_dir) != 1) {
+        errno = EBUSY;
+        return STEP_ZYGOTE_THREADS;
+    }
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) != 0)
+        return STEP_ZYGOTE_CLONE;
+    pid_t pid = sys_clone(z.clone_flags | SIGCHLD);
+    if (pid == 0)
+        spare_init_main(sp[1]);
+    int e = errno;
+    close(sp[1]);
+    if (pid < 0) {
+        close(sp[0]);
+        errno = e;
+        return STEP_ZYGOTE_CLONE;
+    }
+    (*children)++;
+    spares[n_spares++] = (struct spare){.pid = pid, .sock = sp[0]};
+    return STEP_NONE;
+}
+
+/* Makes spares until there are z.spares; 0, or the step that failed. */
+static enum step spares_fill(unsigned long *children)
+{
+    enum step failed = STEP_NONE;
+    while (n_spares < z.spares && (failed = spare_make(children)) == STEP_NONE)
+        ;
+    return failed;
+}
+
+/* Hands one task to the oldest spare (one made now if there is none, the
+ * next if it died meanwhile), then makes spares up to z.spares again. */
+static void spawn(const struct task_req *rq, unsigned long *children, bool *broken)
+{
+    enum step failed = STEP_NONE;
+    for (uint32_t attempt = 0; attempt < z.spares + 1; attempt++) {
+        if (!n_spares && (failed = spare_make(children)) != STEP_NONE)
+            break;
+        if (send_fds(spares[0].sock, &rq->spawn, sizeof(rq->spawn), rq->fds, FD_COUNT) == 0) {
+            spare_drop(0); /* it is the task's init now */
+            failed = spares_fill(children);
+            if (failed == STEP_ZYGOTE_THREADS)
+                *broken = true;
+            return;
+        }
+        failed = STEP_ZYGOTE_CLONE; /* it died (its warm-up failed?): another one */
+        spare_drop(0);
+    }
+    struct msg m = {.type = MSG_FAILED, .step = failed, .err = errno};
+    send_msg(rq->fds[FD_SOCK], &m);
+    if (failed == STEP_ZYGOTE_THREADS)
+        *broken = true;
+}
+
+__attribute__((noreturn)) static void serve(void)
+{
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0)
+        fail(errno, "signalfd");
+    bool closing = false;
+    unsigned long children = 0;
+    if (spares_fill(&children) == STEP_ZYGOTE_THREADS)
+        closing = true;
+    for (;;) {
+        if (closing && children == 0)
+            _exit(0);
+        struct pollfd p[2] = {{.fd = closing ? -1 : ZYGOTE_FD_REQ, .events = POLLIN},
+                              {.fd = sfd, .events = POLLIN}};
+        if (poll(p, 2, closing ? 1000 : -1) < 0)
+            continue; /* EINTR */
+        struct signalfd_siginfo si;
+        while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+            ;
+        pid_t pid;
+        while ((pid = waitpid(-1, NULL, WNOHANG | __WALL)) > 0) {
+            if (children)
+                children--;
+            for (uint32_t i = 0; i < n_spares; i++)
+                if (spares[i].pid == pid) {
+                    spare_drop(i); /* the next task makes another */
+                    break;
+                }
+        }
+        if (closing || !(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        struct task_req rq;
+        int r = recv_request(&rq);
+        if (r == 0) {
+            closing = true;
+            spare_drop_all();
+            continue;
+        }
+        if (r < 0)
+            continue;
+        bool broken = false;
+        spawn(&rq, &children, &broken);
+        for (int i = 0; i < FD_COUNT; i++)
+            close(rq.fds[i]);
+        if (broken) {
+            closing = true; /* the worker sees our exit and starts another zygote */
+            spare_drop_all();
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    /* fd 0 is our own program (the worker's O_PATH fd): stdin is /dev/null. */
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || dup2(null, 0) < 0)
+        fail(errno, "cannot open /dev/null");
+    close(null);
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    read_setup();
+    python_start();
+    check_fds();
+    z.task_dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int threads = count_threads(z.task_dir);
+    if (threads != 1)
+        fail(EBUSY, "the runtime started %d threads; a zygote must have exactly one "
+             "(OPENBLAS_NUM_THREADS and friends must be 1)", threads);
+    /* Once and for all: every child is forked from this state. */
+    PyOS_BeforeFork();
+    send_status(ZMSG_READY, 0, "%s", "");
+    serve();
+}
