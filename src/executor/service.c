@@ -454,7 +454,7 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
                 files[i].data = req->files[i]->content.data;
                 files[i].len = req->files[i]->content.len;
             }
-            struct ci_task task = {
+            struct ci_job job = {
                 .task_id = id,
                 .runtime = a.res.runtime,
                 .code = req->code,
@@ -464,7 +464,7 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
                 .timeout_ms = timeout_ms,
                 .memory_mb = memory_mb,
             };
-            if (ci_provider_start(s->provider, &task, &run, &e)) {
+            if (ci_provider_start(s->provider, &job, &run, &e)) {
                 answer_error(&a, CI__V1__TASK_STATUS__TASK_STATUS_FAILED, "%s", e.msg);
                 run = NULL;
             } else {

@@ -5,30 +5,6 @@
 
 #include "core/config.h"
 
-void ci_artifact_release(struct ci_artifact *a)
-{
-    if (!a)
-        return;
-    free(a->name);
-    free(a->mime_type);
-    free(a->data);
-    memset(a, 0, sizeof(*a));
-}
-
-void ci_outcome_release(struct ci_outcome *o)
-{
-    if (!o)
-        return;
-    free(o->out);
-    free(o->err);
-    for (size_t i = 0; i < o->n_artifacts; i++)
-        ci_artifact_release(&o->artifacts[i]);
-    free(o->artifacts);
-    free(o->error);
-    free(o->hint);
-    memset(o, 0, sizeof(*o));
-}
-
 ci_status ci_provider_new(const struct ci_config *cfg, struct ci_provider **ret,
                           struct ci_error *err)
 {
@@ -48,10 +24,10 @@ void ci_provider_free(struct ci_provider *p)
     free(p);
 }
 
-ci_status ci_provider_start(struct ci_provider *p, const struct ci_task *task,
+ci_status ci_provider_start(struct ci_provider *p, const struct ci_job *job,
                             struct ci_run **ret_run, struct ci_error *err)
 {
-    return p->ops->start(p->ctx, task, ret_run, err);
+    return p->ops->start(p->ctx, job, ret_run, err);
 }
 
 ci_status ci_provider_wait(struct ci_provider *p, struct ci_run *run, struct ci_outcome *ret)

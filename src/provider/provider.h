@@ -16,75 +16,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/job.h"
 #include "core/status.h"
 
 struct ci_config;
-
-/* An input file, already fetched (inline or from the object store). */
-struct ci_file {
-    char *name;
-    uint8_t *data;
-    size_t len;
-};
-
-/* What a provider needs to run one task: borrowed from the caller for the
- * whole run. Limits are already validated and defaulted. */
-struct ci_task {
-    const char *task_id;
-    const char *runtime;
-    const char *code;
-    size_t code_len;
-    const struct ci_file *files;
-    size_t n_files;
-    uint32_t timeout_ms;
-    uint32_t memory_mb;
-};
-
-struct ci_artifact {
-    char *name;      /* relative path as the code wrote it */
-    char *mime_type; /* "text/csv" or "image/png" */
-    uint8_t *data;
-    size_t len;
-    char sha256[65];
-};
-
-enum ci_outcome_kind {
-    CI_OUTCOME_EXITED,    /* the code ran and exited; exit_code is set */
-    CI_OUTCOME_TIMED_OUT, /* the time limit killed it */
-    CI_OUTCOME_CANCELLED, /* cancel() killed it */
-    CI_OUTCOME_MEMORY,    /* the memory limit was exceeded */
-    CI_OUTCOME_ERROR,     /* the code could not run or the run broke; see error */
-};
-
-/* Everything a run produced. Owned by whoever wait()ed for it. */
-struct ci_outcome {
-    enum ci_outcome_kind kind;
-    bool has_exit_code;
-    int32_t exit_code;
-    char *out; /* stdout, raw bytes, at most the output cap, NUL-terminated */
-    size_t out_len;
-    uint64_t out_total; /* bytes the code wrote, before the cut */
-    char *err; /* stderr, likewise */
-    size_t err_len;
-    uint64_t err_total;
-    struct ci_artifact *artifacts;
-    size_t n_artifacts;
-    uint64_t duration_ms;
-    uint64_t cpu_ms;
-    uint32_t memory_mb; /* peak resident memory */
-    char *error;        /* one sentence for the agent, or NULL */
-    char *hint;         /* what to try next, or NULL */
-    char isolation[128]; /* layers that ran: "user,pid,net,mnt,ipc,uts" or "none" */
-};
-
-void ci_outcome_release(struct ci_outcome *o);
-void ci_artifact_release(struct ci_artifact *a);
 
 struct ci_run; /* opaque, provider-specific */
 
 struct ci_provider_ops {
     const char *name;
-    ci_status (*start)(void *ctx, const struct ci_task *task, struct ci_run **ret_run,
+    ci_status (*start)(void *ctx, const struct ci_job *job, struct ci_run **ret_run,
                        struct ci_error *err);
     ci_status (*wait)(void *ctx, struct ci_run *run, struct ci_outcome *ret_outcome);
     void (*cancel)(void *ctx, struct ci_run *run);
@@ -106,7 +47,7 @@ static inline const char *ci_provider_name(const struct ci_provider *p) { return
 /* Zygotes of the local provider ready to take a task (local.mode: warm,
  * zygote.h); 0 for another provider or in cold mode. Thread-safe. */
 unsigned ci_provider_warm_ready(struct ci_provider *p);
-ci_status ci_provider_start(struct ci_provider *p, const struct ci_task *task,
+ci_status ci_provider_start(struct ci_provider *p, const struct ci_job *job,
                             struct ci_run **ret_run, struct ci_error *err);
 ci_status ci_provider_wait(struct ci_provider *p, struct ci_run *run, struct ci_outcome *ret);
 void ci_provider_cancel(struct ci_provider *p, struct ci_run *run);

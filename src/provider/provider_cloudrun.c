@@ -449,36 +449,36 @@ out:
 
 /* ---- the provider ------------------------------------------------------- */
 
-static ci_status cr_start(void *ctx, const struct ci_task *task, struct ci_run **ret_run,
+static ci_status cr_start(void *ctx, const struct ci_job *job, struct ci_run **ret_run,
                           struct ci_error *err)
 {
     struct cloudrun *cr = ctx;
     Ci__V1__ExecutionRequest req = CI__V1__EXECUTION_REQUEST__INIT;
     Ci__V1__Limits limits = CI__V1__LIMITS__INIT;
-    req.task_id = (char *)task->task_id;
+    req.task_id = (char *)job->task_id;
     req.language = (char *)"python";
-    req.code = (char *)task->code;
-    req.runtime = (char *)(task->runtime ? task->runtime : "");
-    limits.timeout_ms = task->timeout_ms;
-    limits.memory_mb = task->memory_mb;
+    req.code = (char *)job->code;
+    req.runtime = (char *)(job->runtime ? job->runtime : "");
+    limits.timeout_ms = job->timeout_ms;
+    limits.memory_mb = job->memory_mb;
     req.limits = &limits;
     CI_AUTOFREE Ci__V1__InputFile *files = NULL;
     CI_AUTOFREE Ci__V1__InputFile **file_ptrs = NULL;
-    if (task->n_files) {
-        files = calloc(task->n_files, sizeof(*files));
-        file_ptrs = calloc(task->n_files, sizeof(*file_ptrs));
+    if (job->n_files) {
+        files = calloc(job->n_files, sizeof(*files));
+        file_ptrs = calloc(job->n_files, sizeof(*file_ptrs));
         if (!files || !file_ptrs)
             return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-        for (size_t i = 0; i < task->n_files; i++) {
+        for (size_t i = 0; i < job->n_files; i++) {
             ci__v1__input_file__init(&files[i]);
-            files[i].name = task->files[i].name;
+            files[i].name = job->files[i].name;
             files[i].source_case = CI__V1__INPUT_FILE__SOURCE_CONTENT;
-            files[i].content.data = task->files[i].data;
-            files[i].content.len = task->files[i].len;
+            files[i].content.data = job->files[i].data;
+            files[i].content.len = job->files[i].len;
             file_ptrs[i] = &files[i];
         }
         req.files = file_ptrs;
-        req.n_files = task->n_files;
+        req.n_files = job->n_files;
     }
     CI_AUTOFREE struct ci_run *run = calloc(1, sizeof(*run));
     if (!run)
@@ -487,8 +487,8 @@ static ci_status cr_start(void *ctx, const struct ci_task *task, struct ci_run *
     if (s)
         return s;
     run->cr = cr;
-    snprintf(run->task_id, sizeof(run->task_id), "%s", task->task_id);
-    run->timeout_ms = task->timeout_ms ? task->timeout_ms : cr->cfg->limits.default_timeout_ms;
+    snprintf(run->task_id, sizeof(run->task_id), "%s", job->task_id);
+    run->timeout_ms = job->timeout_ms ? job->timeout_ms : cr->cfg->limits.default_timeout_ms;
     run->seed = (unsigned)ci_mono_ms() ^ (unsigned)(uintptr_t)run;
     pthread_mutex_init(&run->lock, NULL);
     pthread_condattr_t ca;

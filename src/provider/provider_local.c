@@ -212,28 +212,23 @@ static ci_status interpret(const struct local *l, const struct ci_run *run,
     return CI_OK;
 }
 
-static ci_status local_start(void *ctx, const struct ci_task *task, struct ci_run **ret_run,
+static ci_status local_start(void *ctx, const struct ci_job *job, struct ci_run **ret_run,
                              struct ci_error *err)
 {
     struct local *l = ctx;
-    if (task->runtime && task->runtime[0] && strcmp(task->runtime, RUNTIME) != 0)
+    if (job->runtime && job->runtime[0] && strcmp(job->runtime, RUNTIME) != 0)
         return ci_error_set(err, CI_ERR_UNSUPPORTED,
                             "runtime '%s' is not available on this worker; it runs " RUNTIME,
-                            task->runtime);
+                            job->runtime);
     CI_AUTOFREE struct ci_run *run = calloc(1, sizeof(*run));
     if (!run)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-    run->timeout_ms = task->timeout_ms ? task->timeout_ms : l->cfg->limits.default_timeout_ms;
-    run->memory_mb = task->memory_mb ? task->memory_mb : l->cfg->limits.default_memory_mb;
-    struct ci_sandbox_job job = {
-        .code = task->code,
-        .code_len = task->code_len,
-        .files = task->files,
-        .n_files = task->n_files,
-        .timeout_ms = run->timeout_ms,
-        .memory_mb = run->memory_mb,
-    };
-    ci_status s = ci_sandbox_start(l->sb, &job, &run->sb_run, err);
+    run->timeout_ms = job->timeout_ms ? job->timeout_ms : l->cfg->limits.default_timeout_ms;
+    run->memory_mb = job->memory_mb ? job->memory_mb : l->cfg->limits.default_memory_mb;
+    struct ci_job limited = *job;
+    limited.timeout_ms = run->timeout_ms;
+    limited.memory_mb = run->memory_mb;
+    ci_status s = ci_sandbox_start(l->sb, &limited, &run->sb_run, err);
     if (s)
         return s;
     *ret_run = CI_STEAL(&run);

@@ -1261,7 +1261,7 @@ static void set_limit(struct child_args *a, int res, rlim_t soft, rlim_t hard)
  * would refuse honest code; a single allocation far beyond the limit still
  * fails at once as a MemoryError with a traceback instead of an OOM kill. */
 static void plan_limits(struct child_args *a, const struct ci_sandbox *sb,
-                        const struct ci_sandbox_job *job)
+                        const struct ci_job *job)
 {
     const struct ci_config *cfg = sb->cfg;
     const rlim_t MiB = 1024 * 1024;
@@ -1301,7 +1301,7 @@ static bool plain_name(const char *name)
  * created as the sandbox user (setfsuid is per thread): a root worker has
  * no mapping in the sandbox's user namespace and could not create them
  * itself, and the code must be able to overwrite its inputs. */
-static ci_status write_inputs(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+static ci_status write_inputs(struct ci_sandbox_run *run, const struct ci_job *job,
                               struct ci_error *err)
 {
     const struct ci_sandbox *sb = run->sb;
@@ -1338,7 +1338,7 @@ static ci_status write_inputs(struct ci_sandbox_run *run, const struct ci_sandbo
     return s;
 }
 
-static ci_status digest_inputs(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+static ci_status digest_inputs(struct ci_sandbox_run *run, const struct ci_job *job,
                                struct ci_error *err)
 {
     if (!job->n_files)
@@ -1510,7 +1510,7 @@ static int warm_op_index(const struct ci_sandbox *sb, int op);
 /* The end of a start, cold or warm: init builds its sandbox and says READY
  * with /workspace; the inputs go in; GO. A failure before READY sets
  * *ret_fallback (when not NULL): nothing of the task has run. */
-static ci_status finish_start(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+static ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job,
                               bool *ret_fallback, struct ci_error *err)
 {
     const struct ci_sandbox *sb = run->sb;
@@ -1547,7 +1547,7 @@ static ci_status finish_start(struct ci_sandbox_run *run, const struct ci_sandbo
 }
 
 /* The task's cgroup exists, with its limits, before any of its processes. */
-static ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+static ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_job *job,
                                  struct ci_error *err)
 {
     const struct ci_sandbox *sb = run->sb;
@@ -1564,7 +1564,7 @@ static ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_san
 }
 
 /* Namespace mode: clone init, map ids, wait for READY, inputs, GO. */
-static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_job *job,
                           struct ci_error *err)
 {
     const struct ci_sandbox *sb = run->sb;
@@ -1603,7 +1603,7 @@ static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_sandbox_jo
 }
 
 /* Bare mode: a private directory, the inputs, then fork and exec. */
-static ci_status start_bare(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+static ci_status start_bare(struct ci_sandbox_run *run, const struct ci_job *job,
                             struct ci_error *err)
 {
     const struct ci_sandbox *sb = run->sb;
@@ -1700,11 +1700,11 @@ static void send_code(struct ci_sandbox_run *run)
     close_fd(&run->code_fd);
 }
 
-static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
                             bool *ret_fallback, struct ci_error *err);
 
 /* One start, cold or (warm) in a zygote. */
-static ci_status run_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job, bool warm,
+static ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
                            bool *ret_fallback, struct ci_sandbox_run **ret, struct ci_error *err)
 {
     struct ci_sandbox_run *run = calloc(1, sizeof(*run));
@@ -1746,7 +1746,7 @@ static ci_status run_start(struct ci_sandbox *sb, const struct ci_sandbox_job *j
     return CI_OK;
 }
 
-ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job,
+ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_job *job,
                            struct ci_sandbox_run **ret, struct ci_error *err)
 {
     if (sb->warm) {
@@ -2452,7 +2452,7 @@ static int try_clone(unsigned long flags)
 static ci_status probe_run(struct ci_sandbox *sb, struct ci_error *err)
 {
     static const char code[] = "pass\n";
-    struct ci_sandbox_job job = {.code = code, .code_len = sizeof(code) - 1,
+    struct ci_job job = {.code = code, .code_len = sizeof(code) - 1,
                                  .timeout_ms = 20000, .memory_mb = 1024};
     struct ci_sandbox_run *run;
     ci_status s = ci_sandbox_start(sb, &job, &run, err);
@@ -2743,7 +2743,7 @@ static void plan_font_cache(struct ci_sandbox *sb)
         "name = 'fontlist-v%s.json' % fm.FontManager.__version__\n"
         "path = os.path.join(matplotlib.get_cachedir(), name)\n"
         "sys.stdout.write(name + '\\n' + open(path).read())\n";
-    struct ci_sandbox_job job = {.code = code, .code_len = sizeof(code) - 1,
+    struct ci_job job = {.code = code, .code_len = sizeof(code) - 1,
                                  .timeout_ms = 30000, .memory_mb = 1024};
     struct ci_sandbox_run *run;
     struct ci_sandbox_result r;
@@ -3116,7 +3116,7 @@ static pid_t pidfd_pid(int pidfd)
  * task process forked and waiting), which says HELLO with pidfds of both;
  * we put both in the task's cgroup, then init builds its mounts like a cold
  * init (finish_start). *ret_fallback: nothing of the task has run. */
-static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_sandbox_job *job,
+static ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
                             bool *ret_fallback, struct ci_error *err)
 {
     struct ci_sandbox *sb = run->sb;
@@ -3228,7 +3228,7 @@ static ci_status probe_warm(const struct ci_config *cfg, struct build_opts opts,
     if (!s) {
         p->warm_start_ms = ci_mono_ms() - t0;
         static const char code[] = "pass\n";
-        struct ci_sandbox_job job = {.code = code, .code_len = sizeof(code) - 1,
+        struct ci_job job = {.code = code, .code_len = sizeof(code) - 1,
                                      .timeout_ms = 20000, .memory_mb = 1024};
         struct ci_sandbox_run *run = NULL;
         bool fallback = false;

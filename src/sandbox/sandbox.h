@@ -71,7 +71,7 @@
 #include <stdio.h>
 
 #include "core/config.h"
-#include "provider/provider.h"
+#include "core/job.h"
 #include "core/status.h"
 #include "sandbox/zygote.h"
 
@@ -164,17 +164,6 @@ const char *ci_sandbox_mode(const struct ci_sandbox *sb);
 bool ci_sandbox_warm_stats(struct ci_sandbox *sb, struct ci_zygote_stats *ret,
                            uint64_t *ret_fallbacks);
 
-/* One task for the sandbox; borrowed until ci_sandbox_start() returns (the
- * code is copied, the inputs are written before it returns). */
-struct ci_sandbox_job {
-    const char *code;
-    size_t code_len;
-    const struct ci_file *files;
-    size_t n_files;
-    uint32_t timeout_ms;
-    uint32_t memory_mb;
-};
-
 enum ci_sandbox_end {
     CI_SANDBOX_EXITED,    /* the task process ended by itself; see status */
     CI_SANDBOX_TIMED_OUT, /* the deadline passed and everything was killed */
@@ -205,11 +194,13 @@ void ci_sandbox_result_release(struct ci_sandbox_result *r);
 struct ci_sandbox_run;
 
 /* Builds a fresh sandbox, writes the inputs into /workspace and starts the
- * code; returns as soon as the code runs. The deadline (job->timeout_ms)
+ * code; returns as soon as the code runs. The job is borrowed until this
+ * returns (the code is copied, the inputs are written), and its limits
+ * are taken as they are (0 is not a default here). The deadline (job->timeout_ms)
  * starts now. On failure nothing is left running and err says which setup
  * step failed. The thread that calls this must outlive the run: init gets
  * SIGKILL when it exits (PR_SET_PDEATHSIG is per thread). */
-ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_sandbox_job *job,
+ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_job *job,
                            struct ci_sandbox_run **ret, struct ci_error *err);
 
 /* Collects output until the task ends, the deadline passes or a cancel

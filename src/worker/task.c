@@ -730,7 +730,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         return finish(t, r);
     }
 
-    struct ci_task task = {
+    struct ci_job job = {
         .task_id = t->id,
         .runtime = r->msg.runtime,
         .code = t->req->code,
@@ -741,7 +741,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         .memory_mb = memory_mb,
     };
     struct ci_run *run = NULL;
-    s = ci_provider_start(env->provider, &task, &run, &e);
+    s = ci_provider_start(env->provider, &job, &run, &e);
     if (s) {
         result_fail(r, "%s", e.msg);
         return finish(t, r);

@@ -62,7 +62,7 @@ static ci_status run_with(struct ci_provider *p, const char *code, const struct 
                           size_t n_files, uint32_t timeout_ms, uint32_t memory_mb,
                           struct ci_outcome *o)
 {
-    struct ci_task task = {.task_id = "t1", .runtime = "python-data-analysis-v1",
+    struct ci_job task = {.task_id = "t1", .runtime = "python-data-analysis-v1",
                            .code = code, .code_len = strlen(code), .files = files,
                            .n_files = n_files, .timeout_ms = timeout_ms,
                            .memory_mb = memory_mb};
@@ -265,7 +265,7 @@ static void t_code_edges(void)
     struct ci_run *run;
     struct ci_error err = {{0}};
     struct ci_file bad = {.name = "../escape.csv", .data = (uint8_t *)"x", .len = 1};
-    struct ci_task task = {.task_id = "b", .code = "pass", .code_len = 4, .files = &bad,
+    struct ci_job task = {.task_id = "b", .code = "pass", .code_len = 4, .files = &bad,
                            .n_files = 1, .timeout_ms = 5000, .memory_mb = 512};
     CHECK(ci_provider_start(prov, &task, &run, &err) == CI_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "not a plain file name");
@@ -540,7 +540,7 @@ static void *cancel_later(void *p)
 static void t_cancel(void)
 {
     static const char code[] = "import time\nprint('started', flush=True)\ntime.sleep(100)\n";
-    struct ci_task task = {.task_id = "c1", .code = code, .code_len = strlen(code),
+    struct ci_job task = {.task_id = "c1", .code = code, .code_len = strlen(code),
                            .timeout_ms = 20000, .memory_mb = 1024};
     struct ci_error err = {{0}};
     struct cancel_arg a = {0};
@@ -568,7 +568,7 @@ static void t_release_without_wait(void)
              "import subprocess, sys\n"
              "subprocess.run([sys.executable, '-c', 'import time; time.sleep(100)', '%s'])\n",
              marker);
-    struct ci_task task = {.task_id = "r1", .code = code, .code_len = strlen(code),
+    struct ci_job task = {.task_id = "r1", .code = code, .code_len = strlen(code),
                            .timeout_ms = 20000, .memory_mb = 1024};
     struct ci_error err = {{0}};
     struct ci_run *run = NULL;
@@ -1005,7 +1005,7 @@ static void t_cgroup_self(void)
 static void t_cgroup_layout(void)
 {
     static const char code[] = "import time\nprint('up', flush=True)\ntime.sleep(30)\n";
-    struct ci_task task = {.task_id = "g1", .code = code, .code_len = strlen(code),
+    struct ci_job task = {.task_id = "g1", .code = code, .code_len = strlen(code),
                            .timeout_ms = 20000, .memory_mb = 300};
     struct ci_error err = {{0}};
     struct ci_run *run = NULL;
@@ -1318,7 +1318,7 @@ static struct ci_sandbox *warm_sandbox(struct ci_config *c)
 /* Runs code in sb; returns stdout (malloc'ed, "" when the run failed). */
 static char *sb_output(struct ci_sandbox *sb, const char *code, int *ret_status)
 {
-    struct ci_sandbox_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
+    struct ci_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
                                  .memory_mb = 1024};
     struct ci_sandbox_run *run = NULL;
     struct ci_error err = {{0}};
@@ -1472,7 +1472,7 @@ static void t_warm_zygote_dies_under_a_task(void)
     fallbacks_of(sb, &st);
     REQUIRE(st.ready == 1);
     static const char code[] = "import time\nprint('up', flush=True)\ntime.sleep(30)\n";
-    struct ci_sandbox_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
+    struct ci_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
                                  .memory_mb = 1024};
     struct ci_sandbox_run *run = NULL;
     struct ci_error err = {{0}};
@@ -1626,7 +1626,7 @@ static void t_warm_spares(void)
     for (int i = 0; i < 3; i++)
         CHECK(children_within(before[i], 1, kids, 8) == 1); /* its task process */
     static const char code[] = "import os\nprint(os.getpid(), os.getppid())\n";
-    struct ci_sandbox_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
+    struct ci_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
                                  .memory_mb = 1024};
     struct ci_sandbox_run *runs[3] = {NULL, NULL, NULL};
     struct ci_error err = {{0}};
@@ -1698,7 +1698,7 @@ static void t_warm_spare_cpu(void)
         "import resource\n"
         "ru = resource.getrusage(resource.RUSAGE_SELF)\n"
         "print(int((ru.ru_utime + ru.ru_stime) * 1000), resource.getrlimit(resource.RLIMIT_CPU)[0])\n";
-    struct ci_sandbox_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
+    struct ci_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
                                  .memory_mb = 1024};
     struct ci_sandbox_run *run = NULL;
     struct ci_error err = {{0}};

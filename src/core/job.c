@@ -1,0 +1,29 @@
+/* job.c - releasing what a run produced (job.h). */
+#include "core/job.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void ci_artifact_release(struct ci_artifact *a)
+{
+    if (!a)
+        return;
+    free(a->name);
+    free(a->mime_type);
+    free(a->data);
+    memset(a, 0, sizeof(*a));
+}
+
+void ci_outcome_release(struct ci_outcome *o)
+{
+    if (!o)
+        return;
+    free(o->out);
+    free(o->err);
+    for (size_t i = 0; i < o->n_artifacts; i++)
+        ci_artifact_release(&o->artifacts[i]);
+    free(o->artifacts);
+    free(o->error);
+    free(o->hint);
+    memset(o, 0, sizeof(*o));
+}

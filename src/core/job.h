@@ -1,0 +1,74 @@
+/* job.h - one unit of work as every runner sees it: the job (code, inputs,
+ * limits) and what running it produced (the outcome, with its artifacts).
+ *
+ * These are plain data shared by the providers (provider.h) and the
+ * sandbox (sandbox.h); neither owns the other's types. */
+#ifndef CI_JOB_H
+#define CI_JOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* An input file, already fetched (inline or from the object store). */
+struct ci_file {
+    char *name;
+    uint8_t *data;
+    size_t len;
+};
+
+/* What to run: borrowed from the caller for the whole run. Limits are
+ * validated and defaulted before a job is made (request.h). */
+struct ci_job {
+    const char *task_id;
+    const char *runtime; /* "" or NULL: the default runtime */
+    const char *code;
+    size_t code_len;
+    const struct ci_file *files;
+    size_t n_files;
+    uint32_t timeout_ms;
+    uint32_t memory_mb;
+};
+
+struct ci_artifact {
+    char *name;      /* relative path as the code wrote it */
+    char *mime_type; /* "text/csv" or "image/png" */
+    uint8_t *data;
+    size_t len;
+    char sha256[65];
+};
+
+enum ci_outcome_kind {
+    CI_OUTCOME_EXITED,    /* the code ran and exited; exit_code is set */
+    CI_OUTCOME_TIMED_OUT, /* the time limit killed it */
+    CI_OUTCOME_CANCELLED, /* a cancel killed it */
+    CI_OUTCOME_MEMORY,    /* the memory limit was exceeded */
+    CI_OUTCOME_ERROR,     /* the code could not run or the run broke; see error */
+};
+
+/* Everything a run produced. Owned by whoever waited for it. */
+struct ci_outcome {
+    enum ci_outcome_kind kind;
+    bool has_exit_code;
+    int32_t exit_code;
+    char *out; /* stdout, raw bytes, at most the output cap, NUL-terminated */
+    size_t out_len;
+    uint64_t out_total; /* bytes the code wrote, before the cut */
+    char *err; /* stderr, likewise */
+    size_t err_len;
+    uint64_t err_total;
+    struct ci_artifact *artifacts;
+    size_t n_artifacts;
+    uint64_t duration_ms;
+    uint64_t cpu_ms;
+    uint32_t memory_mb; /* peak resident memory */
+    char *error;        /* one sentence for the agent, or NULL */
+    char *hint;         /* what to try next, or NULL */
+    char isolation[128]; /* layers that ran: "user,pid,net,mnt,ipc,uts" or "none" */
+};
+
+/* Both accept NULL and leave the struct zeroed. */
+void ci_outcome_release(struct ci_outcome *o);
+void ci_artifact_release(struct ci_artifact *a);
+
+#endif
