@@ -7,8 +7,6 @@
 # fit under a task's RLIMIT_AS, and the zygote's children run Python.
 pkg_check_modules(PYEMBED IMPORTED_TARGET python3-embed)
 
-target_sources(ci_sandbox PRIVATE ${S}/sandbox/zygote.c)
-
 if(PYEMBED_FOUND)
   add_executable(ci-zygote ${S}/zygote/main.c ${DRIVER_C})
   target_include_directories(ci-zygote PRIVATE ${S})

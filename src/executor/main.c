@@ -17,7 +17,7 @@
 #include "core/config.h"
 #include "executor/httpd.h"
 #include "core/log.h"
-#include "provider/provider.h"
+#include "provider/provider_local.h"
 #include "sandbox/sandbox.h"
 #include "executor/service.h"
 #include "core/util.h"

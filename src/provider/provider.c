@@ -1,20 +1,9 @@
+/* provider.c - the calls through a provider's table (provider.h). */
 #include "provider/provider.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/config.h"
-
-ci_status ci_provider_new(const struct ci_config *cfg, struct ci_provider **ret,
-                          struct ci_error *err)
-{
-    if (strcmp(cfg->worker.provider, "local") == 0)
-        return ci_provider_local_new(cfg, ret, err);
-    if (strcmp(cfg->worker.provider, "cloudrun") == 0)
-        return ci_provider_cloudrun_new(cfg, ret, err);
-    return ci_error_set(err, CI_ERR_UNSUPPORTED, "provider '%s' is not built in this worker",
-                        cfg->worker.provider);
-}
 
 void ci_provider_free(struct ci_provider *p)
 {
@@ -22,6 +11,11 @@ void ci_provider_free(struct ci_provider *p)
         return;
     p->ops->destroy(p->ctx);
     free(p);
+}
+
+unsigned ci_provider_warm_ready(struct ci_provider *p)
+{
+    return p && p->ops->warm_ready ? p->ops->warm_ready(p->ctx) : 0;
 }
 
 ci_status ci_provider_start(struct ci_provider *p, const struct ci_job *job,

@@ -19,8 +19,6 @@
 #include "core/job.h"
 #include "core/status.h"
 
-struct ci_config;
-
 struct ci_run; /* opaque, provider-specific */
 
 struct ci_provider_ops {
@@ -31,6 +29,9 @@ struct ci_provider_ops {
     void (*cancel)(void *ctx, struct ci_run *run);
     void (*release)(void *ctx, struct ci_run *run);
     void (*destroy)(void *ctx);
+    /* Optional (NULL when the provider keeps no warm pool): how many warm
+     * runtimes are ready to take a task now. Thread-safe. */
+    unsigned (*warm_ready)(void *ctx);
 };
 
 struct ci_provider {
@@ -38,27 +39,15 @@ struct ci_provider {
     void *ctx;
 };
 
-/* Creates the provider named in cfg->worker.provider. */
-ci_status ci_provider_new(const struct ci_config *cfg, struct ci_provider **ret,
-                          struct ci_error *err);
 void ci_provider_free(struct ci_provider *p);
 
 static inline const char *ci_provider_name(const struct ci_provider *p) { return p->ops->name; }
-/* Zygotes of the local provider ready to take a task (local.mode: warm,
- * zygote.h); 0 for another provider or in cold mode. Thread-safe. */
+/* Warm runtimes ready to take a task; 0 for a provider without a warm pool. */
 unsigned ci_provider_warm_ready(struct ci_provider *p);
 ci_status ci_provider_start(struct ci_provider *p, const struct ci_job *job,
                             struct ci_run **ret_run, struct ci_error *err);
 ci_status ci_provider_wait(struct ci_provider *p, struct ci_run *run, struct ci_outcome *ret);
 void ci_provider_cancel(struct ci_provider *p, struct ci_run *run);
 void ci_provider_release(struct ci_provider *p, struct ci_run *run);
-
-/* Constructors of the providers (provider_local.c, provider_cloudrun.c). */
-ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,
-                                struct ci_error *err);
-/* The `cloudrun` provider: tasks run on a ci-executor service at
- * cfg->cloudrun.service_url (CI_ERR_INVALID when it is not set). */
-ci_status ci_provider_cloudrun_new(const struct ci_config *cfg, struct ci_provider **ret,
-                                   struct ci_error *err);
 
 #endif

@@ -36,7 +36,7 @@
 #include "core/config.h"
 #include "provider/http.h"
 #include "provider/idtoken.h"
-#include "provider/provider.h"
+#include "provider/provider_cloudrun.h"
 #include "core/util.h"
 
 #define CANCEL_GRACE_MS 1000   /* wait this long for the executor's CANCELLED answer */

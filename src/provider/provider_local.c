@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 
 #include "core/config.h"
-#include "provider/provider.h"
+#include "provider/provider_local.h"
 #include "sandbox/sandbox.h"
 #include "core/util.h"
 
@@ -291,13 +291,9 @@ static void local_destroy(void *ctx)
     free(l);
 }
 
-static const struct ci_provider_ops local_ops;
-
-unsigned ci_provider_warm_ready(struct ci_provider *p)
+static unsigned local_warm_ready(void *ctx)
 {
-    if (!p || p->ops != &local_ops)
-        return 0;
-    const struct local *l = p->ctx;
+    const struct local *l = ctx;
     struct ci_zygote_stats st;
     uint64_t fallbacks;
     return ci_sandbox_warm_stats(l->sb, &st, &fallbacks) ? st.ready : 0;
@@ -310,11 +306,9 @@ static const struct ci_provider_ops local_ops = {
     .cancel = local_cancel,
     .release = local_release,
     .destroy = local_destroy,
+    .warm_ready = local_warm_ready,
 };
 
-/* Probes the machine, then prepares the sandbox. With isolation `auto` on a
- * machine without namespaces this succeeds in the no-sandbox mode and leaves
- * the warning to log in err->msg; on a normal success err->msg is "". */
 ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,
                                 struct ci_error *err)
 {

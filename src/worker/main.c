@@ -18,7 +18,7 @@
 #include "core/log.h"
 #include "monitor/metrics.h"
 #include "monitor/monitor.h"
-#include "provider/provider.h"
+#include "provider/registry.h"
 #include "core/request.h"
 #include "sandbox/sandbox.h"
 #include "worker/task.h"

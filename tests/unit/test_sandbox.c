@@ -19,7 +19,7 @@
 
 #include "sandbox/cgroup.h"
 #include "core/config.h"
-#include "provider/provider.h"
+#include "provider/provider_local.h"
 #include "sandbox/sandbox.h"
 #include "testutil.h"
 #include "core/util.h"
