@@ -22,6 +22,18 @@ static inline void ci_closep(int *fd)
 #define CI_AUTOFREE __attribute__((cleanup(ci_freep)))
 #define CI_AUTOCLOSE __attribute__((cleanup(ci_closep)))
 
+/* Cleanup for a library's own types, the way systemd does it:
+ * CI_DEFINE_CLEANUP(natsMsg, natsMsg_Destroy) defines natsMsg_Destroyp(),
+ * and `CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;` destroys m when it
+ * leaves scope (the destructor is not called on NULL). */
+#define CI_DEFINE_CLEANUP(type, fn)                                                            \
+    static inline void fn##p(type **p)                                                         \
+    {                                                                                          \
+        if (*p)                                                                                \
+            fn(*p);                                                                            \
+    }
+#define CI_CLEANUP(fn) __attribute__((cleanup(fn##p)))
+
 /* Hands ownership to the caller: returns *pp and clears it. */
 static inline void *ci_steal_ptr(void *pp)
 {

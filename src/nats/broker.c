@@ -8,7 +8,9 @@
 #include <strings.h>
 #include <time.h>
 
+#include "nats/natsutil.h"
 #include "nats/nkey.h"
+#include "nats/objstore_js.h"
 #include "core/util.h"
 
 #define NS_PER_S 1000000000LL
@@ -47,17 +49,6 @@ struct ci_watch {
     natsSubscription *sub;
     natsMsg *cur;
 };
-
-/* Records a NATS failure with the server's text where there is one. */
-static ci_status nats_fail(struct ci_error *err, natsStatus s, jsErrCode jerr, const char *what)
-{
-    const char *last = nats_GetLastError(NULL);
-    if (jerr)
-        return ci_error_set(err, CI_ERR_NATS, "%s: %s (%s, jetstream error %d)", what,
-                            natsStatus_GetText(s), last ? last : "", (int)jerr);
-    return ci_error_set(err, CI_ERR_NATS, "%s: %s%s%s", what, natsStatus_GetText(s),
-                        last ? ": " : "", last ? last : "");
-}
 
 void ci_broker_redact_urls(const char *urls, char *out, size_t n)
 {
@@ -171,12 +162,12 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
     if (s != NATS_OK) {
         natsOptions_Destroy(o);
         free(b);
-        return nats_fail(err, s, 0, step);
+        return ci_nats_fail(err, s, 0, "%s", step);
     }
     s = natsConnection_Connect(&b->nc, o);
     natsOptions_Destroy(o);
     if (s != NATS_OK) {
-        ci_status r = nats_fail(err, s, 0, "cannot connect to NATS");
+        ci_status r = ci_nats_fail(err, s, 0, "cannot connect to NATS");
         size_t used = strlen(err ? err->msg : "");
         char urls[1024];
         ci_broker_redact_urls(cfg->nats.url, urls, sizeof(urls));
@@ -188,7 +179,7 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
     s = natsConnection_JetStream(&b->js, b->nc, NULL);
     if (s != NATS_OK) {
         ci_broker_free(b);
-        return nats_fail(err, s, 0, "JetStream context");
+        return ci_nats_fail(err, s, 0, "JetStream context");
     }
     *ret = b;
     return CI_OK;
@@ -208,7 +199,7 @@ static ci_status ensure_stream(struct ci_broker *b, jsStreamConfig *sc, struct c
     if (jerr != JSStreamNameExistErr) {
         char what[160];
         snprintf(what, sizeof(what), "cannot create stream %s", sc->Name);
-        return nats_fail(err, s, jerr, what);
+        return ci_nats_fail(err, s, jerr, "%s", what);
     }
     jerr = 0;
     s = js_UpdateStream(&si, b->js, sc, NULL, &jerr);
@@ -216,7 +207,7 @@ static ci_status ensure_stream(struct ci_broker *b, jsStreamConfig *sc, struct c
         char what[160];
         snprintf(what, sizeof(what), "stream %s exists with settings that cannot be updated",
                  sc->Name);
-        return nats_fail(err, s, jerr, what);
+        return ci_nats_fail(err, s, jerr, "%s", what);
     }
     jsStreamInfo_Destroy(si);
     return CI_OK;
@@ -249,7 +240,7 @@ static ci_status ensure_consumer(struct ci_broker *b, struct ci_error *err)
         char what[160];
         snprintf(what, sizeof(what), "cannot create consumer %s on %s", cc.Durable,
                  c->jetstream.tasks_stream);
-        return nats_fail(err, s, jerr, what);
+        return ci_nats_fail(err, s, jerr, "%s", what);
     }
     jsConsumerInfo_Destroy(ci);
     return CI_OK;
@@ -266,7 +257,7 @@ static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *er
             char what[160];
             snprintf(what, sizeof(what), "results bucket %s not found (is a worker running?)",
                      c->jetstream.results_bucket);
-            return nats_fail(err, s, 0, what);
+            return ci_nats_fail(err, s, 0, "%s", what);
         }
         return CI_OK;
     }
@@ -288,7 +279,7 @@ static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *er
         char what[160];
         snprintf(what, sizeof(what), "cannot create results bucket %s",
                  c->jetstream.results_bucket);
-        return nats_fail(err, s, 0, what);
+        return ci_nats_fail(err, s, 0, "%s", what);
     }
     return CI_OK;
 }
@@ -434,7 +425,7 @@ ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_e
                                     b->cfg->jetstream.consumer, NULL, &so, &jerr);
     if (s != NATS_OK) {
         free(p);
-        return nats_fail(err, s, jerr, "cannot bind to the task consumer");
+        return ci_nats_fail(err, s, jerr, "cannot bind to the task consumer");
     }
     p->empty_ms = ci_mono_ms();
     *ret = p;
@@ -506,7 +497,7 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
     }
     if (s != NATS_OK) {
         natsMsgList_Destroy(&list);
-        ci_status r = nats_fail(err, s, jerr, "fetch from the task queue");
+        ci_status r = ci_nats_fail(err, s, jerr, "fetch from the task queue");
         return r;
     }
     struct ci_delivery *d = calloc(1, sizeof(*d));
@@ -609,7 +600,7 @@ ci_status ci_broker_result_put(struct ci_broker *b, const char *task_id, const v
     uint64_t rev = 0;
     natsStatus s = kvStore_Put(&rev, b->kv, task_id, data, (int)len);
     if (s != NATS_OK)
-        return nats_fail(err, s, 0, "cannot write the result to the results bucket");
+        return ci_nats_fail(err, s, 0, "cannot write the result to the results bucket");
     return CI_OK;
 }
 
@@ -625,7 +616,7 @@ ci_status ci_broker_result_create(struct ci_broker *b, const char *task_id, cons
                 return ci_error_set(err, CI_ERR_INVALID, "task '%s' already has a result record",
                                 task_id);
         }
-        return nats_fail(err, s, 0, "cannot create the result record");
+        return ci_nats_fail(err, s, 0, "cannot create the result record");
     }
     return CI_OK;
 }
@@ -649,7 +640,7 @@ ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t
     if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
         return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", task_id);
     if (s != NATS_OK)
-        return nats_fail(err, s, jerr, "cannot read the results bucket");
+        return ci_nats_fail(err, s, jerr, "cannot read the results bucket");
     const char *op = NULL;
     if (natsMsgHeader_Get(msg, "KV-Operation", &op) == NATS_OK && op &&
         (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0)) {
@@ -695,7 +686,7 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
     jsPubAck_Destroy(pa);
     natsMsg_Destroy(m);
     if (s != NATS_OK)
-        return nats_fail(err, s, jerr, "cannot publish the status event");
+        return ci_nats_fail(err, s, jerr, "cannot publish the status event");
     return CI_OK;
 }
 
@@ -711,7 +702,7 @@ ci_status ci_broker_event_last_status(struct ci_broker *b, const char *task_id, 
     if (jerr == JSNoMessageFoundErr || (s == NATS_NOT_FOUND && jerr == 0))
         return ci_error_set(err, CI_ERR_NOT_FOUND, "task '%s' has no status event", task_id);
     if (s != NATS_OK)
-        return nats_fail(err, s, jerr, "cannot read the status stream");
+        return ci_nats_fail(err, s, jerr, "cannot read the status stream");
     const char *v = NULL;
     if (natsMsgHeader_Get(m, "Ci-Status", &v) != NATS_OK || !v)
         v = "";
@@ -733,7 +724,7 @@ ci_status ci_broker_cancel_requested(struct ci_broker *b, const char *task_id, b
         return CI_OK;
     }
     if (s != NATS_OK)
-        return nats_fail(err, s, jerr, "cannot read the cancel stream");
+        return ci_nats_fail(err, s, jerr, "cannot read the cancel stream");
     natsMsg_Destroy(m);
     *ret = true;
     return CI_OK;
@@ -749,7 +740,7 @@ ci_status ci_broker_cancel_publish(struct ci_broker *b, const char *task_id,
     natsStatus s = js_Publish(&pa, b->js, subj, NULL, 0, NULL, &jerr);
     jsPubAck_Destroy(pa);
     if (s != NATS_OK)
-        return nats_fail(err, s, jerr, "cannot publish the cancel request");
+        return ci_nats_fail(err, s, jerr, "cannot publish the cancel request");
     return CI_OK;
 }
 
@@ -782,7 +773,7 @@ ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closur
     if (s != NATS_OK) {
         natsSubscription_Destroy(b->cancel_sub);
         b->cancel_sub = NULL;
-        return nats_fail(err, s, 0, "cannot subscribe to cancel requests");
+        return ci_nats_fail(err, s, 0, "cannot subscribe to cancel requests");
     }
     return CI_OK;
 }
@@ -797,13 +788,13 @@ ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
     jsStreamInfo *si = NULL;
     natsStatus s = js_GetStreamInfo(&si, b->js, c->jetstream.tasks_stream, NULL, &jerr);
     if (s != NATS_OK)
-        return nats_fail(err, s, jerr, "cannot read the task stream's state");
+        return ci_nats_fail(err, s, jerr, "cannot read the task stream's state");
     jsConsumerInfo *ci = NULL;
     s = js_GetConsumerInfo(&ci, b->js, c->jetstream.tasks_stream, c->jetstream.consumer, NULL,
                            &jerr);
     if (s != NATS_OK) {
         jsStreamInfo_Destroy(si);
-        return nats_fail(err, s, jerr, "cannot read the task consumer's state");
+        return ci_nats_fail(err, s, jerr, "cannot read the task consumer's state");
     }
     struct ci_queue_stats q = {
         .stream_msgs = si->State.Msgs,
@@ -846,7 +837,7 @@ ci_status ci_broker_workers_open(struct ci_broker *b, bool create, uint32_t ttl_
         char what[160];
         snprintf(what, sizeof(what), "cannot create heartbeat bucket %s",
                  c->jetstream.workers_bucket);
-        return nats_fail(err, s, 0, what);
+        return ci_nats_fail(err, s, 0, "%s", what);
     }
     return CI_OK;
 }
@@ -859,7 +850,7 @@ ci_status ci_broker_worker_put(struct ci_broker *b, const char *worker_id, const
     uint64_t rev = 0;
     natsStatus s = kvStore_Put(&rev, b->workers_kv, worker_id, data, (int)len);
     if (s != NATS_OK)
-        return nats_fail(err, s, 0, "cannot write the heartbeat");
+        return ci_nats_fail(err, s, 0, "cannot write the heartbeat");
     return CI_OK;
 }
 
@@ -870,7 +861,7 @@ ci_status ci_broker_worker_delete(struct ci_broker *b, const char *worker_id,
         return ci_error_set(err, CI_ERR_INVALID, "the heartbeat bucket is not open");
     natsStatus s = kvStore_Delete(b->workers_kv, worker_id);
     if (s != NATS_OK)
-        return nats_fail(err, s, 0, "cannot delete the heartbeat");
+        return ci_nats_fail(err, s, 0, "cannot delete the heartbeat");
     return CI_OK;
 }
 
@@ -884,7 +875,7 @@ ci_status ci_broker_workers_list(struct ci_broker *b, size_t max, ci_worker_entr
     if (s == NATS_NOT_FOUND)
         return CI_OK; /* no worker alive */
     if (s != NATS_OK)
-        return nats_fail(err, s, 0, "cannot list the heartbeats");
+        return ci_nats_fail(err, s, 0, "cannot list the heartbeats");
     for (int i = 0; i < keys.Count && (size_t)i < max; i++) {
         kvEntry *e = NULL;
         if (kvStore_Get(&e, b->workers_kv, keys.Keys[i]) != NATS_OK)
@@ -919,7 +910,7 @@ ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char 
     natsMsg_Destroy(m);
     if (s != NATS_OK) {
         jsPubAck_Destroy(pa);
-        return nats_fail(err, s, jerr, "cannot submit the task");
+        return ci_nats_fail(err, s, jerr, "cannot submit the task");
     }
     if (ret_duplicate)
         *ret_duplicate = pa->Duplicate;
@@ -943,7 +934,7 @@ ci_status ci_watch_new(struct ci_broker *b, const char *task_id, struct ci_watch
     natsStatus s = js_SubscribeSync(&w->sub, b->js, subj, NULL, &so, &jerr);
     if (s != NATS_OK) {
         free(w);
-        return nats_fail(err, s, jerr, "cannot watch the task's status events");
+        return ci_nats_fail(err, s, jerr, "cannot watch the task's status events");
     }
     *ret = w;
     return CI_OK;
@@ -959,7 +950,7 @@ ci_status ci_watch_next(struct ci_watch *w, int timeout_ms, const uint8_t **ret_
         return CI_ERR_TIMEOUT;
     }
     if (s != NATS_OK)
-        return nats_fail(err, s, 0, "status events");
+        return ci_nats_fail(err, s, 0, "status events");
     const char *ct = NULL;
     if (natsMsgHeader_Get(w->cur, "Content-Type", &ct) != NATS_OK) {
         ct = NULL;

@@ -1,7 +1,8 @@
 /* broker.h - everything the worker and the `ci` client do on NATS: the
  * connection, the streams, the work-queue consumer, the results bucket, the
- * status events and the cancel subjects of CONTRACT.md. This is the only
- * module that sees natsStatus (objstore.c works on the jsCtx it is given). */
+ * status events and the cancel subjects of docs/contract.md. Only the NATS
+ * glue (src/nats) sees nats.c: this header and objstore.h, heartbeat.h do
+ * not include it. */
 #ifndef CI_BROKER_H
 #define CI_BROKER_H
 
@@ -10,10 +11,10 @@
 #include <stdint.h>
 
 #include "core/config.h"
-#include "nats/objstore.h"
 #include "core/status.h"
 
 struct ci_broker;
+struct ci_objstore; /* objstore.h */
 struct ci_puller;   /* one pull subscription on the work queue, per slot */
 struct ci_delivery; /* one message taken from the work queue */
 

@@ -8,7 +8,7 @@
  * has allow_direct), so a read creates no consumer and every step is one
  * request with a timeout. The struct is immutable after open and nats.c is
  * thread-safe, so any number of threads may share one ci_objstore. */
-#include "nats/objstore.h"
+#include "nats/objstore_js.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "core/util.h"
+#include "nats/natsutil.h"
 
 #define META_MAX_LEN (64 * 1024) /* a meta document bigger than this is refused */
 #define NAME_MAX_LEN 1024        /* bytes of an object name */
@@ -366,36 +367,6 @@ ci_status ci_objmeta_from_json(const char *json, size_t len, struct ci_objmeta *
 
 /* ---- NATS plumbing --------------------------------------------------- */
 
-/* Records "<what>: <why>" for a nats.c failure and maps its status. */
-static ci_status nats_fail(struct ci_error *err, natsStatus ns, jsErrCode jerr, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static ci_status nats_fail(struct ci_error *err, natsStatus ns, jsErrCode jerr, const char *fmt, ...)
-{
-    ci_status s = ns == NATS_TIMEOUT     ? CI_ERR_TIMEOUT
-                  : ns == NATS_NO_MEMORY ? CI_ERR_NOMEM
-                                         : CI_ERR_NATS;
-    if (!err)
-        return s;
-    va_list ap;
-    va_start(ap, fmt);
-    ci_error_setv(err, s, fmt, ap);
-    va_end(ap);
-    /* nats.c keeps a per-thread last error; it only explains this failure
-     * when its status is this one. */
-    natsStatus last = NATS_OK;
-    const char *why = nats_GetLastError(&last);
-    if (last != ns || !why || !why[0])
-        why = natsStatus_GetText(ns);
-    size_t used = strlen(err->msg);
-    if (jerr)
-        snprintf(err->msg + used, sizeof(err->msg) - used, ": %s (JetStream error %d)", why,
-                 (int)jerr);
-    else
-        snprintf(err->msg + used, sizeof(err->msg) - used, ": %s", why);
-    return s;
-}
-
 static void api_opts(jsOptions *o)
 {
     jsOptions_Init(o);
@@ -468,7 +439,7 @@ static ci_status fetch_meta(struct ci_objstore *os, const char *name, struct ci_
         return ci_error_set(err, CI_ERR_NOT_FOUND, "object '%s' not found in bucket '%s'",
                             SHOW(name), os->bucket);
     if (ns != NATS_OK)
-        return nats_fail(err, ns, 0, "reading object '%s' in bucket '%s' failed", SHOW(name),
+        return ci_nats_fail(err, ns, 0, "reading object '%s' in bucket '%s' failed", SHOW(name),
                          os->bucket);
     const char *data = natsMsg_GetData(msg);
     size_t len = (size_t)natsMsg_GetDataLength(msg);
@@ -552,7 +523,7 @@ static ci_status reconcile(struct ci_objstore *os, jsStreamConfig *cur, const js
     cur->SubjectsLen = old_len;
     free(subjects);
     if (ns != NATS_OK)
-        return nats_fail(err, ns, jerr, "updating stream %s of bucket '%s' failed", os->stream,
+        return ci_nats_fail(err, ns, jerr, "updating stream %s of bucket '%s' failed", os->stream,
                          os->bucket);
     return CI_OK;
 }
@@ -598,7 +569,7 @@ static ci_status ensure_stream(struct ci_objstore *os, const struct ci_objstore_
             return s;
         }
         if (ns != NATS_NOT_FOUND)
-            return nats_fail(err, ns, jerr, "looking up bucket '%s' (stream %s) failed", os->bucket,
+            return ci_nats_fail(err, ns, jerr, "looking up bucket '%s' (stream %s) failed", os->bucket,
                              os->stream);
         if (!create)
             return ci_error_set(err, CI_ERR_NOT_FOUND, "bucket '%s' does not exist (no stream %s)",
@@ -609,7 +580,7 @@ static ci_status ensure_stream(struct ci_objstore *os, const struct ci_objstore_
         if (ns == NATS_OK)
             return CI_OK;
         if (jerr != JSStreamNameExistErr)
-            return nats_fail(err, ns, jerr, "creating bucket '%s' (stream %s) failed", os->bucket,
+            return ci_nats_fail(err, ns, jerr, "creating bucket '%s' (stream %s) failed", os->bucket,
                              os->stream);
         nats_Sleep(10 + attempt * 20);
     }
@@ -721,7 +692,7 @@ ci_status ci_objstore_put(struct ci_objstore *os, const char *name, const void *
         size_t n = len - off < CI_OBJ_CHUNK_SIZE ? len - off : CI_OBJ_CHUNK_SIZE;
         ns = publish(os, chunk_subj, (const uint8_t *)data + off, (int)n, false, &jerr);
         if (ns != NATS_OK) {
-            s = nats_fail(err, ns, jerr, "storing object '%s' in bucket '%s' failed", SHOW(name),
+            s = ci_nats_fail(err, ns, jerr, "storing object '%s' in bucket '%s' failed", SHOW(name),
                           os->bucket);
             purge_subject(os, chunk_subj, NULL);
             goto out;
@@ -746,7 +717,7 @@ ci_status ci_objstore_put(struct ci_objstore *os, const char *name, const void *
     jerr = 0;
     ns = publish(os, meta_subj, json, (int)strlen(json), true, &jerr);
     if (ns != NATS_OK) {
-        s = nats_fail(err, ns, jerr, "storing object '%s' in bucket '%s' failed", SHOW(name),
+        s = ci_nats_fail(err, ns, jerr, "storing object '%s' in bucket '%s' failed", SHOW(name),
                       os->bucket);
         purge_subject(os, chunk_subj, NULL);
         goto out;
@@ -802,7 +773,7 @@ static ci_status read_chunks(struct ci_objstore *os, const char *name, const str
                                 SHOW(name), os->bucket, i, m->chunks);
         }
         if (ns != NATS_OK)
-            return nats_fail(err, ns, 0, "reading object '%s' in bucket '%s' failed", SHOW(name),
+            return ci_nats_fail(err, ns, 0, "reading object '%s' in bucket '%s' failed", SHOW(name),
                              os->bucket);
         uint64_t n = (uint64_t)natsMsg_GetDataLength(msg);
         const char *subj = natsMsg_GetSubject(msg);
@@ -999,7 +970,7 @@ ci_status ci_objstore_delete(struct ci_objstore *os, const char *name, struct ci
     jsErrCode jerr = 0;
     natsStatus ns = publish(os, subject, json, (int)strlen(json), true, &jerr);
     if (ns != NATS_OK)
-        return nats_fail(err, ns, jerr, "deleting object '%s' in bucket '%s' failed", SHOW(name),
+        return ci_nats_fail(err, ns, jerr, "deleting object '%s' in bucket '%s' failed", SHOW(name),
                          os->bucket);
     if (nuid_valid(nuid)) {
         CI_AUTOFREE char *chunks = concat(os->chunk_prefix, nuid);
@@ -1008,7 +979,7 @@ ci_status ci_objstore_delete(struct ci_objstore *os, const char *name, struct ci
         jerr = 0;
         ns = purge_subject(os, chunks, &jerr);
         if (ns != NATS_OK)
-            return nats_fail(err, ns, jerr,
+            return ci_nats_fail(err, ns, jerr,
                              "object '%s' was deleted from bucket '%s' but purging its "
                              "chunks failed",
                              SHOW(name), os->bucket);

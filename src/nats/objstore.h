@@ -8,7 +8,6 @@
 #ifndef CI_OBJSTORE_H
 #define CI_OBJSTORE_H
 
-#include <nats/nats.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -39,10 +38,8 @@ struct ci_objmeta {
 
 struct ci_objstore;
 
-/* Binds to the bucket; with create, first creates or updates its stream
- * idempotently (many workers may do this at once). */
-ci_status ci_objstore_open(jsCtx *js, const struct ci_objstore_opts *opts, bool create,
-                           struct ci_objstore **ret, struct ci_error *err);
+/* Opening a bucket needs a JetStream context: see objstore_js.h (the
+ * broker opens the service's bucket, ci_broker_objstore()). */
 void ci_objstore_free(struct ci_objstore *os);
 
 /* Stores data under name, replacing any older object of that name. */

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/request.h"
 #include "core/util.h"
+#include "nats/objstore.h"
 
 /* Room kept in a KV value or event for headers and framing. */
 #define PAYLOAD_SLACK 8192

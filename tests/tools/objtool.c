@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "nats/objstore.h"
+#include "nats/objstore_js.h"
 #include "core/util.h"
 
 #define FILE_MAX ((size_t)1 << 30)

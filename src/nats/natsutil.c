@@ -1,0 +1,34 @@
+/* natsutil.c - a nats.c failure as one status and one sentence (natsutil.h). */
+#include "nats/natsutil.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+ci_status ci_nats_fail(struct ci_error *err, natsStatus ns, jsErrCode jerr, const char *fmt, ...)
+{
+    ci_status s = ns == NATS_TIMEOUT     ? CI_ERR_TIMEOUT
+                  : ns == NATS_NO_MEMORY ? CI_ERR_NOMEM
+                                         : CI_ERR_NATS;
+    if (!err)
+        return s;
+    va_list ap;
+    va_start(ap, fmt);
+    ci_error_setv(err, s, fmt, ap);
+    va_end(ap);
+    /* nats.c keeps a per-thread last error, which often says more (the
+     * server's own text); it explains this failure only when its status is
+     * this one. */
+    const char *text = natsStatus_GetText(ns);
+    natsStatus last = NATS_OK;
+    const char *why = nats_GetLastError(&last);
+    bool more = last == ns && why && why[0] && strcmp(why, text) != 0;
+    size_t used = strlen(err->msg);
+    snprintf(err->msg + used, sizeof(err->msg) - used, ": %s%s%s", text, more ? ": " : "",
+             more ? why : "");
+    if (jerr) {
+        used = strlen(err->msg);
+        snprintf(err->msg + used, sizeof(err->msg) - used, " (JetStream error %d)", (int)jerr);
+    }
+    return s;
+}
