@@ -1,4 +1,4 @@
-/* request.c - the rules of CONTRACT.md "Messages" for an ExecutionRequest.
+/* request.c - the rules of docs/contract.md ("Messages", "Limits") for an ExecutionRequest.
  *
  * Every error is one sentence that names the culprit and says what would be
  * accepted, because it goes back to an agent as ExecutionResult.error. User

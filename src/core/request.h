@@ -1,4 +1,4 @@
-/* request.h - the rules of CONTRACT.md for an ExecutionRequest: ids, names,
+/* request.h - the rules of docs/contract.md for an ExecutionRequest: ids, names,
  * sizes, limits, policy. Each failure is one sentence an agent can act on. */
 #ifndef CI_REQUEST_H
 #define CI_REQUEST_H

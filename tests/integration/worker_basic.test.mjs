@@ -1,5 +1,5 @@
 // The full path of a task through a real nats-server and a real ci-worker,
-// checked field by field against CONTRACT.md, in both encodings.
+// checked field by field against docs/contract.md, in both encodings.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 
@@ -128,7 +128,7 @@ describe("worker basic", () => {
     });
   }
 
-  test("the exact JSON example of CONTRACT.md, task id from Nats-Msg-Id", async () => {
+  test("the smallest JSON request of docs/contract.md, task id from Nats-Msg-Id", async () => {
     const c = stack.client;
     const taskId = newTaskId("example");
     const body = '{"language":"python","code":"print(1)","limits":{"timeoutMs":5000}}';

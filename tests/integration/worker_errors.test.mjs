@@ -1,5 +1,5 @@
 // Everything that is not a plain success: duplicates, undecodable bodies,
-// bad task ids, every validation rule of CONTRACT.md, and user-code errors
+// bad task ids, every validation rule of docs/contract.md, and user-code errors
 // with their hints.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";

@@ -1,4 +1,4 @@
-/* test_request.c - each rule of CONTRACT.md "Messages", one failing case each. */
+/* test_request.c - each rule of docs/contract.md ("Messages", "Limits"), one failing case each. */
 #include <stdlib.h>
 #include <string.h>
 
