@@ -23,6 +23,7 @@
 #include "core/codec.h"
 #include "core/log.h"
 #include "core/request.h"
+#include "core/result.h"
 #include "core/util.h"
 
 #define WATCH_MS 200
@@ -174,21 +175,6 @@ void ci_service_cancel_all(struct ci_service *s)
 
 /* ---- the answer ---------------------------------------------------------- */
 
-/* Output as UTF-8, cut to the cap on a character boundary. */
-static char *stream_text(const char *raw, size_t len, size_t cap, bool *ret_cut)
-{
-    size_t n = 0;
-    char *t = ci_utf8_sanitize((const uint8_t *)(raw ? raw : ""), raw ? len : 0, &n);
-    if (t && n > cap) {
-        n = cap;
-        while (n > 0 && ((unsigned char)t[n] & 0xC0) == 0x80)
-            n--;
-        t[n] = '\0';
-        *ret_cut = true;
-    }
-    return t;
-}
-
 struct answer {
     Ci__Executor__V1__ExecuteResponse msg;
     Ci__V1__ExecutionResult res;
@@ -197,8 +183,7 @@ struct answer {
     Ci__V1__Artifact **art_ptrs;
     Ci__Executor__V1__ArtifactContent *contents;
     Ci__Executor__V1__ArtifactContent **content_ptrs;
-    char *out, *err;
-    char error[1024], hint[1024];
+    struct ci_result_text text;
 };
 
 static void answer_init(struct answer *a, const struct ci_service *s, const char *task_id,
@@ -215,8 +200,7 @@ static void answer_init(struct answer *a, const struct ci_service *s, const char
     a->res.started_at_ms = started_at;
     a->res.stdout = (char *)"";
     a->res.stderr = (char *)"";
-    a->res.error = a->error;
-    a->res.hint = a->hint;
+    ci_result_text_init(&a->text, &a->res);
     a->res.isolation = (char *)"";
     a->res.usage = &a->usage;
 }
@@ -227,8 +211,7 @@ static void answer_release(struct answer *a)
     free(a->art_ptrs);
     free(a->contents);
     free(a->content_ptrs);
-    free(a->out);
-    free(a->err);
+    ci_result_text_release(&a->text);
 }
 
 static void answer_error(struct answer *a, Ci__V1__TaskStatus status, const char *fmt, ...)
@@ -237,74 +220,19 @@ static void answer_error(struct answer *a, Ci__V1__TaskStatus status, const char
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(a->error, sizeof(a->error), fmt, ap);
+    vsnprintf(a->text.error, sizeof(a->text.error), fmt, ap);
     va_end(ap);
     a->res.status = status;
 }
 
-/* Fills the result from the outcome, as task.c does for the local provider;
- * the artifacts point into o, which must outlive the encoding. */
+/* Fills the result from the outcome (result.h, as the worker does) and
+ * adds the artifacts inline; they point into o, which must outlive the
+ * encoding. */
 static ci_status answer_outcome(struct answer *a, const struct ci_service *s,
-                                const struct ci_outcome *o, uint32_t timeout_ms,
-                                uint32_t memory_mb)
+                                const struct ci_outcome *o)
 {
-    size_t cap = s->cfg->limits.max_output_bytes;
-    bool out_cut = false, err_cut = false;
-    a->out = stream_text(o->out, o->out_len, cap, &out_cut);
-    a->err = stream_text(o->err, o->err_len, cap, &err_cut);
-    if (!a->out || !a->err)
+    if (ci_result_set_outcome(&a->res, &a->usage, &a->text, o, s->cfg->limits.max_output_bytes))
         return CI_ERR_NOMEM;
-    a->res.stdout = a->out;
-    a->res.stderr = a->err;
-    a->res.stdout_total_bytes = o->out_total;
-    a->res.stderr_total_bytes = o->err_total;
-    a->res.stdout_truncated = out_cut || o->out_total > o->out_len;
-    a->res.stderr_truncated = err_cut || o->err_total > o->err_len;
-    a->usage.duration_ms = o->duration_ms;
-    a->usage.cpu_ms = o->cpu_ms;
-    a->usage.memory_mb = o->memory_mb;
-    a->res.isolation = (char *)o->isolation;
-    if (o->has_exit_code) {
-        a->res._exit_code_case = CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE;
-        a->res.exit_code = o->exit_code;
-    }
-    if (o->hint)
-        snprintf(a->hint, sizeof(a->hint), "%s", o->hint);
-    if (o->error)
-        snprintf(a->error, sizeof(a->error), "%s", o->error);
-    switch (o->kind) {
-    case CI_OUTCOME_EXITED:
-        if (o->has_exit_code && o->exit_code == 0) {
-            a->res.status = CI__V1__TASK_STATUS__TASK_STATUS_SUCCEEDED;
-        } else {
-            a->res.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
-            if (!o->error)
-                snprintf(a->error, sizeof(a->error), "the code exited with code %d",
-                         o->has_exit_code ? o->exit_code : -1);
-        }
-        break;
-    case CI_OUTCOME_TIMED_OUT:
-        a->res.status = CI__V1__TASK_STATUS__TASK_STATUS_TIMED_OUT;
-        if (!o->error)
-            snprintf(a->error, sizeof(a->error),
-                     "the code did not finish within the time limit of %u ms", timeout_ms);
-        break;
-    case CI_OUTCOME_CANCELLED:
-        a->res.status = CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED;
-        snprintf(a->error, sizeof(a->error), "the task was cancelled");
-        break;
-    case CI_OUTCOME_MEMORY:
-        a->res.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
-        if (!o->error)
-            snprintf(a->error, sizeof(a->error), "the code exceeded the memory limit of %u MiB",
-                     memory_mb);
-        break;
-    case CI_OUTCOME_ERROR:
-        a->res.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
-        if (!o->error)
-            snprintf(a->error, sizeof(a->error), "the sandbox failed to run the code");
-        break;
-    }
     size_t n = o->n_artifacts;
     if (n == 0)
         return CI_OK;
@@ -484,7 +412,7 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
                      "this executor instance is shutting down and stopped the task; run it again");
             goto out_answer;
         }
-        if (run && answer_outcome(&a, s, &o, timeout_ms, memory_mb)) {
+        if (run && answer_outcome(&a, s, &o)) {
             rejected(s, resp, 503, id, "the executor ran out of memory building the answer");
             goto out_answer;
         }

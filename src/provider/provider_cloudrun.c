@@ -480,6 +480,8 @@ static ci_status cr_start(void *ctx, const struct ci_job *job, struct ci_run **r
         req.files = file_ptrs;
         req.n_files = job->n_files;
     }
+    if (!job->timeout_ms || !job->memory_mb) /* request.h defaults them */
+        return ci_error_set(err, CI_ERR_INVALID, "the job has no time or memory limit");
     CI_AUTOFREE struct ci_run *run = calloc(1, sizeof(*run));
     if (!run)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
@@ -488,7 +490,7 @@ static ci_status cr_start(void *ctx, const struct ci_job *job, struct ci_run **r
         return s;
     run->cr = cr;
     snprintf(run->task_id, sizeof(run->task_id), "%s", job->task_id);
-    run->timeout_ms = job->timeout_ms ? job->timeout_ms : cr->cfg->limits.default_timeout_ms;
+    run->timeout_ms = job->timeout_ms;
     run->seed = (unsigned)ci_mono_ms() ^ (unsigned)(uintptr_t)run;
     pthread_mutex_init(&run->lock, NULL);
     pthread_condattr_t ca;

@@ -1,6 +1,7 @@
 /* provider_local.c - the `local` provider: runs tasks in the namespace
  * sandbox on this machine (sandbox.c) and says what the run means for the
  * agent: the outcome kind, the exit code, and the error and hint sentences. */
+#include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -134,7 +135,8 @@ static ci_status interpret(const struct local *l, const struct ci_run *run,
         o->kind = CI_OUTCOME_TIMED_OUT;
         o->has_exit_code = true;
         o->exit_code = 128 + SIGKILL;
-        o->error = fmt("the code exceeded the time limit of %s", limit);
+        o->error = fmt("the code did not finish within the time limit of %" PRIu32 " ms",
+                       run->timeout_ms);
         o->hint = run->timeout_ms < cfg->limits.max_timeout_ms
                       ? fmt("make the code faster or work on less data, or raise "
                             "limits.timeout_ms (at most %s)", max)
@@ -220,15 +222,14 @@ static ci_status local_start(void *ctx, const struct ci_job *job, struct ci_run 
         return ci_error_set(err, CI_ERR_UNSUPPORTED,
                             "runtime '%s' is not available on this worker; it runs " RUNTIME,
                             job->runtime);
+    if (!job->timeout_ms || !job->memory_mb) /* request.h defaults them */
+        return ci_error_set(err, CI_ERR_INVALID, "the job has no time or memory limit");
     CI_AUTOFREE struct ci_run *run = calloc(1, sizeof(*run));
     if (!run)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-    run->timeout_ms = job->timeout_ms ? job->timeout_ms : l->cfg->limits.default_timeout_ms;
-    run->memory_mb = job->memory_mb ? job->memory_mb : l->cfg->limits.default_memory_mb;
-    struct ci_job limited = *job;
-    limited.timeout_ms = run->timeout_ms;
-    limited.memory_mb = run->memory_mb;
-    ci_status s = ci_sandbox_start(l->sb, &limited, &run->sb_run, err);
+    run->timeout_ms = job->timeout_ms;
+    run->memory_mb = job->memory_mb;
+    ci_status s = ci_sandbox_start(l->sb, job, &run->sb_run, err);
     if (s)
         return s;
     *ret_run = CI_STEAL(&run);

@@ -9,6 +9,7 @@
 #include "core/codec.h"
 #include "core/log.h"
 #include "core/request.h"
+#include "core/result.h"
 #include "core/util.h"
 #include "nats/objstore.h"
 
@@ -56,9 +57,7 @@ struct result {
     size_t n_art_objects;
     Ci__V1__ExecutionResult__LabelsEntry *labels;
     Ci__V1__ExecutionResult__LabelsEntry **label_ptrs;
-    char *out, *err_text; /* sanitized UTF-8 */
-    char error[1024];
-    char hint[1024];
+    struct ci_result_text text; /* output, error and hint the message points to */
 };
 
 static void result_init(struct result *r, const struct task *t, Ci__V1__TaskStatus status)
@@ -72,8 +71,7 @@ static void result_init(struct result *r, const struct task *t, Ci__V1__TaskStat
     r->msg.attempt = ci_delivery_attempt(t->d);
     r->msg.started_at_ms = t->started_at_ms;
     r->msg.runtime = (char *)CI_DEFAULT_RUNTIME;
-    r->msg.error = r->error;
-    r->msg.hint = r->hint;
+    ci_result_text_init(&r->text, &r->msg);
     r->msg.stdout = (char *)"";
     r->msg.stderr = (char *)"";
     r->msg.isolation = (char *)"";
@@ -102,8 +100,7 @@ static void result_release(struct result *r)
     free(r->art_ptrs);
     free(r->labels);
     free(r->label_ptrs);
-    free(r->out);
-    free(r->err_text);
+    ci_result_text_release(&r->text);
 }
 
 static void result_fail(struct result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -111,14 +108,8 @@ static void result_fail(struct result *r, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(r->error, sizeof(r->error), fmt, ap);
+    vsnprintf(r->text.error, sizeof(r->text.error), fmt, ap);
     va_end(ap);
-}
-
-static void set_exit_code(Ci__V1__ExecutionResult *m, int32_t code)
-{
-    m->_exit_code_case = CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE;
-    m->exit_code = code;
 }
 
 /* Makes what is not stdout or stderr fit in max bytes on its own: echoed
@@ -145,8 +136,8 @@ static ci_status fit_fixed_part(const struct task *t, struct result *r, int64_t 
         if (r->msg.n_labels) {
             r->msg.n_labels = 0;
         } else if (r->msg.n_artifacts) {
-            size_t used = strlen(r->error);
-            snprintf(r->error + used, sizeof(r->error) - used,
+            size_t used = strlen(r->text.error);
+            snprintf(r->text.error + used, sizeof(r->text.error) - used,
                      "%sthe %zu artifacts are too many to list in the result; they are in bucket '%s' under '%s/'",
                      used ? "; " : "", r->msg.n_artifacts, t->env->cfg->jetstream.files_bucket,
                      t->id);
@@ -245,7 +236,7 @@ static ci_status store_result(const struct task *t, struct result *r, struct ci_
     free(buf);
     if (s)
         return s;
-    const char *msg = r->error[0] ? r->error : NULL;
+    const char *msg = r->text.error[0] ? r->text.error : NULL;
     return publish_event(t, r->msg.status, msg, &r->msg, err);
 }
 
@@ -365,7 +356,7 @@ void ci_slot_cancel(const struct ci_worker_env *env, struct ci_slot *slot, const
     pthread_mutex_unlock(&slot->lock);
 }
 
-/* Fetches the inputs. A failure of the request's making fills r->error;
+/* Fetches the inputs. A failure of the request's making fills r->text.error;
  * a NATS failure (CI_ERR_NATS, CI_ERR_TIMEOUT) fills err only: a later
  * try may succeed. */
 static ci_status fetch_inputs(struct task *t, struct result *r, struct ci_error *err)
@@ -457,8 +448,8 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
             /* This artifact can never be stored (e.g. a path longer than an
              * object name may be): say so and keep the others, rather than
              * retry, which would run the code again for the same end. */
-            size_t used = strlen(r->error);
-            snprintf(r->error + used, sizeof(r->error) - used, "%sartifact not kept: %s",
+            size_t used = strlen(r->text.error);
+            snprintf(r->text.error + used, sizeof(r->text.error) - used, "%sartifact not kept: %s",
                      used ? "; " : "", err->msg);
             continue;
         }
@@ -481,69 +472,6 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
 }
 
 /* Fills the result from what the provider reported. */
-static void apply_outcome(const struct task *t, struct result *r, struct ci_outcome *o,
-                          uint32_t timeout_ms, uint32_t memory_mb)
-{
-    size_t n = 0;
-    r->out = ci_utf8_sanitize((const uint8_t *)(o->out ? o->out : ""), o->out_len, &n);
-    r->err_text = ci_utf8_sanitize((const uint8_t *)(o->err ? o->err : ""), o->err_len, &n);
-    r->msg.stdout = r->out ? r->out : (char *)"";
-    r->msg.stderr = r->err_text ? r->err_text : (char *)"";
-    r->msg.stdout_total_bytes = o->out_total;
-    r->msg.stderr_total_bytes = o->err_total;
-    r->msg.stdout_truncated = o->out_total > o->out_len;
-    r->msg.stderr_truncated = o->err_total > o->err_len;
-    r->usage.duration_ms = o->duration_ms;
-    r->usage.cpu_ms = o->cpu_ms;
-    r->usage.memory_mb = o->memory_mb;
-    r->msg.usage = &r->usage;
-    r->msg.isolation = o->isolation;
-    if (o->has_exit_code)
-        set_exit_code(&r->msg, o->exit_code);
-    if (o->hint)
-        snprintf(r->hint, sizeof(r->hint), "%s", o->hint);
-    switch (o->kind) {
-    case CI_OUTCOME_EXITED:
-        if (o->has_exit_code && o->exit_code == 0) {
-            r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_SUCCEEDED;
-            if (o->error) /* e.g. artifacts over the cap */
-                snprintf(r->error, sizeof(r->error), "%s", o->error);
-        } else {
-            r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
-            if (o->error)
-                snprintf(r->error, sizeof(r->error), "%s", o->error);
-            else
-                result_fail(r, "the code exited with code %d", o->has_exit_code ? o->exit_code : -1);
-        }
-        break;
-    case CI_OUTCOME_TIMED_OUT:
-        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_TIMED_OUT;
-        result_fail(r, "the code did not finish within the time limit of %u ms", timeout_ms);
-        if (!r->hint[0])
-            snprintf(r->hint, sizeof(r->hint),
-                     "make the code faster (vectorise with pandas/numpy, sample the data) or ask for a larger limits.timeoutMs");
-        break;
-    case CI_OUTCOME_CANCELLED:
-        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED;
-        result_fail(r, "the task was cancelled");
-        break;
-    case CI_OUTCOME_MEMORY:
-        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
-        if (o->error)
-            snprintf(r->error, sizeof(r->error), "%s", o->error);
-        else
-            result_fail(r, "the code exceeded the memory limit of %u MiB", memory_mb);
-        if (!r->hint[0])
-            snprintf(r->hint, sizeof(r->hint),
-                     "process the data in chunks (pandas read_csv chunksize=), use smaller dtypes, or ask for a larger limits.memoryMb");
-        break;
-    case CI_OUTCOME_ERROR:
-        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
-        result_fail(r, "%s", o->error ? o->error : "the sandbox failed to run the code");
-        break;
-    }
-}
-
 /* Log fields for at most this many label keys, each cut to this size. */
 #define AUDIT_MAX_LABELS 64
 #define AUDIT_KEY_BYTES 64
@@ -594,7 +522,7 @@ static void task_ended(const struct task *t, const struct result *r)
         CI_LOG_B("output_truncated", m->stdout_truncated || m->stderr_truncated),
         CI_LOG_N("artifacts", m->n_artifacts),
         CI_LOG_N("artifact_bytes", art_bytes),
-        CI_LOG_N("error_bytes", strlen(r->error)),
+        CI_LOG_N("error_bytes", strlen(r->text.error)),
         CI_LOG_N("queue_wait_ms", t->queue_wait_ms),
         CI_LOG_N("run_ms", (int64_t)(run_s * 1000)),
         CI_LOG_N("code_ms", m->usage ? m->usage->duration_ms : 0),
@@ -617,7 +545,7 @@ static void note_retry(const struct task *t, const struct result *r, const char 
     struct result note;
     result_init(&note, t, CI__V1__TASK_STATUS__TASK_STATUS_RUNNING);
     note.msg.runtime = r->msg.runtime;
-    snprintf(note.error, sizeof(note.error), "attempt %u: the worker could not %s (%s); it will be tried again",
+    snprintf(note.text.error, sizeof(note.text.error), "attempt %u: the worker could not %s (%s); it will be tried again",
              ci_delivery_attempt(t->d), what, e->msg);
     uint8_t *buf = NULL;
     size_t len = 0;
@@ -766,7 +694,9 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         if (!o.error)
             o.error = strdup("the sandbox failed while running the code");
     }
-    apply_outcome(t, r, &o, timeout_ms, memory_mb);
+    /* Without memory for the output the result still ends the task. */
+    (void)ci_result_set_outcome(&r->msg, &r->usage, &r->text, &o,
+                                env->cfg->limits.max_output_bytes);
     enum ci_task_end end;
     if (upload_artifacts(t, r, &o, &e)) {
         r->msg.n_artifacts = 0;

@@ -132,6 +132,24 @@ describe("worker limits", () => {
     assert.ok(/^ab€+\uFFFD?$/.test(r.stdout), "valid UTF-8: whole characters (a cut one may become U+FFFD)");
   });
 
+  test("the 1 MiB cap holds for the stored output: 2 MiB of invalid UTF-8 is cut after U+FFFD replaces each byte", async () => {
+    // Each invalid byte becomes U+FFFD (3 bytes): cut before the
+    // replacement, 1 MiB of raw bytes came back as 3 MiB of text.
+    const { result: r, bytes } = await runTask(stack.client, {
+      code: "import sys\nsys.stdout.buffer.write(b'\\xff' * (2 << 20))\nsys.stderr.buffer.write(b'\\xfe' * (2 << 20))",
+    });
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.stdoutTotalBytes, 2 * MiB);
+    assert.equal(r.stdoutTruncated, true);
+    assert.equal(r.stderrTruncated, true);
+    for (const [name, text, field] of [["stdout", r.stdout, 3], ["stderr", r.stderr, 4]]) {
+      const stored = protoStringBytes(bytes, field);
+      assert.ok(stored.length <= MiB && stored.length >= MiB - 3, `${name}: ${stored.length} bytes stored, the cap is ${MiB}`);
+      assert.doesNotThrow(() => strictUtf8.decode(stored), `${name} is valid UTF-8, cut on a character boundary`);
+      assert.ok(/^\uFFFD+$/.test(text), `${name} is U+FFFD only`);
+    }
+  });
+
   test("memory limit: FAILED, the error says the memory limit was exceeded, earlier output kept", async () => {
     const { result: r, taskId } = await runTask(stack.client, {
       code: [
