@@ -10,7 +10,7 @@
  *   gives the same text.
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Isrc \
- *     -Ibuild/gen tests/fuzz/fuzz_request.c src/core/codec.c src/core/request.c \
+ *     -Ibuild/gen tests/fuzz/fuzz_request.c src/core/codec.c src/core/codec_json.c src/core/request.c \
  *     src/core/util.c src/core/status.c build/gen/ci/v1/ci.pb-c.c \
  *     -lprotobuf-c -ljansson -lcrypto -o fuzz_request
  *   ./fuzz_request -max_total_time=30 tests/fuzz/corpus/request */
