@@ -30,6 +30,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "core/log.h"
 #include "core/util.h"
 
 #define CI_CONFIG_MAX_FILE_BYTES (1024 * 1024)
@@ -68,7 +69,6 @@ struct ci_config_key {
 static const char *const isolation_names[] = {"auto", "required", "none", NULL};
 static const char *const mode_names[] = {"cold", "warm", NULL};
 static const char *const provider_names[] = {"local", "cloudrun", NULL};
-static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 
 _Static_assert(CI_ISOLATION_AUTO == 0 && CI_ISOLATION_REQUIRED == 1 && CI_ISOLATION_NONE == 2,
                "isolation_names[] is indexed by enum ci_isolation");
@@ -138,7 +138,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("worker.concurrency", worker.concurrency, 0, 0, 1024),
     KEY_ONEOF("worker.provider", worker.provider, "local", provider_names),
     KEY_U32("worker.drain_timeout_s", worker.drain_timeout_s, 90, 0, 86400),
-    KEY_ONEOF("worker.log_level", worker.log_level, "info", log_level_names),
+    KEY_ONEOF("worker.log_level", worker.log_level, "info", ci_log_level_names),
     KEY_STR("worker.metrics_addr", worker.metrics_addr, "127.0.0.1:9464", CS_HOSTPORT),
     KEY_U32("worker.heartbeat_s", worker.heartbeat_s, 10, 0, 3600),
 

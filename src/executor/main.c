@@ -121,11 +121,7 @@ int main(int argc, char **argv)
         host[sizeof(host) - 1] = '\0';
         snprintf(id, sizeof(id), "%s-%d", host, (int)getpid());
     }
-    ci_log_init(!strcmp(cfg->worker.log_level, "debug")  ? CI_LOG_DEBUG
-                : !strcmp(cfg->worker.log_level, "warn")  ? CI_LOG_WARN
-                : !strcmp(cfg->worker.log_level, "error") ? CI_LOG_ERROR
-                                                           : CI_LOG_INFO,
-                id);
+    ci_log_init(ci_log_level_from_name(cfg->worker.log_level), id);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
