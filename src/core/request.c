@@ -172,6 +172,9 @@ static ci_status check_labels(const Ci__V1__ExecutionRequest *req, struct ci_err
             return ci_error_set(err, CI_ERR_INVALID, "label %zu is empty", i + 1);
         size_t kn = l->key ? strlen(l->key) : 0;
         size_t vn = l->value ? strlen(l->value) : 0;
+        if (kn == 0)
+            return ci_error_set(err, CI_ERR_INVALID,
+                                "label %zu has an empty key: a label needs a name", i + 1);
         quote(q, sizeof(q), l->key);
         if (kn > MAX_LABEL_KEY)
             return ci_error_set(err, CI_ERR_LIMIT,
@@ -183,6 +186,11 @@ static ci_status check_labels(const Ci__V1__ExecutionRequest *req, struct ci_err
                                 vn, MAX_LABEL_VALUE);
     }
     return CI_OK;
+}
+
+bool ci_request_labels_ok(const Ci__V1__ExecutionRequest *req)
+{
+    return check_labels(req, NULL) == CI_OK;
 }
 
 ci_status ci_request_validate(const struct ci_config *cfg, const Ci__V1__ExecutionRequest *req,

@@ -19,6 +19,10 @@ bool ci_task_id_valid(const char *id);
  * that embedded NULs are caught. */
 bool ci_input_name_valid(const char *name, size_t len);
 
+/* Whether req's labels keep the rules (at most 64; keys 1 to 256 bytes;
+ * values at most 1 KiB): only then are they echoed in its result. */
+bool ci_request_labels_ok(const Ci__V1__ExecutionRequest *req);
+
 /* Checks req against the contract and the limits in cfg. Input files that
  * name an object are checked by name only; their size is checked once
  * fetched. On success fills the effective limits. */

@@ -75,7 +75,9 @@ static void result_init(struct result *r, const struct task *t, Ci__V1__TaskStat
     r->msg.stdout = (char *)"";
     r->msg.stderr = (char *)"";
     r->msg.isolation = (char *)"";
-    if (t->req && t->req->n_labels) {
+    /* Labels that broke the rules are not echoed: a refused request may
+     * carry megabytes of them, which its error only quotes the start of. */
+    if (t->req && t->req->n_labels && ci_request_labels_ok(t->req)) {
         r->labels = calloc(t->req->n_labels, sizeof(*r->labels));
         r->label_ptrs = calloc(t->req->n_labels, sizeof(*r->label_ptrs));
         if (r->labels && r->label_ptrs) {

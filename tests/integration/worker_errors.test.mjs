@@ -184,6 +184,23 @@ describe("worker errors", () => {
     assert.deepEqual(failures, []);
   });
 
+  test("a refused label is never echoed: a 900 KiB value gives a small FAILED result; an empty key is refused", async () => {
+    const c = stack.client;
+    const big = newTaskId("biglabel");
+    await c.submit({ taskId: big, language: "python", code: "print('must not run')", labels: { team: "data", blob: "v".repeat(900 * 1024) } });
+    const empty = newTaskId("emptykey");
+    await c.submit({ taskId: empty, language: "python", code: "print('must not run')", labels: { team: "data", "": "v" } });
+    const { result: r, bytes } = await c.waitResult(big, 30000);
+    assert.equal(r.status, "TASK_STATUS_FAILED", show(r));
+    assert.match(r.error, /the value of label 'blob' is 921600 bytes; the limit is 1024 bytes/);
+    assert.ok(bytes.length < 4096, `the stored result is ${bytes.length} bytes, not the label echoed`);
+    assert.deepEqual(r.labels ?? {}, {}, "labels that broke the rules are not echoed");
+    const { result: e } = await c.waitResult(empty, 30000);
+    assert.equal(e.status, "TASK_STATUS_FAILED", show(e));
+    assert.match(e.error, /has an empty key/);
+    assert.equal(e.stdout, "", "the code never ran");
+  });
+
   test("an input naming a missing object fails with an error that names it", async () => {
     const { result: r } = await runTask(stack.client, {
       code: "print(open('data.csv').read())",

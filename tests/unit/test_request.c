@@ -317,6 +317,23 @@ static void test_labels(void)
     val[1025] = '\0';
     snprintf(js, sizeof(js), OK_JSON ",\"labels\":{\"who\":\"%s\"}}", val);
     CHECK_REFUSED(js, "the value of label 'who' is 1025 bytes; the limit is 1024 bytes");
+    CHECK(strlen(err.msg) < 200); /* the value is not quoted */
+
+    /* An empty key is refused; only labels that keep the rules are echoed. */
+    CHECK_REFUSED(OK_JSON ",\"labels\":{\"a\":\"1\",\"\":\"v\"}}",
+                  "label 2 has an empty key");
+    Ci__V1__ExecutionRequest *r = from_json(OK_JSON ",\"labels\":{\"\":\"v\"}}");
+    REQUIRE(r);
+    CHECK(!ci_request_labels_ok(r));
+    ci_message_free(&r->base);
+    r = from_json(js);
+    REQUIRE(r);
+    CHECK(!ci_request_labels_ok(r));
+    ci_message_free(&r->base);
+    r = from_json(OK_JSON ",\"labels\":{\"who\":\"agent\"}}");
+    REQUIRE(r);
+    CHECK(ci_request_labels_ok(r));
+    ci_message_free(&r->base);
 }
 
 TEST_MAIN(T(test_task_id), T(test_input_name), T(test_valid_and_defaults), T(test_language),
