@@ -24,6 +24,7 @@ struct task {
     struct ci_delivery *d;
     enum ci_encoding enc;
     char id[65];
+    bool bad_body_id; /* the body's task_id is not an id: id is the Nats-Msg-Id */
     Ci__V1__ExecutionRequest *req; /* NULL when the body did not decode */
     struct ci_file *files;
     size_t n_files;
@@ -600,9 +601,27 @@ static enum ci_task_end finish(struct task *t, struct result *r)
 }
 
 /* Picks the task id: the request's, else Nats-Msg-Id. */
+/* At most 64 bytes of an id that is not one, printable ASCII only. */
+static void show_bad_id(const char *id, char out[65])
+{
+    size_t n = 0;
+    for (; id && id[n] && n < 64; n++)
+        out[n] = id[n] >= 0x20 && id[n] < 0x7f ? id[n] : '?';
+    out[n] = '\0';
+}
+
+/* The task's id: the body's task_id, else Nats-Msg-Id. A body whose
+ * task_id is not an id, under a valid Nats-Msg-Id, gets its FAILED result
+ * under the Nats-Msg-Id (t->bad_body_id says so): its sender can find it
+ * there. false when there is no id at all to store a result under. */
 static bool choose_id(struct task *t, const char *msg_id)
 {
-    const char *id = (t->req && t->req->task_id && t->req->task_id[0]) ? t->req->task_id : msg_id;
+    const char *body_id = t->req && t->req->task_id && t->req->task_id[0] ? t->req->task_id : NULL;
+    const char *id = body_id ? body_id : msg_id;
+    if (body_id && !ci_task_id_valid(body_id) && msg_id && ci_task_id_valid(msg_id)) {
+        t->bad_body_id = true;
+        id = msg_id;
+    }
     if (!id || !ci_task_id_valid(id))
         return false;
     snprintf(t->id, sizeof(t->id), "%s", id);
@@ -786,6 +805,14 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
     result_init(&r, &t, CI__V1__TASK_STATUS__TASK_STATUS_FAILED);
     if (dec_status) {
         result_fail(&r, "%s", e.msg);
+        end = finish(&t, &r);
+    } else if (t.bad_body_id) {
+        char shown[65];
+        show_bad_id(t.req->task_id, shown);
+        result_fail(&r,
+                    "task_id '%s' (%zu bytes) is not a task id: use 1 to 64 of A-Z, a-z, 0-9, "
+                    "'_' and '-'; this result is stored under the Nats-Msg-Id",
+                    shown, strlen(t.req->task_id));
         end = finish(&t, &r);
     } else {
         end = run_task(&t, &r);

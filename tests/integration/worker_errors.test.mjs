@@ -135,6 +135,23 @@ describe("worker errors", () => {
     assert.equal(await c.getResult(otherId), null);
   });
 
+  test("a body task_id that is not an id, under a valid Nats-Msg-Id, ends FAILED under the Nats-Msg-Id", async () => {
+    const c = stack.client;
+    for (const [label, badId] of [["65 chars", "x".repeat(65)], ["a/b.c*", "a/b.c*"]]) {
+      const msgId = newTaskId("badbody");
+      await c.submit({ taskId: badId, language: "python", code: "print('must not run')" }, { msgId });
+      const { result: r } = await c.waitResult(msgId, 30000);
+      assert.equal(r.status, "TASK_STATUS_FAILED", `${label}: ${show(r)}`);
+      assert.equal(r.taskId, msgId);
+      assert.ok(r.error.includes(`task_id '${badId.slice(0, 64)}'`), `${label}: the error names the bad id: ${r.error}`);
+      assert.match(r.error, /Nats-Msg-Id/);
+      assert.equal(r.stdout, "", "the code never ran");
+      const evs = await c.events(msgId);
+      assert.equal(evs.length, 1, "one terminal event");
+      assert.equal(evs[0].headers["Ci-Status"], "failed");
+    }
+  });
+
   // Every validation rule: [name, request fields, error regexps].
   const rules = [
     ["unsupported language", { language: "ruby" }, [/unsupported language/i, /ruby/]],
