@@ -185,6 +185,8 @@ static const struct ci_config_key ci_config_keys[] = {
 };
 
 #define CI_N_KEYS (sizeof(ci_config_keys) / sizeof(ci_config_keys[0]))
+_Static_assert(CI_N_KEYS <= 64 * sizeof(((struct ci_config *)0)->set_in_file) / sizeof(uint64_t),
+               "set_in_file has a bit for every key");
 
 /* Rules between two keys, checked after the whole file is read. A failure is
  * reported at whichever of the two keys comes later in the file. */
@@ -313,6 +315,14 @@ static ci_status config_new_defaults(struct ci_config **ret, struct ci_error *er
     }
     *ret = cfg;
     return CI_OK;
+}
+
+bool ci_config_was_set(const struct ci_config *cfg, const char *key)
+{
+    for (size_t i = 0; i < CI_N_KEYS; i++)
+        if (strcmp(ci_config_keys[i].key, key) == 0)
+            return (cfg->set_in_file[i / 64] >> (i % 64)) & 1;
+    return false;
 }
 
 void ci_config_free(struct ci_config *cfg)
@@ -758,6 +768,7 @@ static ci_status parse_section(struct parser *p, size_t first)
         if (p->key_line[i])
             return fail(p, line, ci_config_keys[i].key, "duplicate key");
         p->key_line[i] = line;
+        p->cfg->set_in_file[i / 64] |= UINT64_C(1) << (i % 64);
 
         CI_AUTO_EVENT yaml_event_t vev = {0};
         s = next_event(p, &vev);

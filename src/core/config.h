@@ -107,6 +107,8 @@ struct ci_config {
         char *ca_file;        /* "" = the system's CA bundle */
         uint32_t connect_timeout_ms;     /* 5000 */
     } cloudrun;
+    /* Bit i: the table's key i was set in the file (ci_config_was_set). */
+    uint64_t set_in_file[2];
 };
 
 /* Loads path into a new config. On failure returns CI_ERR_INVALID (or
@@ -121,6 +123,10 @@ ci_status ci_config_defaults(struct ci_config **ret, struct ci_error *err);
 void ci_config_free(struct ci_config *cfg);
 /* Prints every key and its value as YAML (secrets replaced by "<redacted>"). */
 void ci_config_dump(const struct ci_config *cfg, FILE *out);
+
+/* Whether key ("worker.metrics_addr") was set in the file rather than
+ * left to its default: a default may give way where a choice must not. */
+bool ci_config_was_set(const struct ci_config *cfg, const char *key);
 
 /* Task slots of a worker: worker.concurrency, or the online CPUs when 0. */
 uint32_t ci_config_slots(const struct ci_config *cfg);

@@ -98,8 +98,8 @@ static ci_status parse_addr(const char *addr, struct sockaddr_storage *ret, sock
 }
 
 /* A listening socket on addr; its real address in out. */
-static ci_status listen_on(const char *addr, int *ret_fd, char *out, size_t out_size,
-                           struct ci_error *err)
+static ci_status listen_on(const char *addr, bool any_port_if_taken, int *ret_fd, char *out,
+                           size_t out_size, struct ci_error *err)
 {
     struct sockaddr_storage sa;
     socklen_t len = 0;
@@ -113,7 +113,15 @@ static ci_status listen_on(const char *addr, int *ret_fd, char *out, size_t out_
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (sa.ss_family == AF_INET6)
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
-    if (bind(fd, (struct sockaddr *)&sa, len) < 0)
+    int r = bind(fd, (struct sockaddr *)&sa, len);
+    if (r < 0 && errno == EADDRINUSE && any_port_if_taken) {
+        if (sa.ss_family == AF_INET)
+            ((struct sockaddr_in *)&sa)->sin_port = 0;
+        else
+            ((struct sockaddr_in6 *)&sa)->sin6_port = 0;
+        r = bind(fd, (struct sockaddr *)&sa, len);
+    }
+    if (r < 0)
         return ci_error_errno(err, CI_ERR_SYS, errno, "cannot listen on metrics address %s", addr);
     if (listen(fd, 32) < 0)
         return ci_error_errno(err, CI_ERR_SYS, errno, "cannot listen on metrics address %s", addr);
@@ -224,7 +232,7 @@ ci_status ci_monitor_start(const struct ci_monitor_options *o, struct ci_monitor
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     m->opts = *o;
     int fd = -1;
-    ci_status s = listen_on(o->addr, &fd, m->address, sizeof(m->address), err);
+    ci_status s = listen_on(o->addr, o->any_port_if_taken, &fd, m->address, sizeof(m->address), err);
     if (s) {
         free(m);
         return s;

@@ -30,6 +30,7 @@ typedef bool (*ci_monitor_check_fn)(void *closure, char *why, size_t why_size);
 
 struct ci_monitor_options {
     const char *addr;           /* "IPv4:port" or "[IPv6]:port"; port 0 = any free one */
+    bool any_port_if_taken;     /* addr's port in use: any free port of its host instead */
     struct ci_metrics *metrics; /* rendered by /metrics; must outlive the monitor */
     ci_monitor_check_fn live;   /* NULL = always live */
     ci_monitor_check_fn ready;  /* NULL = always ready */

@@ -329,8 +329,12 @@ static int run_worker(const struct ci_config *cfg)
     ci_metrics_set_collector(w.env.metrics, collect_live, &w);
     atomic_store(&w.last_tick_ms, ci_mono_ms());
     if (cfg->worker.metrics_addr[0]) {
+        /* Only the default gives way: several workers on one machine with
+         * the shipped config each get a port; a chosen address is kept. */
+        bool fallback = !ci_config_was_set(cfg, "worker.metrics_addr");
         struct ci_monitor_options mo = {
             .addr = cfg->worker.metrics_addr,
+            .any_port_if_taken = fallback,
             .metrics = w.env.metrics,
             .live = worker_live,
             .ready = worker_ready,
@@ -340,6 +344,9 @@ static int run_worker(const struct ci_config *cfg)
             ci_log(CI_LOG_ERROR, "worker.monitor_failed", "error", e.msg, NULL);
             goto out;
         }
+        if (fallback && strcmp(ci_monitor_address(w.monitor), cfg->worker.metrics_addr) != 0)
+            ci_log(CI_LOG_WARN, "worker.metrics_port_taken", "wanted", cfg->worker.metrics_addr,
+                   "metrics_addr", ci_monitor_address(w.monitor), NULL);
     }
     if (cfg->worker.heartbeat_s &&
         ci_heartbeat_start(w.env.broker, w.id, cfg->worker.heartbeat_s, fill_heartbeat, &w,

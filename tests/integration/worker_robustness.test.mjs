@@ -232,3 +232,48 @@ describe("worker robustness: JetStream not there yet at start", () => {
     assert.doesNotMatch(w.logText(), SANITIZER);
   });
 });
+
+describe("worker robustness: several workers on one machine", () => {
+  let srv;
+  before(async () => {
+    srv = await startNatsServer();
+  });
+  after(async () => {
+    await srv?.stop().catch(() => {});
+  });
+
+  test("workers on one machine with the default metrics address each get a port; a chosen address that is taken stops the worker", async () => {
+    // Hold the default port ourselves, as a first worker would (if
+    // something else holds it already, it is taken all the same).
+    const net = await import("node:net");
+    const holder = net.createServer();
+    await new Promise((resolve) => {
+      holder.once("error", () => resolve());
+      holder.listen(9464, "127.0.0.1", () => resolve());
+    });
+    const workers = [];
+    try {
+      for (let i = 0; i < 2; i++)
+        workers.push(await startWorker({ natsUrl: srv.url, worker: { metrics_addr: undefined } }));
+      const addrs = workers.map((w) => w.monitorUrl);
+      assert.ok(addrs.every((a) => a && !a.endsWith(":9464")), `each worker took a free port: ${addrs}`);
+      assert.notEqual(addrs[0], addrs[1]);
+      for (const w of workers) {
+        const taken = w.events("worker.metrics_port_taken");
+        assert.equal(taken.length, 1, w.logText());
+        assert.equal(taken[0].wanted, "127.0.0.1:9464");
+        const res = await fetch(`${w.monitorUrl}/readyz`);
+        assert.equal(res.status, 200);
+      }
+      // An address set in the config is kept: taken, the worker exits 1.
+      const port = Number(new URL(addrs[0]).port);
+      await assert.rejects(
+        startWorker({ natsUrl: srv.url, worker: { metrics_addr: `127.0.0.1:${port}` } }),
+        (e) => /exited before it was ready \(exit code 1/.test(e.message) && /cannot listen on metrics address 127\.0\.0\.1:\d+: Address already in use/.test(e.message),
+      );
+    } finally {
+      for (const w of workers) await w.cleanup();
+      holder.close();
+    }
+  });
+});

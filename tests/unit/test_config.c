@@ -224,6 +224,21 @@ static void test_reference_config_lists_every_key(void)
     ref[n] = '\0';
     char *def = dump_defaults();
     REQUIRE(def);
+    /* A key left at its default may be listed commented out, exactly as the
+     * defaults dump it: "  # key: value" (worker.metrics_addr, which only
+     * gives way to a free port when it is not set). */
+    for (char *line = ref; *line;) {
+        size_t len = strcspn(line, "\n");
+        if (len > 4 && memcmp(line, "  # ", 4) == 0) {
+            char active[256];
+            snprintf(active, sizeof(active), "\n  %.*s\n", (int)(len - 4), line + 4);
+            if (len < 200 && strstr(def, active)) {
+                memmove(line + 2, line + 4, strlen(line + 4) + 1);
+                len -= 2;
+            }
+        }
+        line += len + (line[len] == '\n');
+    }
     static char want[128][64], got[128][64];
     size_t nwant = list_keys(def, want, 128), ngot = list_keys(ref, got, 128);
     free(def);
