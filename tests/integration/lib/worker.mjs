@@ -186,6 +186,12 @@ export async function startWorker(opts = {}) {
       }
       return exited;
     },
+    // Sends signal to the worker (SIGSTOP, SIGCONT...) and returns at once;
+    // false when it has exited already.
+    signal(signal) {
+      if (exited) return false;
+      return child.kill(signal);
+    },
     // SIGKILL, no questions: for cleanup after failures.
     async kill() {
       stopRequested = true;
