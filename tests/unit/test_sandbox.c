@@ -524,14 +524,18 @@ static void t_init_untouchable(void)
 
 struct cancel_arg {
     struct ci_run *run;
+    const char *marker;
+    bool seen;
     int64_t at;
 };
 
+/* Cancels the run once its code runs (a process with the marker is up,
+ * 20 s at most). */
 static void *cancel_later(void *p)
 {
     struct cancel_arg *a = p;
-    struct timespec ts = {0, 700 * 1000 * 1000};
-    nanosleep(&ts, NULL);
+    for (int i = 0; i < 2000 && !(a->seen = process_with_marker(a->marker)); i++)
+        usleep(10 * 1000);
     a->at = ci_mono_ms();
     ci_provider_cancel(prov, a->run);
     return NULL;
@@ -539,11 +543,16 @@ static void *cancel_later(void *p)
 
 static void t_cancel(void)
 {
-    static const char code[] = "import time\nprint('started', flush=True)\ntime.sleep(100)\n";
+    char marker[64], code[256];
+    snprintf(marker, sizeof(marker), "ci-cancel-marker-%d", (int)getpid());
+    snprintf(code, sizeof(code),
+             "import subprocess, sys\nprint('started', flush=True)\n"
+             "subprocess.run([sys.executable, '-c', 'import time; time.sleep(100)', '%s'])\n",
+             marker);
     struct ci_task task = {.task_id = "c1", .code = code, .code_len = strlen(code),
                            .timeout_ms = 20000, .memory_mb = 1024};
     struct ci_error err = {{0}};
-    struct cancel_arg a = {0};
+    struct cancel_arg a = {.marker = marker};
     REQUIRE(ci_provider_start(prov, &task, &a.run, &err) == CI_OK);
     pthread_t th;
     REQUIRE(pthread_create(&th, NULL, cancel_later, &a) == 0);
@@ -553,6 +562,7 @@ static void t_cancel(void)
     pthread_join(th, NULL);
     ci_provider_release(prov, a.run);
     REQUIRE(s == CI_OK);
+    CHECK(a.seen); /* it was cancelled while its code ran */
     CHECK(o.kind == CI_OUTCOME_CANCELLED);
     CHECK(done - a.at < 1000);
     CHECK_STR(o.error, "the task was cancelled");
@@ -1104,7 +1114,9 @@ static void t_require_cgroup(void)
         CHECK_CONTAINS(buf, cg_version == 2 ? "cgroup: v2 (" : "cgroup: v1 (");
         CHECK(s == CI_OK);
         struct ci_outcome o;
-        if (p && run_with(p, "print('limited')\n", NULL, 0, 20000, 512, &o) == CI_OK) {
+        bool ran = p && run_with(p, "print('limited')\n", NULL, 0, 20000, 512, &o) == CI_OK;
+        CHECK(ran);
+        if (ran) {
             CHECK_STR(o.out, "limited\n");
             CHECK_CONTAINS(o.isolation, "cgroup");
             ci_outcome_release(&o);
@@ -1494,13 +1506,22 @@ static void t_warm_zygote_dies_under_a_task(void)
     struct ci_zygote_stats st;
     fallbacks_of(sb, &st);
     REQUIRE(st.ready == 1);
-    static const char code[] = "import time\nprint('up', flush=True)\ntime.sleep(30)\n";
+    /* The zygote dies once the code runs (a process with the marker is up). */
+    char marker[64], code[256];
+    snprintf(marker, sizeof(marker), "ci-zygote-dies-marker-%d", (int)getpid());
+    snprintf(code, sizeof(code),
+             "import subprocess, sys\nprint('up', flush=True)\n"
+             "subprocess.run([sys.executable, '-c', 'import time; time.sleep(30)', '%s'])\n",
+             marker);
     struct ci_sandbox_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 20000,
                                  .memory_mb = 1024};
     struct ci_sandbox_run *run = NULL;
     struct ci_error err = {{0}};
     REQUIRE(ci_sandbox_start(sb, &job, &run, &err) == CI_OK);
-    usleep(300 * 1000);
+    bool seen = false;
+    for (int i = 0; i < 2000 && !(seen = process_with_marker(marker)); i++) /* 20 s at most */
+        usleep(10 * 1000);
+    CHECK(seen);
     CHECK(kill(st.pids[0], SIGKILL) == 0);
     int64_t t0 = ci_mono_ms();
     struct ci_sandbox_result r;
@@ -1852,8 +1873,10 @@ static void t_warm_unavailable(void)
     CHECK(ci_provider_local_new(c, &p, &err) == CI_OK);
     CHECK_CONTAINS(err.msg, "tasks run cold");
     struct ci_outcome o;
-    if (p && run_with(p, "import sys\nprint('pandas' in sys.modules)\n", NULL, 0, 20000, 1024,
-                      &o) == CI_OK) {
+    bool ran = p && run_with(p, "import sys\nprint('pandas' in sys.modules)\n", NULL, 0, 20000,
+                             1024, &o) == CI_OK;
+    CHECK(ran);
+    if (ran) {
         CHECK_STR(o.out, "False\n");
         ci_outcome_release(&o);
     }
