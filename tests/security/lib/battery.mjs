@@ -25,10 +25,10 @@ import { readdirSync, readFileSync } from "node:fs";
 
 import { startStack } from "../../integration/lib/stack.mjs";
 import { newTaskId, runTask } from "../../integration/lib/client.mjs";
-import { show } from "../../integration/lib/checks.mjs";
+import { blockUntilReleased, releaseMarker, show, waitProcessWith } from "../../integration/lib/checks.mjs";
 import { skipTest } from "../../integration/lib/skip.mjs";
 
-export { assert, show, newTaskId };
+export { assert, show, newTaskId, blockUntilReleased, releaseMarker, waitProcessWith };
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 export const rand = (n = 8) => randomBytes(n).toString("hex");
