@@ -462,16 +462,24 @@ static void t_orphans_killed(void)
     char marker[64];
     snprintf(marker, sizeof(marker), "ci-orphan-marker-%d-%ld", (int)getpid(), (long)time(NULL));
     char code[1024];
+    /* The code ends once the orphan runs under the marker: the pipe's write
+     * end (not inherited across exec) is closed when the middle child has
+     * exited and the orphan has exec'ed, and not before. */
     snprintf(code, sizeof(code),
-             "import os, sys, time\n"
+             "import os, sys\n"
+             "r, w = os.pipe()\n"
              "if os.fork() == 0:\n"
              "    os.setsid()\n"
              "    if os.fork() == 0:\n"
-             "        os.execv(sys.executable, [sys.executable, '-c', "
+             "        try:\n"
+             "            os.execv(sys.executable, [sys.executable, '-c', "
              "'import time; time.sleep(1000)', '%s'])\n"
+             "        finally:\n"
+             "            os.write(w, b'!')\n"
+             "            os._exit(1)\n"
              "    os._exit(0)\n"
-             "time.sleep(0.5)\n"
-             "print('left an orphan')\n",
+             "os.close(w)\n"
+             "print('left an orphan' if os.read(r, 1) == b'' else 'no orphan: exec failed')\n",
              marker);
     struct ci_outcome o;
     REQUIRE(run_code(code, &o) == CI_OK);
