@@ -181,13 +181,18 @@ if pid == 0:
     if os.fork() == 0:
         os.close(r)
         os.write(w, str(os.getpid()).encode())
-        os.close(w)
+        # w is not inherited across exec: its end tells that the exec happened
         os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)", ${JSON.stringify(marker)}])
     os._exit(0)
 os.close(w)
 os.waitpid(pid, 0)
-grandchild = int(os.read(r, 32))
-time.sleep(0.5)
+got = b""
+while True:  # the orphan's pid, then EOF once it runs under the marker
+    chunk = os.read(r, 32)
+    if not chunk:
+        break
+    got += chunk
+grandchild = int(got)
 os.kill(grandchild, 0)
 print("orphan alive", grandchild, flush=True)
 `;
