@@ -2,8 +2,11 @@
 // and object store), three workers that know all three URLs, and a steady
 // flow of small tasks while a worker is SIGKILLed mid-run and restarted,
 // the node leading CI_TASKS is SIGKILLed and restarted, and a worker is
-// stopped with SIGTERM. Every task ends with exactly one terminal result and
-// one matching terminal event; the tasks killed mid-run were redelivered.
+// stopped with SIGTERM mid-run. Every task ends with exactly one terminal
+// result and one matching terminal event; the tasks killed mid-run were
+// redelivered, those of the stopped worker drained. Each fault waits until
+// what it needs holds (a task RUNNING on the worker, tasks held by workers),
+// not for a time: see lib/chaos.mjs.
 //
 // Sized for the test suite on 2 cores: CI_CHAOS_TASKS tasks (default 2,000)
 // at CI_CHAOS_RATE per second (default 12: about 3 minutes, warm sandboxes
@@ -24,5 +27,6 @@ test(`chaos: ${TASKS} tasks through worker and leader kills, none lost`, { timeo
   assert.equal(report.tasks_wrong, 0);
   assert.deepEqual(report.terminal_events_per_task, { 1: TASKS }, "exactly one terminal event per task");
   assert.ok(report.killedMidRun.length >= 1, "a task was RUNNING on the killed worker");
+  assert.ok(report.drained.length >= 1, "a task was RUNNING on the worker stopped with SIGTERM");
   assert.equal(report.faults.length, 3);
 });

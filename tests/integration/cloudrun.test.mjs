@@ -8,10 +8,19 @@ import assert from "node:assert/strict";
 
 import { startStack } from "./lib/stack.mjs";
 import { newTaskId } from "./lib/client.mjs";
-import { checkEvents, checkResultBasics, PNG_MAGIC, sha256hex, show } from "./lib/checks.mjs";
+import { checkEvents, checkResultBasics, PNG_MAGIC, sha256hex, show, waitProcessWith } from "./lib/checks.mjs";
 import { closedPort, cloudrunYaml, startExecutor, startMetadataServer, startProxy } from "./lib/executor.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Waits until the executor runs a task (its /healthz says so), at most ms.
+async function untilRunning(ex, ms = 30000) {
+  for (const deadline = Date.now() + ms; ; await sleep(50)) {
+    const h = await ex.healthz();
+    if (h.running > 0) return h;
+    if (Date.now() > deadline) throw new Error(`the executor ran no task within ${ms} ms: ${JSON.stringify(h)}`);
+  }
+}
 const MiB = 1024 * 1024;
 
 const CSV = "region,amount\nnorth,4\neast,20\nwest,7\nnorth,6\neast,15\n";
@@ -299,11 +308,15 @@ describe("cloudrun provider", () => {
     const before = await executor.healthz();
     const taskId = newTaskId("cr-cancel");
     taskIds.push(taskId);
-    await c.submit({ taskId, language: "python", code: "import time\nprint('started', flush=True)\ntime.sleep(30)\nprint('finished')", limits: { timeoutMs: 60000 } });
+    // It prints, then waits in a child whose command line carries a marker:
+    // once the host sees that child, the line is printed.
+    const marker = `ci-itest-crcancel-${process.pid}-${Date.now()}`;
+    const code = `import subprocess, sys\nprint('started', flush=True)\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(30)', '${marker}'])\nprint('finished')`;
+    await c.submit({ taskId, language: "python", code, limits: { timeoutMs: 60000 } });
     await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
     // Running on the executor, and the code printed.
-    for (let i = 0; i < 100 && (await executor.healthz()).running === 0; i++) await sleep(50);
-    await sleep(1500);
+    await untilRunning(executor);
+    await waitProcessWith(marker, 30000);
     assert.equal((await executor.healthz()).running, 1, "the task runs on the executor");
     const t0 = Date.now();
     await c.cancel(taskId);
@@ -334,7 +347,7 @@ describe("cloudrun provider", () => {
     taskIds.push(taskId);
     await c.submit({ taskId, language: "python", code: "import time\ntime.sleep(30)", limits: { timeoutMs: 60000 } });
     await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
-    for (let i = 0; i < 100 && (await executor.healthz()).running === 0; i++) await sleep(50);
+    await untilRunning(executor);
     const t0 = Date.now();
     await c.cancel(taskId);
     const { result: res } = await c.waitResult(taskId, 15000);
@@ -411,7 +424,7 @@ describe("cloudrun provider", () => {
         headers: { "Content-Type": "application/json" },
         body: JSON.stringify({ taskId: "drain-1", language: "python", code: "import time\ntime.sleep(30)" }),
       });
-      for (let i = 0; i < 100 && (await ex2.healthz()).running === 0; i++) await sleep(50);
+      await untilRunning(ex2);
       const t0 = Date.now();
       const exit = ex2.stop("SIGTERM");
       const r = await pending;

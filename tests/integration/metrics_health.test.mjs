@@ -11,7 +11,7 @@ import { createServer, connect as tcpConnect } from "node:net";
 import { startStack } from "./lib/stack.mjs";
 import { startWorker } from "./lib/worker.mjs";
 import { newTaskId } from "./lib/client.mjs";
-import { show } from "./lib/checks.mjs";
+import { blockUntilReleased, releaseMarker, show, waitProcessWith } from "./lib/checks.mjs";
 import { CLI_BIN } from "./lib/worker.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -98,15 +98,24 @@ describe("metrics, health and ci stats", () => {
     assert.equal(results.fail.status, "TASK_STATUS_FAILED", show(results.fail));
     assert.equal(results.slow.status, "TASK_STATUS_TIMED_OUT", show(results.slow));
 
-    // A running task shows as an active slot.
+    // A running task shows as an active slot. It runs until the test lets
+    // it go on, then 2 s more.
     const busy = newTaskId("m-busy");
-    await c.submit({ taskId: busy, language: "python", code: "import time\ntime.sleep(2)" });
+    const marker = `ci-itest-mbusy-${process.pid}-${Date.now()}`;
+    await c.submit({ taskId: busy, language: "python", code: `${blockUntilReleased(marker)}import time\ntime.sleep(2)` });
     await c.waitStatus(busy, "TASK_STATUS_RUNNING", 30000);
+    await waitProcessWith(marker, 30000);
     const during = parseMetrics((await getText(`${w.monitorUrl}/metrics`)).text).samples;
+    assert.equal(releaseMarker(marker), 1);
     assert.equal(during.ci_slots_active, 1);
     assert.equal(during.ci_slots_free, 1);
     await c.waitResult(busy, 30000);
-    await sleep(200); // the slot is freed just after the result is stored
+    // The slot is freed just after the result is stored.
+    for (const deadline = Date.now() + 30000; ; await sleep(50)) {
+      const m = parseMetrics((await getText(`${w.monitorUrl}/metrics`)).text).samples;
+      if (m.ci_slots_active === 0) break;
+      assert.ok(Date.now() < deadline, `the slot is still active 30 s after the result: ${JSON.stringify(m)}`);
+    }
 
     const r = await getText(`${w.monitorUrl}/metrics`);
     assert.equal(r.status, 200);
@@ -172,12 +181,18 @@ describe("metrics, health and ci stats", () => {
     // Tasks waiting while the only worker is busy count as queue depth.
     const c = stack.client;
     const ids = [];
+    // They run until cancelled below (within their 60 s time limit): none
+    // ends while the queue is read.
     for (let i = 0; i < 5; i++) {
       const id = newTaskId("m-q");
       ids.push(id);
-      await c.submit({ taskId: id, language: "python", code: "import time\ntime.sleep(1.5)" });
+      await c.submit({ taskId: id, language: "python", code: "import time\ntime.sleep(120)" });
     }
-    await sleep(500);
+    for (const deadline = Date.now() + 30000; ; await sleep(50)) {
+      const ci = await c.jsm.consumers.info("CI_TASKS", "ci-workers");
+      if (ci.num_ack_pending >= 2) break; // both slots took one
+      assert.ok(Date.now() < deadline, `the two slots took no task within 30 s: ${JSON.stringify(ci)}`);
+    }
     const q = JSON.parse(ciStats(url, "--json").stdout).queue;
     // Two slots are busy. nats.c 3.4.1 can leave a slot with a second pull
     // request open after a stale 408 (NATS-NOTES), so one more task may be
@@ -197,7 +212,8 @@ describe("metrics, health and ci stats", () => {
       hbText = ciStats(url).stdout;
     }
     assert.match(hbText, new RegExp(`^  ${w.id} +local +slots 2 +running 2 +ready`, "m"));
-    for (const id of ids) await c.waitResult(id, 60000);
+    for (const id of ids) await c.cancel(id);
+    for (const id of ids) assert.equal((await c.waitResult(id, 60000)).result.status, "TASK_STATUS_CANCELLED");
     assert.equal(ciStats(url, "extra").code, 2, "stats takes no argument");
   });
 
@@ -253,18 +269,21 @@ describe("metrics, health and ci stats", () => {
   test("SIGTERM: /readyz turns 503 while the worker drains, its heartbeat is removed at exit", async () => {
     const c = stack.client;
     const id = newTaskId("m-drain");
-    await c.submit({ taskId: id, language: "python", code: "import time\ntime.sleep(3)\nprint('done')" });
+    // The task runs until the test lets it end: the worker drains meanwhile.
+    const marker = `ci-itest-mdrain-${process.pid}-${Date.now()}`;
+    await c.submit({ taskId: id, language: "python", code: `${blockUntilReleased(marker)}print('done')` });
     await c.waitStatus(id, "TASK_STATUS_RUNNING", 30000);
-    const exitP = w.stop("SIGTERM", 30000);
+    await waitProcessWith(marker, 30000);
+    const exitP = w.stop("SIGTERM", 60000);
     let r = null;
-    for (let i = 0; i < 40; i++) {
-      await sleep(50);
+    for (const deadline = Date.now() + 30000; ; await sleep(50)) {
       r = await getText(`${w.monitorUrl}/readyz`);
-      if (r.status === 503) break;
+      if (r.status === 503 || Date.now() > deadline) break;
     }
     assert.equal(r.status, 503);
     assert.match(r.text, /^not ready: draining/);
     assert.equal((await getText(`${w.monitorUrl}/healthz`)).status, 200, "a draining worker is still live");
+    assert.equal(releaseMarker(marker), 1, "the task still ran");
     const { code } = await exitP;
     assert.equal(code, 0);
     assert.equal((await c.waitResult(id, 5000)).result.status, "TASK_STATUS_SUCCEEDED");

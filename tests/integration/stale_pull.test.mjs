@@ -17,7 +17,7 @@ import { startNatsServer } from "./lib/nats-server.mjs";
 import { startWorker } from "./lib/worker.mjs";
 import { connectClient, newTaskId, runTask, TERMINAL } from "./lib/client.mjs";
 import { headers as natsHeaders } from "@nats-io/transport-node";
-import { show } from "./lib/checks.mjs";
+import { blockUntilReleased, releaseMarker, show, waitProcessWith } from "./lib/checks.mjs";
 import { SERVER_CONFIG } from "./lib/stack.mjs";
 
 const STREAM = "CI_TASKS";
@@ -119,8 +119,10 @@ describe("a task delivered to a stale pull request of a busy slot", () => {
     const busy = await busyWithStaleRequest(ctx, "stale-busy");
     const x = newTaskId("stale-x");
     const marker = `marker-${x}`;
-    // Long enough to be still running on B when A comes back.
-    await c.submit({ taskId: x, language: "python", code: `import time\nprint('${marker}')\ntime.sleep(6)` });
+    // Still running on B when A comes back: it runs until the test lets it
+    // end, below.
+    const hold = `ci-itest-stale-${process.pid}-${Date.now()}`;
+    await c.submit({ taskId: x, language: "python", code: `print('${marker}', flush=True)\n${blockUntilReleased(hold)}` });
     await waitDelivered(c, 2); // X sits in A's queue, its ack timer running
     assert.deepEqual(taskLines([a], x), [], "A did not take X: its slot is busy");
 
@@ -136,6 +138,8 @@ describe("a task delivered to a stale pull request of a busy slot", () => {
     await waitFor("A took X's stale copy", () => taskLines([a], x).length > 0, 10000);
     const startsOf = () => taskLines(ctx.workers, x, "task.start").map((l) => [l.w, l.attempt]);
     assert.deepEqual(startsOf(), [[b.id, 2]], "X started once, on B");
+    await waitProcessWith(hold, 30000);
+    assert.equal(releaseMarker(hold), 1, "X still ran on B");
 
     const { result } = await c.waitResult(x, 30000);
     assert.equal(result.status, "TASK_STATUS_SUCCEEDED", show(result));

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 
 import { startStack } from "./lib/stack.mjs";
 import { newTaskId } from "./lib/client.mjs";
-import { checkEvents, checkResultBasics, show } from "./lib/checks.mjs";
+import { checkEvents, checkResultBasics, show, waitProcessWith } from "./lib/checks.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -48,9 +48,13 @@ describe("worker cancel", () => {
   test("a running task is killed within about a second of the cancel, output kept", async () => {
     const c = stack.client;
     const taskId = newTaskId("rcancel");
-    await c.submit({ taskId, language: "python", code: "import time\nprint('started', flush=True)\ntime.sleep(30)\nprint('finished')", limits: { timeoutMs: 60000 } });
+    // It prints, then waits in a child whose command line carries a marker:
+    // once the host sees that child, the line is printed.
+    const marker = `ci-itest-rcancel-${process.pid}-${Date.now()}`;
+    const code = `import subprocess, sys\nprint('started', flush=True)\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(30)', '${marker}'])\nprint('finished')`;
+    await c.submit({ taskId, language: "python", code, limits: { timeoutMs: 60000 } });
     await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
-    await sleep(1500); // let the code start and print
+    await waitProcessWith(marker, 30000);
     const t0 = Date.now();
     await c.cancel(taskId);
     const { result: r } = await c.waitResult(taskId, 15000);
@@ -73,8 +77,7 @@ describe("worker cancel", () => {
     await c.submit({ taskId: busy, language: "python", code: "import time\ntime.sleep(30)" });
     await c.waitStatus(busy, "TASK_STATUS_RUNNING", 30000);
     await c.submit({ taskId: queued, language: "python", code: "print('must not run')" });
-    await c.cancel(queued);
-    await sleep(500);
+    await c.cancel(queued); // stored in CI_CANCEL once this returns
     await c.cancel(busy);
     const { result: rb } = await c.waitResult(busy, 15000);
     assert.equal(rb.status, "TASK_STATUS_CANCELLED", show(rb));
@@ -92,8 +95,16 @@ describe("worker cancel", () => {
     await c.submit({ taskId, language: "python", code: "print('done')" });
     const before = await c.waitResult(taskId, 30000);
     assert.equal(before.result.status, "TASK_STATUS_SUCCEEDED", show(before.result));
+    // The worker handles cancels in the order they were published (one
+    // subscription): once the cancel of a task running after this one has
+    // ended it, the worker has handled this cancel too.
+    const later = newTaskId("fcancel-later");
+    await c.submit({ taskId: later, language: "python", code: "import time\ntime.sleep(30)", limits: { timeoutMs: 60000 } });
+    await c.waitStatus(later, "TASK_STATUS_RUNNING", 30000);
     await c.cancel(taskId);
-    await sleep(2000);
+    await c.cancel(later);
+    const { result: rl } = await c.waitResult(later, 15000);
+    assert.equal(rl.status, "TASK_STATUS_CANCELLED", show(rl));
     const now = await c.getResult(taskId);
     assert.equal(now.result.status, "TASK_STATUS_SUCCEEDED");
     assert.equal(now.revision, before.revision, "the result was not rewritten");

@@ -58,11 +58,12 @@ describe("worker errors", () => {
     const { result: r } = await c.waitResult(taskId, 30000);
     assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
     assert.equal(r.attempt, 1);
-    await sleep(1500); // a second run would have started by now
+    // Nothing left in CI_TASKS to run (none waiting, none in progress): a
+    // second run would have published its RUNNING event before its ack.
+    await tasksStreamDrains();
     const evs = await c.events(taskId);
     assert.equal(evs.filter((e) => e.event.status === "TASK_STATUS_RUNNING").length, 1, "one RUNNING event");
     checkEvents(evs, { taskId, result: r, encoding: "protobuf", worker: worker.id });
-    await tasksStreamDrains();
   });
 
   test("an undecodable protobuf body with a valid Nats-Msg-Id ends FAILED with a decode error", async () => {

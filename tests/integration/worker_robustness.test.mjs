@@ -9,7 +9,7 @@ import { startStack } from "./lib/stack.mjs";
 import { startNatsServer } from "./lib/nats-server.mjs";
 import { startWorker } from "./lib/worker.mjs";
 import { connectClient, newTaskId, runTask } from "./lib/client.mjs";
-import { checkEvents, checkRefused, show } from "./lib/checks.mjs";
+import { blockUntilReleased, checkEvents, checkRefused, releaseMarker, show, waitProcessWith } from "./lib/checks.mjs";
 
 // Resolves to what promise gives, or to null after ms.
 function within(promise, ms) {
@@ -102,11 +102,20 @@ describe("worker robustness", () => {
     const c = stack.client;
     const taskId = newTaskId("repair");
     const { config } = await c.jsm.streams.info("CI_STATUS");
-    await c.submit({ taskId, language: "python", code: "import time\ntime.sleep(2)\nprint('done')" });
+    // The code waits until the test lets it end (below).
+    const marker = `ci-itest-repair-${process.pid}-${Date.now()}`;
+    await c.submit({ taskId, language: "python", code: `${blockUntilReleased(marker)}print('done')` });
     await c.waitStatus(taskId, "TASK_STATUS_RUNNING");
+    // The RUNNING event follows the RUNNING record: wait until it is in.
+    for (const deadline = Date.now() + 30000; !(await c.jsm.streams.getMessage("CI_STATUS", { last_by_subj: `ci.status.${taskId}` })); ) {
+      assert.ok(Date.now() < deadline, "the RUNNING event is in CI_STATUS within 30 s");
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    await waitProcessWith(marker, 30000); // the code runs
     // RUNNING is out; from now on a publish on ci.status.<id> finds no stream.
     await c.jsm.streams.update("CI_STATUS", { ...config, subjects: ["ci.statusx.>"] });
     try {
+      assert.equal(releaseMarker(marker), 1, "the code goes on, to its end");
       // The result is stored, its event fails (retried ~7 s), the task is nak'ed.
       await worker.waitLog((l) => l.task_id === taskId && l.event === "task.infra_error", 30000);
     } finally {
@@ -138,14 +147,19 @@ describe("worker robustness: a failed artifact upload", () => {
     const c = stack.client;
     const w = stack.workers[0];
     const taskId = newTaskId("upfail");
+    // Each run waits until the test lets it end (below).
+    const marker = `ci-itest-upfail-${process.pid}-${Date.now()}`;
     await c.submit({
       taskId,
       language: "python",
-      code: "import time\nopen('a.csv', 'w').write('a\\n1\\n')\nopen('b.csv', 'w').write('b\\n1\\n')\ntime.sleep(1.5)",
+      code: `open('a.csv', 'w').write('a\\n1\\n')\nopen('b.csv', 'w').write('b\\n1\\n')\n${blockUntilReleased(marker)}`,
     });
     await c.waitStatus(taskId, "TASK_STATUS_RUNNING");
+    await waitProcessWith(marker, 30000); // the code runs, its artifacts written
     await c.jsm.streams.delete("OBJ_ci-files"); // the files bucket is gone
-    const { result: r } = await c.waitResult(taskId, 40000);
+    // Both deliveries go on to their upload, which fails.
+    const releasing = setInterval(() => releaseMarker(marker), 50);
+    const { result: r } = await c.waitResult(taskId, 40000).finally(() => clearInterval(releasing));
     assert.equal(r.status, "TASK_STATUS_FAILED", show(r));
     assert.deepEqual(r.artifacts, []);
     const infra = w.lines().find((l) => l.task_id === taskId && l.event === "task.infra_error");
@@ -208,7 +222,8 @@ describe("worker robustness: JetStream not there yet at start", () => {
     // First a server without JetStream on some port; then, on that same
     // port, one with it (as a cluster electing its leaders would answer).
     early = await startNatsServer({ jetstream: false, monitor: true });
-    const starting = startWorker({ natsUrl: early.url, readyTimeoutMs: 90000 });
+    let spawned = null;
+    const starting = startWorker({ natsUrl: early.url, readyTimeoutMs: 90000, onSpawn: (h) => (spawned = h) });
     starting.catch(() => {}); // awaited below
     // The worker connects once its sandbox is up; then its setup fails.
     for (let i = 0; ; i++) {
@@ -217,7 +232,7 @@ describe("worker robustness: JetStream not there yet at start", () => {
       assert.ok(i < 600, "the worker connected to the first server within 60 s");
       await new Promise((r) => setTimeout(r, 100));
     }
-    await new Promise((r) => setTimeout(r, 1500));
+    await spawned.waitLog((l) => l.event === "worker.nats_setup_retry", 60000); // it failed, and will try again
     await early.stop();
     srv = await startNatsServer({ config: `max_payload: 8MB\nlisten: 127.0.0.1:${early.port}` });
     w = await starting;

@@ -6,7 +6,7 @@ import { readdirSync, readFileSync } from "node:fs";
 
 import { startStack } from "./lib/stack.mjs";
 import { newTaskId } from "./lib/client.mjs";
-import { show } from "./lib/checks.mjs";
+import { releaseMarker, show } from "./lib/checks.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -84,11 +84,11 @@ describe("worker scale", () => {
     const taskId = newTaskId("killed");
     const code = [
       "import subprocess, sys, time",
-      // A child with the marker in its command line, to find it from the host.
+      // A child with the marker in its command line, to find it from the
+      // host; the run ends once that child does (the test kills it, below).
       `p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '${marker}'])`,
       "print('attempt running', flush=True)",
-      "time.sleep(4)",
-      "p.kill()",
+      "p.wait()",
       "print('finished')",
     ].join("\n");
     await c.submit({ taskId, language: "python", code });
@@ -107,8 +107,10 @@ describe("worker scale", () => {
       await sleep(100);
       left = processesWith(marker);
     }
-    // The redelivery first (so that a failure below leaves no task behind).
-    const { result: r } = await c.waitResult(taskId, 40000);
+    // The redelivery first (so that a failure below leaves no task behind):
+    // its run ends when its child is killed.
+    const releasing = setInterval(() => releaseMarker(marker), 50);
+    const { result: r } = await c.waitResult(taskId, 40000).finally(() => clearInterval(releasing));
     assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
     assert.equal(r.attempt, 2, "JetStream's delivery count");
     assert.notEqual(r.worker, victim.id);
@@ -129,8 +131,8 @@ describe("worker scale", () => {
     await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
     const t0 = Date.now();
     const exitP = a.stop("SIGTERM", 30000);
-    await sleep(300);
-    // Submitted after the SIGTERM: the draining worker must leave it queued.
+    await a.waitLog((l) => l.event === "worker.draining", 30000);
+    // Submitted once it drains: the draining worker must leave it queued.
     const later = newTaskId("later");
     await c.submit({ taskId: later, language: "python", code: "print('later')" });
 
@@ -142,7 +144,7 @@ describe("worker scale", () => {
     assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
     assert.equal(r.stdout, "start\nend\n");
     assert.equal(r.worker, a.id);
-    assert.ok(exitedAt - t0 >= 1500, `the worker waited for the task (${exitedAt - t0} ms)`);
+    assert.ok(r.finishedAtMs > t0, `the task was still running at the SIGTERM (it ended ${r.finishedAtMs - t0} ms after), and the worker waited for it (exit ${exitedAt - t0} ms after)`);
     assert.ok(r.finishedAtMs <= exitedAt + 100, "the result was written before the worker exited");
 
     assert.equal(await c.getResult(later), null, "the draining worker took no new task");

@@ -4,7 +4,7 @@
 // (worker concurrency 2).
 import { describe } from "node:test";
 
-import { assert, newTaskId, rand, show, startBattery } from "./lib/battery.mjs";
+import { assert, blockUntilReleased, newTaskId, rand, releaseMarker, show, startBattery, waitProcessWith } from "./lib/battery.mjs";
 
 const b = await startBattery("between_tasks", { concurrency: 2 });
 
@@ -88,11 +88,11 @@ report(found=found, listing=listing, numpy=numpy.__file__, backend=matplotlib.ge
   b.attack("a task running at the same time sees none of the other's files, sockets or processes", async () => {
     const ta = `a${rand()}`;
     const tb = `b${rand()}`;
-    // A leaves its traces, then waits long enough for B to run beside it,
-    // then looks for B's.
+    // A leaves its traces, then waits until B has run beside it (the test
+    // lets it go on), then looks for B's.
+    const marker = b.marker();
     const codeA = `${leave(ta)}
-import time
-time.sleep(4)
+${blockUntilReleased(marker)}
 ${look(tb)}
 mine = {p: os.path.exists(p) for p in paths}
 report(found=found, mine=mine, pids=pids)
@@ -103,10 +103,11 @@ report(found=found, listing=listing, pids=pids)
 `;
     const idA = newTaskId("a");
     const a = b.run(codeA, { taskId: idA, limits: { timeoutMs: 20000 } });
-    // B goes in once A is running and has written (the worker has two slots).
+    // B goes in once A has written and waits (the worker has two slots).
     await b.client.waitStatus(idA, "TASK_STATUS_RUNNING", 20000);
-    await new Promise((r) => setTimeout(r, 500));
+    await waitProcessWith(marker, 20000);
     const { result: rb, report: repB } = await b.run(codeB);
+    assert.equal(releaseMarker(marker), 1, "A still waited for B");
     const { result: ra, report: repA } = await a;
     assert.equal(ra.status, "TASK_STATUS_SUCCEEDED", show(ra));
     assert.equal(rb.status, "TASK_STATUS_SUCCEEDED", show(rb));

@@ -11,7 +11,7 @@ import { describe } from "node:test";
 import { createServer } from "node:net";
 import { createSocket } from "node:dgram";
 
-import { assert, show, startBattery } from "./lib/battery.mjs";
+import { assert, rand, show, sleep, startBattery } from "./lib/battery.mjs";
 
 const b = await startBattery("network");
 const natsPort = b.stack.server.port;
@@ -77,13 +77,32 @@ async function tcpListener(host) {
 
 async function udpListener(type, host) {
   const s = createSocket(type);
-  s.received = 0;
-  s.on("message", () => s.received++);
+  s.received = 0; // datagrams but the test's own controls
+  s.controls = new Set();
+  s.on("message", (m) => {
+    const text = m.toString();
+    if (text.startsWith("ci-sec-control-")) s.controls.add(text);
+    else s.received++;
+  });
   await new Promise((resolve, reject) => {
     s.once("error", reject);
     s.bind(0, host, resolve);
   });
   return s;
+}
+
+// Sends a control datagram from the host to listener s and waits until it
+// arrived: whatever was sent to s before it has arrived by then.
+async function udpSettled(s, type, host) {
+  const token = `ci-sec-control-${rand()}`;
+  const c = createSocket(type);
+  try {
+    await new Promise((resolve, reject) => c.send(token, s.address().port, host, (e) => (e ? reject(e) : resolve())));
+  } finally {
+    c.close();
+  }
+  for (const deadline = Date.now() + 10000; !s.controls.has(token); await sleep(20))
+    assert.ok(Date.now() < deadline, `the control datagram to ${host} did not arrive within 10 s`);
 }
 
 describe("network", { concurrency: 4 }, () => {
@@ -178,7 +197,8 @@ report(guard=GUARD, netns=NETNS)
       assertFailed(rep, "udp6", [ENETUNREACH, EADDRNOTAVAIL]);
       assertFailed(rep, "udp_external", [ENETUNREACH]);
       assert.doesNotMatch(r.stdout, /SENT \d/);
-      await new Promise((res) => setTimeout(res, 200));
+      await udpSettled(u4, "udp4", "127.0.0.1");
+      if (u6) await udpSettled(u6, "udp6", "::1");
       assert.equal(u4.received, 0, "the host UDP listener on 127.0.0.1 got a datagram");
       if (u6) assert.equal(u6.received, 0, "the host UDP listener on ::1 got a datagram");
     } finally {

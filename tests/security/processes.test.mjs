@@ -5,7 +5,7 @@
 // scanned for a marker), the worker lives on.
 import { describe } from "node:test";
 
-import { assert, newTaskId, processesWith, show, sleep, startBattery } from "./lib/battery.mjs";
+import { assert, blockUntilReleased, newTaskId, processesWith, releaseMarker, show, sleep, startBattery, waitProcessWith } from "./lib/battery.mjs";
 
 const b = await startBattery("processes");
 const w = b.worker;
@@ -43,7 +43,7 @@ def start_orphan():
         if os.fork() == 0:
             os.close(r)
             os.write(w, str(os.getpid()).encode())
-            os.close(w)
+            # w is not inherited across exec: its end tells that the exec happened
             for fd in (0, 1, 2):
                 os.dup2(os.open("/dev/null", os.O_RDWR), fd)
             os.execv(sys.executable, [sys.executable, "-c",
@@ -56,11 +56,15 @@ def start_orphan():
         os._exit(0)
     os.close(w)
     os.waitpid(pid, 0)
-    child = int(os.read(r, 32))
+    got = b""
+    while True:  # the orphan's pid, then EOF once it runs under the marker
+        chunk = os.read(r, 32)
+        if not chunk:
+            break
+        got += chunk
     os.close(r)
-    return child
+    return int(got)
 ORPHAN = start_orphan()
-time.sleep(0.3)
 os.kill(ORPHAN, 0)
 print("ORPHAN", ORPHAN, flush=True)
 `;
@@ -68,13 +72,17 @@ print("ORPHAN", ORPHAN, flush=True)
 describe("processes", { concurrency: 3 }, () => {
   b.attack("a double-forked, setsid, SIGTERM/SIGHUP-ignoring orphan is killed when the task ends", async () => {
     const marker = b.marker();
+    const hold = b.marker();
+    // The task ends once the test lets it (below).
     const code = `${orphan(marker)}
-time.sleep(3)
+${blockUntilReleased(hold)}
 print("DONE", flush=True)
 `;
     const running = b.run(code);
     // Control: while the task runs, the host scan does see the orphan.
-    const seen = await seenOnHost(marker, 8000);
+    const seen = await seenOnHost(marker, 30000);
+    await waitProcessWith(hold, 30000);
+    assert.equal(releaseMarker(hold), 1, "the task still ran");
     const { result: r } = await running;
     assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
     assert.match(r.stdout, /^ORPHAN \d+$/m);
@@ -113,7 +121,7 @@ time.sleep(60)
     const marker = b.marker();
     const taskId = newTaskId("cancel");
     const running = b.run(`${orphan(marker)}\ntime.sleep(60)\n`, { taskId, limits: { timeoutMs: 30000 } });
-    const seen = await seenOnHost(marker, 8000);
+    const seen = await seenOnHost(marker, 25000);
     await b.client.cancel(taskId);
     const { result: r } = await running;
     assert.equal(r.status, "TASK_STATUS_CANCELLED", show(r));

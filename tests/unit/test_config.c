@@ -698,14 +698,14 @@ static const struct t_case cases[] = {
     T(test_dump_reads_back),
 };
 
-int main(void)
+int main(int argc, char **argv)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/ci-test-config-XXXXXX");
     if (!mkdtemp(tmpdir)) {
         fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
         return 1;
     }
-    int rc = t_run(cases, sizeof(cases) / sizeof(cases[0]));
+    int rc = t_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
     cleanup_tmpdir();
     return rc;
 }

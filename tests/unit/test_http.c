@@ -296,4 +296,4 @@ static const struct t_case cases[] = {
     T(test_http_errors),
 };
 
-int main(void) { return t_run(cases, sizeof(cases) / sizeof(cases[0])); }
+int main(int argc, char **argv) { return t_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0])); }

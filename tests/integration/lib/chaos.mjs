@@ -5,22 +5,32 @@
 // and, while they run, three faults:
 //
 //   1. a worker is SIGKILLed while it runs tasks, and a new one started;
-//   2. the nats-server leading CI_TASKS is SIGKILLed, and restarted 5 s later
-//      on the same store dir;
-//   3. a worker is stopped with SIGTERM (it drains and exits 0).
+//   2. the nats-server leading CI_TASKS is SIGKILLed while workers hold
+//      tasks, and restarted on the same store dir once another node leads
+//      CI_TASKS (and 5 s have passed);
+//   3. a worker is stopped with SIGTERM while it runs tasks (it drains them
+//      and exits 0).
+//
+// Each fault is due at a fraction of the submit time, and then placed when
+// the condition it needs holds, however loaded the machine: a worker is
+// killed or stopped only while it has a task RUNNING. It is frozen (SIGSTOP)
+// first, so that what the results bucket's stream leader says it runs is
+// still true when the signal lands; when its tasks ended in between, it goes
+// on (SIGCONT) until its next one.
 //
 // Then every task is checked: exactly one terminal status event on
 // ci.status.<id>, a terminal result in KV that matches it (status, worker,
-// exit code), the output of its own code, and the tasks that were RUNNING on
-// the killed worker were redelivered (attempt >= 2) to another. The report
-// has the figures for the README: tasks, faults, tasks lost, latency.
+// exit code), the output of its own code, the tasks that were RUNNING on
+// the killed worker were redelivered (attempt >= 2) to another, and those
+// RUNNING on the stopped worker ended there. The report has the figures for
+// the README: tasks, faults, tasks lost, latency.
 //
 //   const report = await runChaos({ tasks: 1000, rate: 8, log: console.log });
 import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream";
 
 import { startCluster } from "./cluster.mjs";
 import { startWorker } from "./worker.mjs";
-import { connectClient, decodeMessage, proto, TERMINAL } from "./client.mjs";
+import { connectClient, decodeMessage, proto, RESULTS_BUCKET, TERMINAL } from "./client.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const SANITIZER = /ERROR: (Address|Leak)Sanitizer|runtime error: |SUMMARY: UndefinedBehaviorSanitizer/;
@@ -61,6 +71,8 @@ export async function runChaos({
     natsUrl: cluster.url,
     id,
     concurrency,
+    // Its connections carry its id: /connz tells when a killed one is gone.
+    nats: { name: id },
     // The smallest ack wait: a killed worker's tasks come back in 5 s.
     jetstream: { replicas: 3, ack_wait_s: 5, max_deliver: 5 },
     worker: { heartbeat_s: 2 },
@@ -74,21 +86,105 @@ export async function runChaos({
     const ids = Array.from({ length: tasks }, (_, i) => `chaos-${run}-${i}`);
     const submitAt = new Array(tasks).fill(0);
     const terminalSeen = new Map(); // id -> ms, from a core subscription (progress only)
+    // The last event of each task, and how many RUNNING events each worker
+    // published: what the faults wait for (hints only, the bucket decides).
+    const lastEvent = new Map(); // id -> { status, worker }
+    const runningEvents = new Map(); // worker id -> count
+    const listeners = new Set();
     const sub = client.nc.subscribe("ci.status.>", {
       callback: (err, m) => {
         if (err || !m.headers) return;
         const st = m.headers.get("Ci-Status");
+        const id = m.subject.slice("ci.status.".length);
         if (st && st !== "running") {
-          const id = m.subject.slice("ci.status.".length);
           if (!terminalSeen.has(id)) terminalSeen.set(id, Date.now());
+          lastEvent.set(id, { status: st });
+        } else if (st === "running") {
+          let worker = "";
+          try {
+            worker = decodeMessage(proto().StatusEvent, m.data).value.worker;
+          } catch {
+            // not ours to judge here: the checks below read every event
+          }
+          if (!TERMINAL.has(lastEvent.get(id)?.status)) lastEvent.set(id, { status: st, worker });
+          runningEvents.set(worker, (runningEvents.get(worker) ?? 0) + 1);
         }
+        for (const l of listeners) l();
       },
     });
+    // Resolves when pred() holds, checked at each status event; rejects
+    // after ms.
+    const untilEvent = (pred, ms, what) =>
+      new Promise((resolve, reject) => {
+        if (pred()) return resolve();
+        const done = () => {
+          clearTimeout(timer);
+          listeners.delete(check);
+        };
+        const check = () => {
+          if (pred()) {
+            done();
+            resolve();
+          }
+        };
+        const timer = setTimeout(() => {
+          done();
+          reject(new Error(`${what} within ${ms} ms`));
+        }, Math.max(0, ms));
+        listeners.add(check);
+      });
+    // Polls fn (async) until it returns a truthy value, at most ms.
+    const until = async (fn, ms, what) => {
+      const deadline = Date.now() + ms;
+      for (;;) {
+        const v = await fn().catch(() => null);
+        if (v) return v;
+        if (Date.now() > deadline) throw new Error(`${what} within ${ms} ms`);
+        await sleep(50);
+      }
+    };
+    // A task's result as the results bucket's stream leader has it (a
+    // direct get may be answered by a replica that lags): null when none.
+    const leaderResult = async (id) => {
+      const m = await client.jsm.streams.getMessage(`KV_${RESULTS_BUCKET}`, { last_by_subj: `$KV.${RESULTS_BUCKET}.${id}` });
+      const op = m?.header?.get("KV-Operation");
+      if (!m || op === "DEL" || op === "PURGE" || !m.data.length) return null;
+      return decodeMessage(proto().ExecutionResult, m.data).value;
+    };
+    // Waits until worker w has a task RUNNING and freezes it (SIGSTOP): a
+    // frozen worker can neither end a task nor start one. Returns, with w
+    // still frozen, the tasks the bucket's leader then has RUNNING on w
+    // ({ id, attempt }, at least one) and how many tries it took. When its
+    // tasks ended between the event and the freeze, lets w go on (SIGCONT)
+    // and waits for its next one; at most ms in all.
+    const freezeWhileRunning = async (w, ms, what) => {
+      const deadline = Date.now() + ms;
+      let seen = 0;
+      for (let tries = 1; ; tries++) {
+        await untilEvent(() => (runningEvents.get(w.id) ?? 0) > seen, deadline - Date.now(), `${what}: no task RUNNING on ${w.id} (${tries - 1} tries)`);
+        seen = runningEvents.get(w.id);
+        const hinted = [...lastEvent].filter(([, e]) => e.status === "running" && e.worker === w.id).map(([id]) => id);
+        if (!w.signal("SIGSTOP")) throw new Error(`${what}: ${w.id} has exited`);
+        const held = [];
+        try {
+          for (const id of hinted) {
+            const r = await retrying(() => leaderResult(id), 10000, `get ${id}`);
+            if (r && r.status === "TASK_STATUS_RUNNING" && r.worker === w.id) held.push({ id, attempt: r.attempt });
+          }
+        } catch (e) {
+          w.signal("SIGCONT");
+          throw e;
+        }
+        if (held.length) return { held, tries };
+        w.signal("SIGCONT");
+      }
+    };
 
     // --- submit at a steady rate, retrying through leader elections ---
     const submitMs = (tasks / rate) * 1000;
     const pubs = [];
     const t0 = Date.now();
+    let submitting = true;
     const submitter = (async () => {
       for (let i = 0; i < tasks; i++) {
         const due = t0 + (i / rate) * 1000;
@@ -99,6 +195,7 @@ export async function runChaos({
         // Same Nats-Msg-Id on every retry: the stream keeps one copy.
         pubs.push(retrying(() => client.submit(req), 120000, `submit ${ids[i]}`));
       }
+      submitting = false;
       await Promise.all(pubs);
     })();
 
@@ -108,55 +205,90 @@ export async function runChaos({
       // 1. SIGKILL a worker while it runs tasks; start another.
       await at(faults.killWorkerAt);
       const victim = workers[0];
-      const running = () => {
-        const open = new Set();
-        for (const l of victim.lines()) {
-          if (l.event === "task.start") open.add(l.task_id);
-          else if ((l.event === "task.done" || l.event === "task.duplicate") && l.task_id) open.delete(l.task_id);
-        }
-        return open;
-      };
-      for (let i = 0; i < 100 && running().size === 0; i++) await sleep(50);
+      const frozen = await freezeWhileRunning(victim, 120000, "fault 1");
       const killAt = Date.now();
       await victim.kill();
-      const open = [...running()];
-      // The ones it had recorded as RUNNING are the tasks killed mid-run.
+      // Anything it sent before it froze (a result on its way) is in once
+      // no node has its connection any more: then the tasks it had RUNNING
+      // are those still RUNNING there at the same attempt (or taken again
+      // since, by another attempt). Those are the tasks killed mid-run.
+      await until(
+        async () => {
+          for (let i = 0; i < cluster.nodes.length; i++) {
+            const c = await cluster.connz(i, "?limit=4096");
+            if (!c || c.connections?.some((x) => x.name === victim.id)) return false;
+          }
+          return true;
+        },
+        30000,
+        `fault 1: the connections of ${victim.id} are not gone`,
+      );
       const killedMidRun = [];
-      for (const id of open) {
-        const r = await retrying(() => client.getResult(id), 30000, `get ${id}`);
-        if (r && r.result.status === "TASK_STATUS_RUNNING" && r.result.worker === victim.id) killedMidRun.push(id);
+      const endedFirst = [];
+      for (const h of frozen.held) {
+        const r = await retrying(() => leaderResult(h.id), 30000, `get ${h.id}`);
+        if (r && r.worker === victim.id && r.attempt === h.attempt && TERMINAL.has(r.status)) endedFirst.push(h.id);
+        else killedMidRun.push(h.id);
       }
-      report.faults.push({ kind: "SIGKILL worker", worker: victim.id, at_ms: killAt - t0, tasks_running: killedMidRun.length });
-      log(`fault 1: SIGKILLed ${victim.id} at ${killAt - t0} ms with ${killedMidRun.length} tasks RUNNING (${killedMidRun.join(", ")})`);
+      report.faults.push({ kind: "SIGKILL worker", worker: victim.id, at_ms: killAt - t0, tasks_running: killedMidRun.length, tries: frozen.tries });
+      log(`fault 1: SIGKILLed ${victim.id} at ${killAt - t0} ms (try ${frozen.tries}) with ${killedMidRun.length} tasks RUNNING (${killedMidRun.join(", ")})` +
+        (endedFirst.length ? `; ${endedFirst.join(", ")} had ended just before` : ""));
       report.killedMidRun = killedMidRun;
       report.killedWorker = victim.id;
       await sleep(1000);
       workers.push(await startWorker(workerOpts("chaos-a2")));
 
-      // 2. SIGKILL the node that leads CI_TASKS; restart it on its store.
+      // 2. SIGKILL the node that leads CI_TASKS while workers hold tasks
+      // and tasks are still being submitted; restart it on its store once
+      // another node leads CI_TASKS, and not before leaderDownMs.
       await at(faults.killLeaderAt);
+      const held = await until(
+        async () => {
+          const c = await client.jsm.consumers.info("CI_TASKS", "ci-workers");
+          return c.num_ack_pending > 0 ? c.num_ack_pending : 0;
+        },
+        60000,
+        "fault 2: no task was held by a worker",
+      );
+      if (!submitting) report.problems.push("fault 2 came after the last task was submitted: no submit went through the election");
       const si = await retrying(() => client.jsm.streams.info("CI_TASKS"), 30000, "stream info");
       const leader = si.cluster?.leader;
       const node = cluster.node(leader);
       if (!node) throw new Error(`no leader for CI_TASKS: ${JSON.stringify(si.cluster)}`);
       const leaderAt = Date.now();
       await node.kill("SIGKILL");
-      log(`fault 2: SIGKILLed nats-server ${leader} (leader of CI_TASKS) at ${leaderAt - t0} ms`);
-      await sleep(leaderDownMs);
+      log(`fault 2: SIGKILLed nats-server ${leader} (leader of CI_TASKS) at ${leaderAt - t0} ms, ${held} tasks held by workers`);
+      const failover = await until(
+        async () => {
+          const i = await client.jsm.streams.info("CI_TASKS");
+          return i.cluster?.leader && i.cluster.leader !== leader ? i.cluster.leader : null;
+        },
+        60000,
+        `fault 2: no node but ${leader} came to lead CI_TASKS`,
+      );
+      const failoverMs = Date.now() - leaderAt;
+      await sleep(Math.max(0, leaderAt + leaderDownMs - Date.now())); // how long the node stays down
       node.start();
       await node.waitHealthy(60000);
       const si2 = await retrying(() => client.jsm.streams.info("CI_TASKS"), 30000, "stream info");
-      report.faults.push({ kind: "SIGKILL stream leader", node: leader, at_ms: leaderAt - t0, down_ms: Date.now() - leaderAt, new_leader: si2.cluster?.leader });
-      log(`         ${leader} back after ${Date.now() - leaderAt} ms; CI_TASKS leader now ${si2.cluster?.leader}`);
+      report.faults.push({ kind: "SIGKILL stream leader", node: leader, at_ms: leaderAt - t0, tasks_held: held, failover_leader: failover, failover_ms: failoverMs, down_ms: Date.now() - leaderAt, new_leader: si2.cluster?.leader });
+      log(`         ${failover} led CI_TASKS after ${failoverMs} ms; ${leader} back after ${Date.now() - leaderAt} ms; CI_TASKS leader now ${si2.cluster?.leader}`);
 
-      // 3. SIGTERM a worker: it drains and exits 0.
+      // 3. SIGTERM a worker while it runs tasks: it drains them (they end
+      // there) and exits 0. The signal waits in the frozen worker until
+      // SIGCONT.
       await at(faults.stopWorkerAt);
-      const stopAt = Date.now();
       const w = workers[2];
-      const x = await w.stop("SIGTERM", 90000);
-      report.faults.push({ kind: "SIGTERM worker", worker: w.id, at_ms: stopAt - t0, exit_code: x.code, drain_ms: Date.now() - stopAt });
-      log(`fault 3: SIGTERM to ${w.id} at ${stopAt - t0} ms: exit ${x.code} after ${Date.now() - stopAt} ms`);
+      const running = await freezeWhileRunning(w, 120000, "fault 3");
+      const stopAt = Date.now();
+      const stopping = w.stop("SIGTERM", 90000);
+      w.signal("SIGCONT");
+      const x = await stopping;
+      report.faults.push({ kind: "SIGTERM worker", worker: w.id, at_ms: stopAt - t0, tasks_running: running.held.length, tries: running.tries, exit_code: x.code, drain_ms: Date.now() - stopAt });
+      log(`fault 3: SIGTERM to ${w.id} at ${stopAt - t0} ms (try ${running.tries}) with ${running.held.length} tasks RUNNING (${running.held.map((h) => h.id).join(", ")}): exit ${x.code} after ${Date.now() - stopAt} ms`);
       if (x.code !== 0) report.problems.push(`${w.id} exited ${x.code} (signal ${x.signal}) after SIGTERM`);
+      report.drained = running.held;
+      report.drainedWorker = w.id;
     })();
 
     await Promise.all([submitter, faultScript]);
@@ -246,6 +378,13 @@ export async function runChaos({
     if (wrong.length) report.problems.push(`${wrong.length} tasks wrong: ${wrong.slice(0, 10).join("; ")}`);
     if (!report.killedMidRun?.length) report.problems.push("no task was RUNNING on the killed worker: fault 1 proved nothing");
     if (notRedelivered.length) report.problems.push(`tasks killed mid-run but not redelivered to another worker: ${notRedelivered.join(", ")}`);
+    // The draining worker ended what it ran when SIGTERM came.
+    const notDrained = (report.drained ?? []).filter((h) => {
+      const r = results.get(h.id);
+      return !r || r.worker !== report.drainedWorker || r.attempt !== h.attempt;
+    });
+    if (!report.drained?.length) report.problems.push("no task was RUNNING on the worker stopped with SIGTERM: fault 3 proved nothing");
+    if (notDrained.length) report.problems.push(`tasks RUNNING at SIGTERM that the draining worker did not end: ${notDrained.map((h) => `${h.id} (${results.get(h.id)?.worker} attempt ${results.get(h.id)?.attempt})`).join(", ")}`);
     const ci2 = await client.jsm.consumers.info("CI_TASKS", "ci-workers");
     if (ci2.num_ack_pending !== 0 || ci2.num_pending !== 0) report.problems.push(`the queue is not empty: ${ci2.num_pending} pending, ${ci2.num_ack_pending} unacked`);
 

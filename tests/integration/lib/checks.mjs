@@ -1,6 +1,7 @@
 // Assertions on the contract shared by the integration test files.
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { readdirSync, readFileSync } from "node:fs";
 import { SHORT_STATUS, TERMINAL } from "./client.mjs";
 
 export const sha256hex = (bytes) => createHash("sha256").update(bytes).digest("hex");
@@ -63,4 +64,53 @@ export function checkRefused(result, taskId, errorRes) {
   assert.equal(result.exitCode, undefined, `exit_code must be absent when the code never ran: ${show(result)}`);
   assert.equal(result.stdout, "");
   assert.deepEqual(result.artifacts, []);
+}
+
+// Pids of host processes whose command line contains marker (not us): a
+// task's code can start `python -c ... <marker>` to show the host that it
+// got that far.
+export function processesWith(marker) {
+  const pids = [];
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d) || Number(d) === process.pid) continue;
+    try {
+      const cmd = readFileSync(`/proc/${d}/cmdline`).toString().replace(/\0/g, " ");
+      if (cmd.includes(marker)) pids.push(Number(d));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return pids;
+}
+
+// Waits until a host process carries marker (see processesWith), at most
+// timeoutMs; returns their pids.
+export async function waitProcessWith(marker, timeoutMs = 30000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const pids = processesWith(marker);
+    if (pids.length) return pids;
+    if (Date.now() > deadline) throw new Error(`no process with marker ${marker} within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+// Code that waits until the test lets it go on: it blocks in a child whose
+// command line carries marker, until the host kills that child
+// (releaseMarker). Put it where the code must wait.
+export const blockUntilReleased = (marker) =>
+  `import subprocess as _sp, sys as _sys\n_sp.run([_sys.executable, '-c', 'import time; time.sleep(600)', '${marker}'])\n`;
+
+// Lets code blocked by blockUntilReleased(marker) go on: kills the marker's
+// processes; how many there were.
+export function releaseMarker(marker) {
+  const pids = processesWith(marker);
+  for (const pid of pids) {
+    try {
+      process.kill(pid, "SIGKILL");
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return pids.length;
 }

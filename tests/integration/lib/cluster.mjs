@@ -8,6 +8,7 @@
 //   cl.urls           the same as an array (nats.js)
 //   cl.nodes[i]       { name, port, url, monitorUrl, dir, running(), kill(sig), start(), logs() }
 //   await cl.jsz(i)   /jsz of node i (JSON), or null when it does not answer
+//   await cl.connz(i) /connz of node i, the same way
 //   await cl.stop()   stops every node and removes the store dirs
 //
 // A node keeps its ports and store dir across kill() and start(), as a pod
@@ -150,6 +151,8 @@ export async function startCluster({ nodes = 3, config = SERVER_CONFIG, bin = pr
     url: handles.map((n) => n.url).join(","),
     dir: root,
     jsz: (i, query = "") => getJson(`${handles[i].monitorUrl}/jsz${query}`),
+    // /connz of node i (its open client connections), or null when it does not answer.
+    connz: (i, query = "") => getJson(`${handles[i].monitorUrl}/connz${query}`),
     // The name of the JetStream meta leader, as any running node sees it.
     async metaLeader() {
       for (let i = 0; i < handles.length; i++) {

@@ -16,6 +16,8 @@
 //   extraYaml      text appended to the generated YAML as is (e.g. comments)
 //   readyTimeoutMs how long to wait for the "worker.ready" log line (default 90000:
 //                  a loaded machine starting warm zygotes under ASan is slow)
+//   onSpawn        called with the handle as soon as the process runs, before
+//                  it is ready (to watch its log while it starts)
 //   (worker.metrics_addr defaults to 127.0.0.1:0 here; handle.monitorUrl is
 //   the base URL of /metrics, /healthz and /readyz, or null when "")
 //   bin            the binary (default $CI_BUILD_DIR/ci-worker, CI_BUILD_DIR
@@ -186,6 +188,12 @@ export async function startWorker(opts = {}) {
       }
       return exited;
     },
+    // Sends signal to the worker (SIGSTOP, SIGCONT...) and returns at once;
+    // false when it has exited already.
+    signal(signal) {
+      if (exited) return false;
+      return child.kill(signal);
+    },
     // SIGKILL, no questions: for cleanup after failures.
     async kill() {
       stopRequested = true;
@@ -203,6 +211,7 @@ export async function startWorker(opts = {}) {
     },
   };
 
+  if (opts.onSpawn) opts.onSpawn(handle);
   const deadline = Date.now() + readyTimeoutMs;
   for (;;) {
     const ready = lines().find((l) => l.event === "worker.ready");
