@@ -1762,10 +1762,13 @@ static void t_warm_keeper(void)
     static const char kill_it[] =
         "import os, signal, time\n"
         "me = os.getpid()\n"
-        "k = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me)][0]\n"
-        "os.kill(k, signal.SIGKILL)\n"
-        "time.sleep(0.2)\n"
-        "print('left', [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me)])\n";
+        "def left():\n"
+        "    return [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, me)]\n"
+        "os.kill(left()[0], signal.SIGKILL)\n"
+        "end = time.monotonic() + 5\n" /* until init has reaped it */
+        "while left() and time.monotonic() < end:\n"
+        "    time.sleep(0.01)\n"
+        "print('left', left())\n";
     REQUIRE(run_code(kill_it, &o) == CI_OK);
     CHECK(o.kind == CI_OUTCOME_EXITED && o.has_exit_code && o.exit_code == 0);
     CHECK_STR(o.out, "left []\n");
