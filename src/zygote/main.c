@@ -70,6 +70,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
+#include <linux/futex.h>
 #include <linux/seccomp.h>
 #include <poll.h>
 #include <sched.h>
@@ -107,6 +108,9 @@ struct task_note {
 };
 
 #define KEEPER_STACK 16384
+
+/* 1 while the task process's keeper sets itself up, then 0 (start_keeper). */
+static pid_t keeper_setting_up;
 
 struct zop {
     uint32_t kind;
@@ -395,17 +399,36 @@ static int keeper_main(void *arg)
     if (syscall(SYS_close_range, 0U, ~0U, 0U) != 0)
         for (long fd = 0; fd < 1024; fd++)
             syscall(SYS_close, fd);
+    __atomic_store_n(&keeper_setting_up, 0, __ATOMIC_RELEASE);
+    syscall(SYS_futex, &keeper_setting_up, FUTEX_WAKE, 1, NULL, NULL, 0);
     for (;;)
         syscall(SYS_ppoll, NULL, 0UL, NULL, NULL, (size_t)(_NSIG / 8));
     return 0;
 }
 
+/* Returns once the keeper holds nothing. Until then it has a copy of our
+ * fds (the task's stdout and stderr among them), takes signals and runs
+ * on our TLS: the code must not run beside that. Its own start gave no
+ * such order - a keeper forked onto a busy CPU first ran after the code
+ * had ended (t_warm_keeper). */
 static pid_t start_keeper(void)
 {
     static char stack[KEEPER_STACK] __attribute__((aligned(16)));
-    /* CLONE_PARENT: init's child, out of the reach of the code's wait(). */
-    pid_t pid = clone(keeper_main, stack + sizeof(stack), CLONE_VM | CLONE_PARENT, NULL);
-    return pid > 0 ? pid : 0;
+    /* Written before the clone: its page is then an anonymous one of our
+     * own (not the file's, nor shared with the zygote), which both sides
+     * key the futex by. */
+    __atomic_store_n(&keeper_setting_up, 1, __ATOMIC_RELAXED);
+    /* CLONE_PARENT: init's child, out of the reach of the code's wait().
+     * CLONE_CHILD_CLEARTID: a keeper killed before it is ready clears the
+     * word and wakes us too (a shared-futex wake, hence no _PRIVATE here). */
+    pid_t pid = clone(keeper_main, stack + sizeof(stack),
+                      CLONE_VM | CLONE_PARENT | CLONE_CHILD_CLEARTID, NULL, (pid_t *)NULL,
+                      (void *)NULL, &keeper_setting_up);
+    if (pid <= 0)
+        return 0;
+    while (__atomic_load_n(&keeper_setting_up, __ATOMIC_ACQUIRE) != 0)
+        syscall(SYS_futex, &keeper_setting_up, FUTEX_WAIT, 1, NULL, NULL, 0);
+    return pid;
 }
 
 /* After GO, with the task's fds at 0..4 and the channel to init at
