@@ -923,7 +923,7 @@ static bool find_task_cgroup(int i, char *out, size_t size)
     while (d && !found && (e = readdir(d)) != NULL) {
         if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
             continue;
-        char parent[700];
+        char parent[CI_CGROUP_PATH_MAX + sizeof(e->d_name)]; /* dir "/" name NUL: never cut */
         snprintf(parent, sizeof(parent), "%s/%s", pl.dir[i], e->d_name);
         DIR *pd = opendir(parent);
         struct dirent *t;
