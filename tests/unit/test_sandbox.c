@@ -996,8 +996,8 @@ static void t_cgroup_self(void)
                      "print(all(l.endswith(':/') for l in me.splitlines()))\n",
                      &o) == CI_OK);
     CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
-    CHECK_STR(o.out, strstr(o.isolation ? o.isolation : "", "cgroupns") ? "same\nTrue\n"
-                                                                       : "same\nFalse\n");
+    CHECK_STR(o.out, strstr(o.isolation, "cgroupns") ? "same\nTrue\n"
+                                                     : "same\nFalse\n");
     ci_outcome_release(&o);
 }
 
