@@ -507,13 +507,13 @@ static ci_status plan_seccomp(struct ci_sandbox *sb)
     DENY(SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCLINUX));
     /* Sockets: unix, IPv4 and IPv6 only (netlink, packet, vsock... are out). */
     if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
-                         SCMP_A0(SCMP_CMP_EQ, AF_UNSPEC)) != 0 ||
+                         SCMP_A0(SCMP_CMP_EQ, AF_UNSPEC, 0)) != 0 ||
         seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
-                         SCMP_A0(SCMP_CMP_GT, AF_INET6)) != 0)
+                         SCMP_A0(SCMP_CMP_GT, AF_INET6, 0)) != 0)
         goto out;
     for (int af = AF_INET + 1; af < AF_INET6; af++)
         if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
-                             SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)af)) != 0)
+                             SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)af, 0)) != 0)
             goto out;
     /* personality() flags that switch off address randomization or NX. */
     static const unsigned long persona[] = {ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC,

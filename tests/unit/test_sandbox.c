@@ -956,7 +956,7 @@ static bool find_task_cgroup(int i, char *out, size_t size)
     while (d && !found && (e = readdir(d)) != NULL) {
         if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
             continue;
-        char parent[700];
+        char parent[CI_CGROUP_PATH_MAX + sizeof(e->d_name)]; /* dir "/" name NUL: never cut */
         snprintf(parent, sizeof(parent), "%s/%s", pl.dir[i], e->d_name);
         DIR *pd = opendir(parent);
         struct dirent *t;
@@ -1030,8 +1030,8 @@ static void t_cgroup_self(void)
                      "print(all(l.endswith(':/') for l in me.splitlines()))\n",
                      &o) == CI_OK);
     CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
-    CHECK_STR(o.out, strstr(o.isolation ? o.isolation : "", "cgroupns") ? "same\nTrue\n"
-                                                                       : "same\nFalse\n");
+    CHECK_STR(o.out, strstr(o.isolation, "cgroupns") ? "same\nTrue\n"
+                                                     : "same\nFalse\n");
     ci_outcome_release(&o);
 }
 
