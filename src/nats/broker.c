@@ -271,60 +271,80 @@ static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *er
     return CI_OK;
 }
 
+/* The streams of docs/contract.md, as data: what differs between them. All
+ * three keep messages for max_age_s on the configured storage and
+ * replicas, and have one subject. */
+struct stream_def {
+    const char *name;
+    const char *description;
+    const char *subject;
+    jsRetentionPolicy retention;
+    int64_t duplicate_window_s; /* 0: the server's default */
+    bool max_payload;           /* no message larger than the server's max_payload */
+    bool allow_direct;          /* direct gets (ci_broker_cancel_requested) */
+};
+
+/* Creates or updates each stream of the table. */
+static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX];
+    snprintf(status_subj, sizeof(status_subj), "%s.>", c->jetstream.status_prefix);
+    snprintf(cancel_subj, sizeof(cancel_subj), "%s.>", c->jetstream.cancel_prefix);
+    const struct stream_def streams[] = {
+        {
+            .name = c->jetstream.tasks_stream,
+            .description = "ci: submitted tasks",
+            .subject = c->jetstream.submit_subject,
+            .retention = js_WorkQueuePolicy,
+            .duplicate_window_s = c->jetstream.duplicate_window_s,
+            .max_payload = true,
+        },
+        {
+            .name = c->jetstream.status_stream,
+            .description = "ci: task status events",
+            .subject = status_subj,
+            .retention = js_LimitsPolicy,
+        },
+        {
+            .name = c->jetstream.cancel_stream,
+            .description = "ci: cancel requests",
+            .subject = cancel_subj,
+            .retention = js_LimitsPolicy,
+            .allow_direct = true,
+        },
+    };
+    for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
+        const struct stream_def *d = &streams[i];
+        const char *subjects[] = {d->subject};
+        jsStreamConfig sc;
+        jsStreamConfig_Init(&sc);
+        sc.Name = d->name;
+        sc.Description = d->description;
+        sc.Subjects = subjects;
+        sc.SubjectsLen = 1;
+        sc.Retention = d->retention;
+        sc.Storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
+        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+        sc.Duplicates = d->duplicate_window_s * NS_PER_S;
+        if (d->max_payload)
+            sc.MaxMsgSize = (int32_t)natsConnection_GetMaxPayload(b->nc);
+        sc.Replicas = c->jetstream.replicas;
+        sc.AllowDirect = d->allow_direct;
+        ci_status r = ensure_stream(b, &sc, err);
+        if (r)
+            return r;
+    }
+    return CI_OK;
+}
+
 ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err)
 {
     const struct ci_config *c = b->cfg;
     ci_status r;
     if (create) {
-        int64_t max_payload = natsConnection_GetMaxPayload(b->nc);
-        jsStorageType storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
-        char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX];
-        snprintf(status_subj, sizeof(status_subj), "%s.>", c->jetstream.status_prefix);
-        snprintf(cancel_subj, sizeof(cancel_subj), "%s.>", c->jetstream.cancel_prefix);
-
-        const char *task_subjects[] = {c->jetstream.submit_subject};
-        jsStreamConfig sc;
-        jsStreamConfig_Init(&sc);
-        sc.Name = c->jetstream.tasks_stream;
-        sc.Description = "ci: submitted tasks";
-        sc.Subjects = task_subjects;
-        sc.SubjectsLen = 1;
-        sc.Retention = js_WorkQueuePolicy;
-        sc.Storage = storage;
-        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
-        sc.Duplicates = (int64_t)c->jetstream.duplicate_window_s * NS_PER_S;
-        sc.MaxMsgSize = (int32_t)max_payload;
-        sc.Replicas = c->jetstream.replicas;
-        if ((r = ensure_stream(b, &sc, err)))
+        if ((r = ensure_streams(b, err)))
             return r;
-
-        const char *status_subjects[] = {status_subj};
-        jsStreamConfig_Init(&sc);
-        sc.Name = c->jetstream.status_stream;
-        sc.Description = "ci: task status events";
-        sc.Subjects = status_subjects;
-        sc.SubjectsLen = 1;
-        sc.Retention = js_LimitsPolicy;
-        sc.Storage = storage;
-        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
-        sc.Replicas = c->jetstream.replicas;
-        if ((r = ensure_stream(b, &sc, err)))
-            return r;
-
-        const char *cancel_subjects[] = {cancel_subj};
-        jsStreamConfig_Init(&sc);
-        sc.Name = c->jetstream.cancel_stream;
-        sc.Description = "ci: cancel requests";
-        sc.Subjects = cancel_subjects;
-        sc.SubjectsLen = 1;
-        sc.Retention = js_LimitsPolicy;
-        sc.Storage = storage;
-        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
-        sc.Replicas = c->jetstream.replicas;
-        sc.AllowDirect = true;
-        if ((r = ensure_stream(b, &sc, err)))
-            return r;
-
         if ((r = ensure_consumer(b, err)))
             return r;
     }
