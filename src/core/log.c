@@ -1,3 +1,6 @@
+/* log.c - one JSON object per line on stderr (log.h): time, level, event,
+ * worker id, then the caller's fields; each line is written whole under a
+ * lock. */
 #include "core/log.h"
 
 #include <pthread.h>

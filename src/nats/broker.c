@@ -1,3 +1,7 @@
+/* broker.c - everything the worker and `ci` do on NATS (broker.h): connect;
+ * the streams, consumer, results bucket and object store; pulls and acks on
+ * the work queue; status events, cancel requests, queue stats, heartbeats;
+ * submit and watch for the client. */
 #include "nats/broker.h"
 
 #include <nats/nats.h>

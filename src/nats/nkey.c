@@ -1,3 +1,5 @@
+/* nkey.c - the public key of an NKey seed, as text or in a seed file
+ * (nkey.h): base32 and CRC-16 of the NKey encoding, Ed25519 from libcrypto. */
 #include "nats/nkey.h"
 
 #include <errno.h>
