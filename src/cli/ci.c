@@ -51,35 +51,24 @@ struct opts {
 static ci_status read_file(const char *path, size_t max, uint8_t **ret, size_t *ret_len,
                            struct ci_error *err)
 {
-    int fd = strcmp(path, "-") == 0 ? dup(0) : open(path, O_RDONLY | O_CLOEXEC);
+    CI_AUTOCLOSE int fd = strcmp(path, "-") == 0 ? dup(0) : open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return ci_error_errno(err, CI_ERR_IO, errno, "cannot open '%s'", path);
-    struct ci_buf b = CI_BUF_INIT;
+    CI_AUTOBUF struct ci_buf b = CI_BUF_INIT;
     uint8_t chunk[65536];
     for (;;) {
         ssize_t n = read(fd, chunk, sizeof(chunk));
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0) {
-            int e = errno;
-            close(fd);
-            ci_buf_release(&b);
-            return ci_error_errno(err, CI_ERR_IO, e, "cannot read '%s'", path);
-        }
+        if (n < 0)
+            return ci_error_errno(err, CI_ERR_IO, errno, "cannot read '%s'", path);
         if (n == 0)
             break;
-        if (b.len + (size_t)n > max) {
-            close(fd);
-            ci_buf_release(&b);
+        if (b.len + (size_t)n > max)
             return ci_error_set(err, CI_ERR_LIMIT, "'%s' is larger than %zu bytes", path, max);
-        }
-        if (ci_buf_append(&b, chunk, (size_t)n)) {
-            close(fd);
-            ci_buf_release(&b);
+        if (ci_buf_append(&b, chunk, (size_t)n))
             return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-        }
     }
-    close(fd);
     *ret = ci_buf_steal(&b, ret_len);
     return *ret ? CI_OK : ci_error_set(err, CI_ERR_NOMEM, "out of memory");
 }

@@ -30,6 +30,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "core/log.h"
 #include "core/util.h"
 
 #define CI_CONFIG_MAX_FILE_BYTES (1024 * 1024)
@@ -68,7 +69,6 @@ struct ci_config_key {
 static const char *const isolation_names[] = {"auto", "required", "none", NULL};
 static const char *const mode_names[] = {"cold", "warm", NULL};
 static const char *const provider_names[] = {"local", "cloudrun", NULL};
-static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 
 _Static_assert(CI_ISOLATION_AUTO == 0 && CI_ISOLATION_REQUIRED == 1 && CI_ISOLATION_NONE == 2,
                "isolation_names[] is indexed by enum ci_isolation");
@@ -138,7 +138,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("worker.concurrency", worker.concurrency, 0, 0, 1024),
     KEY_ONEOF("worker.provider", worker.provider, "local", provider_names),
     KEY_U32("worker.drain_timeout_s", worker.drain_timeout_s, 90, 0, 86400),
-    KEY_ONEOF("worker.log_level", worker.log_level, "info", log_level_names),
+    KEY_ONEOF("worker.log_level", worker.log_level, "info", ci_log_level_names),
     KEY_STR("worker.metrics_addr", worker.metrics_addr, "127.0.0.1:9464", CS_HOSTPORT),
     KEY_U32("worker.heartbeat_s", worker.heartbeat_s, 10, 0, 3600),
 
@@ -1026,32 +1026,23 @@ ci_status ci_config_load(const char *path, struct ci_config **ret, struct ci_err
     if (!S_ISREG(st.st_mode))
         return ci_error_set(err, CI_ERR_INVALID, "the config file %s is not a regular file", path);
 
-    struct ci_buf buf = CI_BUF_INIT;
+    CI_AUTOBUF struct ci_buf buf = CI_BUF_INIT;
     for (;;) {
-        if (ci_buf_reserve(&buf, 64 * 1024)) {
-            ci_buf_release(&buf);
+        if (ci_buf_reserve(&buf, 64 * 1024))
             return ci_error_set(err, CI_ERR_NOMEM, "out of memory while reading %s", path);
-        }
         ssize_t n = read(fd, buf.data + buf.len, 64 * 1024);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0) {
-            int e = errno;
-            ci_buf_release(&buf);
-            return ci_error_errno(err, CI_ERR_IO, e, "cannot read the config file %s", path);
-        }
+        if (n < 0)
+            return ci_error_errno(err, CI_ERR_IO, errno, "cannot read the config file %s", path);
         if (n == 0)
             break;
         buf.len += (size_t)n;
-        if (buf.len > CI_CONFIG_MAX_FILE_BYTES) {
-            ci_buf_release(&buf);
+        if (buf.len > CI_CONFIG_MAX_FILE_BYTES)
             return ci_error_set(err, CI_ERR_INVALID, "%s: the file is larger than %d bytes",
                                 name, CI_CONFIG_MAX_FILE_BYTES);
-        }
     }
-    ci_status s = ci_config_parse(name, buf.data, buf.len, ret, err);
-    ci_buf_release(&buf);
-    return s;
+    return ci_config_parse(name, buf.data, buf.len, ret, err);
 }
 
 /* ---- dump ------------------------------------------------------------- */

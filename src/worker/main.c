@@ -296,11 +296,7 @@ static int run_worker(const struct ci_config *cfg)
         gethostname(host, sizeof(host) - 1);
         snprintf(w.id, sizeof(w.id), "%s-%d", host, (int)getpid());
     }
-    ci_log_init(!strcmp(cfg->worker.log_level, "debug")  ? CI_LOG_DEBUG
-                : !strcmp(cfg->worker.log_level, "warn")  ? CI_LOG_WARN
-                : !strcmp(cfg->worker.log_level, "error") ? CI_LOG_ERROR
-                                                           : CI_LOG_INFO,
-                w.id);
+    ci_log_init(ci_log_level_from_name(cfg->worker.log_level), w.id);
     w.env.cfg = cfg;
     w.env.worker_id = w.id;
 
