@@ -48,67 +48,27 @@ struct opts {
     bool no_save;
 };
 
-static void usage(FILE *out)
-{
-    fprintf(out,
-            "usage: ci [OPTIONS] COMMAND ...\n"
-            "commands:\n"
-            "  run SCRIPT.py      submit, wait, print stdout/stderr, save artifacts here,\n"
-            "                     exit with the script's exit code (124 timed out, 130 cancelled,\n"
-            "                     1 failed before running, 3 NATS or service error)\n"
-            "  submit SCRIPT.py   submit and print the task id\n"
-            "  get ID             print the task's result\n"
-            "  watch ID           print the task's status events until it ends\n"
-            "  cancel ID          ask the workers to cancel the task\n"
-            "  stats              queue depth, tasks in flight, redeliveries, and the workers\n"
-            "                     seen recently (from their heartbeats)\n"
-            "options:\n"
-            "  --file F           input file (CSV/XLSX), repeatable; SCRIPT reads it as ./NAME\n"
-            "  --timeout-ms N     time limit (default: the worker's, 60000)\n"
-            "  --memory-mb N      memory limit (default: the worker's, 1024)\n"
-            "  --label K=V        label echoed into the result, repeatable\n"
-            "  --id ID            task id to use (default: random)\n"
-            "  --json             print results and events as JSON\n"
-            "  --wire-json        send the request as JSON instead of protobuf\n"
-            "  --no-save          do not write artifacts to the current folder\n"
-            "  --wait-ms N        give up waiting after N ms (default 600000)\n"
-            "  --url URL          NATS server (default: $CI_NATS_URL, then the config's)\n"
-            "  --config FILE      worker.yaml to take names and credentials from\n"
-            "Use '-' as SCRIPT to read the code from standard input.\n");
-}
-
 static ci_status read_file(const char *path, size_t max, uint8_t **ret, size_t *ret_len,
                            struct ci_error *err)
 {
-    int fd = strcmp(path, "-") == 0 ? dup(0) : open(path, O_RDONLY | O_CLOEXEC);
+    CI_AUTOCLOSE int fd = strcmp(path, "-") == 0 ? dup(0) : open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return ci_error_errno(err, CI_ERR_IO, errno, "cannot open '%s'", path);
-    struct ci_buf b = CI_BUF_INIT;
+    CI_AUTOBUF struct ci_buf b = CI_BUF_INIT;
     uint8_t chunk[65536];
     for (;;) {
         ssize_t n = read(fd, chunk, sizeof(chunk));
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0) {
-            int e = errno;
-            close(fd);
-            ci_buf_release(&b);
-            return ci_error_errno(err, CI_ERR_IO, e, "cannot read '%s'", path);
-        }
+        if (n < 0)
+            return ci_error_errno(err, CI_ERR_IO, errno, "cannot read '%s'", path);
         if (n == 0)
             break;
-        if (b.len + (size_t)n > max) {
-            close(fd);
-            ci_buf_release(&b);
+        if (b.len + (size_t)n > max)
             return ci_error_set(err, CI_ERR_LIMIT, "'%s' is larger than %zu bytes", path, max);
-        }
-        if (ci_buf_append(&b, chunk, (size_t)n)) {
-            close(fd);
-            ci_buf_release(&b);
+        if (ci_buf_append(&b, chunk, (size_t)n))
             return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-        }
     }
-    close(fd);
     *ret = ci_buf_steal(&b, ret_len);
     return *ret ? CI_OK : ci_error_set(err, CI_ERR_NOMEM, "out of memory");
 }
@@ -614,8 +574,10 @@ static void on_worker(void *closure, const char *id, const uint8_t *data, size_t
     ci_heartbeat_info_release(&hb);
 }
 
-static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, bool json)
+static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                     const char *unused)
 {
+    bool json = o->json;
     struct ci_error e = {{0}};
     struct ci_queue_stats q;
     if (ci_broker_queue_stats(b, &q, &e)) {
@@ -659,8 +621,10 @@ static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, bool json
     return 0;
 }
 
-static int cmd_run(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
-                   const char *script, bool wait)
+/* run and submit: submits the script; with wait, waits for the result,
+ * prints it, saves the artifacts and returns the script's exit code. */
+static int run_script(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                      const char *script, bool wait)
 {
     char id[65];
     struct ci_error e = {{0}};
@@ -703,6 +667,127 @@ static int cmd_run(struct ci_broker *b, const struct ci_config *cfg, const struc
         rc = EXIT_INFRA;
     ci_message_free(&r->base);
     return rc;
+}
+
+static int cmd_get(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                   const char *id)
+{
+    struct ci_error e = {{0}};
+    Ci__V1__ExecutionResult *r = NULL;
+    ci_status s = get_result(b, id, &r, &e);
+    if (s) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        return s == CI_ERR_NOT_FOUND ? 1 : EXIT_INFRA;
+    }
+    if (o->json)
+        print_json(&r->base);
+    else
+        print_summary(r);
+    ci_message_free(&r->base);
+    return 0;
+}
+
+static int cmd_watch(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                     const char *id)
+{
+    struct ci_error e = {{0}};
+    if (wait_terminal(b, id, o->wait_ms, true, o->json, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    return 0;
+}
+
+static int cmd_cancel(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                      const char *id)
+{
+    struct ci_error e = {{0}};
+    if (ci_broker_cancel_publish(b, id, &e)) {
+        fprintf(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    return 0;
+}
+
+static int cmd_run(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                   const char *script)
+{
+    return run_script(b, cfg, o, script, true);
+}
+
+static int cmd_submit(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                      const char *script)
+{
+    return run_script(b, cfg, o, script, false);
+}
+
+/* The commands, for dispatch and for the usage text. A help that needs more
+ * than one line continues after '\n', indented under the first. */
+struct command {
+    const char *name;
+    const char *operand; /* its name in the usage; NULL: the command takes none */
+    bool task_id;        /* the operand is a task id, checked before connecting */
+    int (*run)(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+               const char *arg);
+    const char *help;
+};
+
+static const struct command commands[] = {
+    {"run", "SCRIPT.py", false, cmd_run,
+     "submit, wait, print stdout/stderr, save artifacts here,\n"
+     "exit with the script's exit code (124 timed out, 130 cancelled,\n"
+     "1 failed before running, 3 NATS or service error)"},
+    {"submit", "SCRIPT.py", false, cmd_submit, "submit and print the task id"},
+    {"get", "ID", true, cmd_get, "print the task's result"},
+    {"watch", "ID", true, cmd_watch, "print the task's status events until it ends"},
+    {"cancel", "ID", true, cmd_cancel, "ask the workers to cancel the task"},
+    {"stats", NULL, false, cmd_stats,
+     "queue depth, tasks in flight, redeliveries, and the workers\n"
+     "seen recently (from their heartbeats)"},
+};
+
+static const struct command *find_command(const char *name)
+{
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (strcmp(commands[i].name, name) == 0)
+            return &commands[i];
+    return NULL;
+}
+
+#define HELP_COLUMN 19 /* "  NAME OPERAND" padded to this, then the help */
+
+static void usage(FILE *out)
+{
+    fputs("usage: ci [OPTIONS] COMMAND ...\ncommands:\n", out);
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+        const struct command *c = &commands[i];
+        char head[64];
+        snprintf(head, sizeof(head), "%s%s%s", c->name, c->operand ? " " : "",
+                 c->operand ? c->operand : "");
+        fprintf(out, "  %-*s", HELP_COLUMN, head);
+        for (const char *line = c->help;;) {
+            size_t n = strcspn(line, "\n");
+            fprintf(out, "%.*s\n", (int)n, line);
+            if (!line[n])
+                break;
+            line += n + 1;
+            fprintf(out, "  %-*s", HELP_COLUMN, "");
+        }
+    }
+    fputs("options:\n"
+          "  --file F           input file (CSV/XLSX), repeatable; SCRIPT reads it as ./NAME\n"
+          "  --timeout-ms N     time limit (default: the worker's, 60000)\n"
+          "  --memory-mb N      memory limit (default: the worker's, 1024)\n"
+          "  --label K=V        label echoed into the result, repeatable\n"
+          "  --id ID            task id to use (default: random)\n"
+          "  --json             print results and events as JSON\n"
+          "  --wire-json        send the request as JSON instead of protobuf\n"
+          "  --no-save          do not write artifacts to the current folder\n"
+          "  --wait-ms N        give up waiting after N ms (default 600000)\n"
+          "  --url URL          NATS server (default: $CI_NATS_URL, then the config's)\n"
+          "  --config FILE      worker.yaml to take names and credentials from\n"
+          "Use '-' as SCRIPT to read the code from standard input.\n",
+          out);
 }
 
 int main(int argc, char **argv)
@@ -769,30 +854,23 @@ int main(int argc, char **argv)
         usage(stderr);
         return EXIT_USAGE;
     }
-    const char *cmd = argv[optind];
-    const char *arg = optind + 1 < argc ? argv[optind + 1] : NULL;
-    bool is_stats = !strcmp(cmd, "stats");
-    if (is_stats && arg) {
-        fprintf(stderr, "ci: unexpected argument '%s'\n", arg);
+    const struct command *cmd = find_command(argv[optind]);
+    if (!cmd) {
+        fprintf(stderr, "ci: unknown command '%s'\n", argv[optind]);
         usage(stderr);
         return EXIT_USAGE;
     }
-    if (!is_stats && (optind + 2 < argc || !arg)) {
-        if (!arg)
-            fprintf(stderr, "ci: '%s' needs an argument\n", cmd);
+    int operands = cmd->operand ? 1 : 0;
+    const char *arg = operands && optind + 1 < argc ? argv[optind + 1] : NULL;
+    if (optind + 1 + operands < argc || (operands && !arg)) {
+        if (operands && !arg)
+            fprintf(stderr, "ci: '%s' needs an argument\n", cmd->name);
         else
-            fprintf(stderr, "ci: unexpected argument '%s'\n", argv[optind + 2]);
+            fprintf(stderr, "ci: unexpected argument '%s'\n", argv[optind + 1 + operands]);
         usage(stderr);
         return EXIT_USAGE;
     }
-    bool is_run = !strcmp(cmd, "run"), is_submit = !strcmp(cmd, "submit");
-    if (!is_run && !is_submit && !is_stats && strcmp(cmd, "get") && strcmp(cmd, "watch") &&
-        strcmp(cmd, "cancel")) {
-        fprintf(stderr, "ci: unknown command '%s'\n", cmd);
-        usage(stderr);
-        return EXIT_USAGE;
-    }
-    if (!is_run && !is_submit && !is_stats && !ci_task_id_valid(arg)) {
+    if (cmd->task_id && !ci_task_id_valid(arg)) {
         fprintf(stderr, "ci: '%s' is not a task id ([A-Za-z0-9_-]{1,64})\n", arg);
         return EXIT_USAGE;
     }
@@ -827,38 +905,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "ci: %s\n", e.msg);
         goto out;
     }
-    if (is_stats) {
-        rc = cmd_stats(b, cfg, o.json);
-    } else if (is_run || is_submit) {
-        rc = cmd_run(b, cfg, &o, arg, is_run);
-    } else if (!strcmp(cmd, "get")) {
-        Ci__V1__ExecutionResult *r = NULL;
-        s = get_result(b, arg, &r, &e);
-        if (s) {
-            fprintf(stderr, "ci: %s\n", e.msg);
-            rc = s == CI_ERR_NOT_FOUND ? 1 : EXIT_INFRA;
-            goto out;
-        }
-        if (o.json)
-            print_json(&r->base);
-        else
-            print_summary(r);
-        rc = 0;
-        ci_message_free(&r->base);
-    } else if (!strcmp(cmd, "watch")) {
-        s = wait_terminal(b, arg, o.wait_ms, true, o.json, &e);
-        if (s) {
-            fprintf(stderr, "ci: %s\n", e.msg);
-            goto out;
-        }
-        rc = 0;
-    } else {
-        if (ci_broker_cancel_publish(b, arg, &e)) {
-            fprintf(stderr, "ci: %s\n", e.msg);
-            goto out;
-        }
-        rc = 0;
-    }
+    rc = cmd->run(b, cfg, &o, arg);
 out:
     ci_broker_free(b);
     ci_config_free(cfg);

@@ -1037,32 +1037,23 @@ ci_status ci_config_load(const char *path, struct ci_config **ret, struct ci_err
     if (!S_ISREG(st.st_mode))
         return ci_error_set(err, CI_ERR_INVALID, "the config file %s is not a regular file", path);
 
-    struct ci_buf buf = CI_BUF_INIT;
+    CI_AUTOBUF struct ci_buf buf = CI_BUF_INIT;
     for (;;) {
-        if (ci_buf_reserve(&buf, 64 * 1024)) {
-            ci_buf_release(&buf);
+        if (ci_buf_reserve(&buf, 64 * 1024))
             return ci_error_set(err, CI_ERR_NOMEM, "out of memory while reading %s", path);
-        }
         ssize_t n = read(fd, buf.data + buf.len, 64 * 1024);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0) {
-            int e = errno;
-            ci_buf_release(&buf);
-            return ci_error_errno(err, CI_ERR_IO, e, "cannot read the config file %s", path);
-        }
+        if (n < 0)
+            return ci_error_errno(err, CI_ERR_IO, errno, "cannot read the config file %s", path);
         if (n == 0)
             break;
         buf.len += (size_t)n;
-        if (buf.len > CI_CONFIG_MAX_FILE_BYTES) {
-            ci_buf_release(&buf);
+        if (buf.len > CI_CONFIG_MAX_FILE_BYTES)
             return ci_error_set(err, CI_ERR_INVALID, "%s: the file is larger than %d bytes",
                                 name, CI_CONFIG_MAX_FILE_BYTES);
-        }
     }
-    ci_status s = ci_config_parse(name, buf.data, buf.len, ret, err);
-    ci_buf_release(&buf);
-    return s;
+    return ci_config_parse(name, buf.data, buf.len, ret, err);
 }
 
 /* ---- dump ------------------------------------------------------------- */

@@ -1,3 +1,6 @@
+/* log.c - one JSON object per line on stderr (log.h): time, level, event,
+ * worker id, then the caller's fields; each line is written whole under a
+ * lock. */
 #include "core/log.h"
 
 #include <pthread.h>
@@ -19,19 +22,22 @@ void ci_log_init(enum ci_log_level min, const char *worker_id)
     snprintf(g_log.worker, sizeof(g_log.worker), "%s", worker_id ? worker_id : "");
 }
 
-const char *const ci_log_level_names[] = {"debug", "info", "warn", "error", NULL};
+const char *const ci_log_level_names[] = {
+    [CI_LOG_DEBUG] = "debug", [CI_LOG_INFO] = "info",    [CI_LOG_WARN] = "warn",
+    [CI_LOG_ERROR] = "error", [CI_LOG_ERROR + 1] = NULL,
+};
 
 enum ci_log_level ci_log_level_from_name(const char *name)
 {
-    for (int l = CI_LOG_DEBUG; l <= CI_LOG_ERROR; l++)
-        if (name && strcmp(name, ci_log_level_names[l]) == 0)
+    for (int l = CI_LOG_DEBUG; name && l <= CI_LOG_ERROR; l++)
+        if (strcmp(name, ci_log_level_names[l]) == 0)
             return (enum ci_log_level)l;
     return CI_LOG_INFO;
 }
 
 static const char *level_name(enum ci_log_level l)
 {
-    return l >= CI_LOG_DEBUG && l <= CI_LOG_ERROR ? ci_log_level_names[l] : "info";
+    return (unsigned)l <= CI_LOG_ERROR ? ci_log_level_names[l] : "info";
 }
 
 static void json_str(struct ci_buf *b, const char *s)

@@ -31,10 +31,12 @@ struct ci_log_field {
 #define CI_LOG_B(k, v) {.key = (k), .type = CI_LOG_BOOL, .num = (v) ? 1 : 0}
 #define CI_LOG_SV(k, v, n) {.key = (k), .type = CI_LOG_STRV, .strv = (v), .n_strv = (n)}
 
-/* The levels' names, in enum order, NULL-terminated (worker.log_level). */
+/* The levels' names, indexed by the enum and NULL-terminated: also the
+ * config's allowed values of worker.log_level. */
 extern const char *const ci_log_level_names[];
-/* The level named name; CI_LOG_INFO for an unknown name. */
+/* The level of a name in ci_log_level_names; CI_LOG_INFO for any other. */
 enum ci_log_level ci_log_level_from_name(const char *name);
+
 void ci_log_init(enum ci_log_level min, const char *worker_id);
 void ci_log(enum ci_log_level level, const char *event, ...) __attribute__((sentinel));
 /* Like ci_log, with one numeric field first. */

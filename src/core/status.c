@@ -1,3 +1,5 @@
+/* status.c - the names of ci_status and the error sentence that travels
+ * with one (ci_error_set, ci_error_errno; status.h). */
 #include "core/status.h"
 
 #include <stdio.h>

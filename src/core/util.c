@@ -1,3 +1,5 @@
+/* util.c - the small helpers of util.h: the growable buffer, clocks, SHA-256
+ * in hex, UTF-8 sanitizing, ci_write_all and base64. */
 #include "core/util.h"
 
 #include <errno.h>

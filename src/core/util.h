@@ -60,6 +60,9 @@ struct ci_buf {
 };
 
 #define CI_BUF_INIT {NULL, 0, 0}
+/* A local struct ci_buf released when it leaves scope (ci_buf_steal leaves
+ * nothing to release). */
+#define CI_AUTOBUF __attribute__((cleanup(ci_buf_release)))
 
 ci_status ci_buf_reserve(struct ci_buf *b, size_t extra);
 ci_status ci_buf_append(struct ci_buf *b, const void *data, size_t len);

@@ -1,3 +1,5 @@
+/* metrics.c - the worker's counters, gauges and histograms as atomics, and
+ * their rendering in the Prometheus text format (metrics.h). */
 #include "monitor/metrics.h"
 
 #include <inttypes.h>

@@ -183,6 +183,35 @@ static enum MHD_Result answer_check(struct MHD_Connection *c, const struct ci_mo
     return answer_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, text, head);
 }
 
+static enum MHD_Result serve_metrics(struct MHD_Connection *c, const struct ci_monitor *m,
+                                     bool head)
+{
+    CI_AUTOBUF struct ci_buf b = CI_BUF_INIT;
+    if (ci_metrics_render(m->opts.metrics, &b))
+        return answer_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n", head);
+    return answer(c, MHD_HTTP_OK, PROMETHEUS, b.data ? (void *)b.data : "", b.len, head);
+}
+
+static enum MHD_Result serve_live(struct MHD_Connection *c, const struct ci_monitor *m, bool head)
+{
+    return answer_check(c, m, m->opts.live, "ok", head);
+}
+
+static enum MHD_Result serve_ready(struct MHD_Connection *c, const struct ci_monitor *m, bool head)
+{
+    return answer_check(c, m, m->opts.ready, "ready", head);
+}
+
+/* The endpoints; any other path is a 404. */
+static const struct route {
+    const char *path;
+    enum MHD_Result (*serve)(struct MHD_Connection *c, const struct ci_monitor *m, bool head);
+} routes[] = {
+    {"/metrics", serve_metrics},
+    {"/healthz", serve_live},
+    {"/readyz", serve_ready},
+};
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -201,21 +230,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return answer_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n", false);
     bool head = strcmp(method, "HEAD") == 0;
-    if (strcmp(url, "/metrics") == 0) {
-        struct ci_buf b = CI_BUF_INIT;
-        if (ci_metrics_render(m->opts.metrics, &b)) {
-            ci_buf_release(&b);
-            return answer_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n", head);
-        }
-        enum MHD_Result r = answer(c, MHD_HTTP_OK, PROMETHEUS, b.data ? (void *)b.data : "",
-                                   b.len, head);
-        ci_buf_release(&b);
-        return r;
-    }
-    if (strcmp(url, "/healthz") == 0)
-        return answer_check(c, m, m->opts.live, "ok", head);
-    if (strcmp(url, "/readyz") == 0)
-        return answer_check(c, m, m->opts.ready, "ready", head);
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (strcmp(url, routes[i].path) == 0)
+            return routes[i].serve(c, m, head);
     return answer_text(c, MHD_HTTP_NOT_FOUND, "not found: try /metrics, /healthz or /readyz\n",
                        head);
 }
@@ -227,27 +244,24 @@ ci_status ci_monitor_start(const struct ci_monitor_options *o, struct ci_monitor
 {
     if (!o || !o->addr || !o->metrics)
         return ci_error_set(err, CI_ERR_INVALID, "monitor: missing argument");
-    struct ci_monitor *m = calloc(1, sizeof(*m));
+    CI_AUTOFREE struct ci_monitor *m = calloc(1, sizeof(*m));
     if (!m)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     m->opts = *o;
-    int fd = -1;
-    ci_status s = listen_on(o->addr, o->any_port_if_taken, &fd, m->address, sizeof(m->address), err);
-    if (s) {
-        free(m);
+    CI_AUTOCLOSE int fd = -1;
+    ci_status s = listen_on(o->addr, o->any_port_if_taken, &fd, m->address, sizeof(m->address),
+                            err);
+    if (s)
         return s;
-    }
     m->daemon = MHD_start_daemon(
         MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, on_request, m,
         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned int)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)IDLE_TIMEOUT_S,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY, MHD_OPTION_END);
-    if (!m->daemon) {
-        close(fd);
-        free(m);
+    if (!m->daemon)
         return ci_error_set(err, CI_ERR_SYS, "cannot start the HTTP server on %s", o->addr);
-    }
-    *ret = m;
+    ci_steal_fd(&fd); /* the daemon's now: MHD_stop_daemon closes it */
+    *ret = CI_STEAL(&m);
     return CI_OK;
 }
 

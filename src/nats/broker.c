@@ -1,3 +1,7 @@
+/* broker.c - everything the worker and `ci` do on NATS (broker.h): connect;
+ * the streams, consumer, results bucket and object store; pulls and acks on
+ * the work queue; status events, cancel requests, queue stats, heartbeats;
+ * submit and watch for the client. */
 #include "nats/broker.h"
 
 #include <nats/nats.h>
@@ -50,6 +54,8 @@ struct ci_watch {
     natsMsg *cur;
 };
 
+CI_DEFINE_CLEANUP(struct ci_broker, ci_broker_free)
+
 void ci_broker_redact_urls(const char *urls, char *out, size_t n)
 {
     size_t used = 0;
@@ -85,7 +91,7 @@ static natsStatus set_servers(natsOptions *o, const char *urls)
 {
     if (!strchr(urls, ','))
         return natsOptions_SetURL(o, urls);
-    char *copy = strdup(urls);
+    CI_AUTOFREE char *copy = strdup(urls); /* nats.c keeps copies of the items */
     if (!copy)
         return NATS_NO_MEMORY;
     const char *list[MAX_URLS];
@@ -97,9 +103,7 @@ static natsStatus set_servers(natsOptions *o, const char *urls)
         if (*item)
             list[n++] = item;
     }
-    natsStatus s = n ? natsOptions_SetServers(o, list, n) : NATS_INVALID_ARG;
-    free(copy); /* nats.c keeps copies */
-    return s;
+    return n ? natsOptions_SetServers(o, list, n) : NATS_INVALID_ARG;
 }
 
 static void on_reconnected(natsConnection *nc, void *closure)
@@ -108,14 +112,13 @@ static void on_reconnected(natsConnection *nc, void *closure)
     atomic_fetch_add(&b->reconnects, 1);
 }
 
-ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
-                            struct ci_error *err)
+/* Connects b->nc with the options of the configuration: servers, name,
+ * timeouts, reconnects, credentials and TLS. The options die here: the
+ * connection keeps its own copy. */
+static ci_status open_connection(struct ci_broker *b, struct ci_error *err)
 {
-    struct ci_broker *b = calloc(1, sizeof(*b));
-    if (!b)
-        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-    b->cfg = cfg;
-    natsOptions *o = NULL;
+    const struct ci_config *cfg = b->cfg;
+    CI_CLEANUP(natsOptions_Destroy) natsOptions *o = NULL;
     natsStatus s = natsOptions_Create(&o);
     const char *step = "options";
     if (s == NATS_OK)
@@ -137,11 +140,8 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
     if (s == NATS_OK && cfg->nats.nkey_seed_file && cfg->nats.nkey_seed_file[0]) {
         char pub[57];
         ci_status r = ci_nkey_public_from_seed_file(cfg->nats.nkey_seed_file, pub, err);
-        if (r) {
-            natsOptions_Destroy(o);
-            free(b);
+        if (r)
             return r;
-        }
         step = "NKey seed file";
         s = natsOptions_SetNKeyFromSeed(o, pub, cfg->nats.nkey_seed_file);
     }
@@ -159,13 +159,9 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
         step = "TLS certificate or key";
         s = natsOptions_LoadCertificatesChain(o, cfg->nats.tls_cert, cfg->nats.tls_key);
     }
-    if (s != NATS_OK) {
-        natsOptions_Destroy(o);
-        free(b);
+    if (s != NATS_OK)
         return ci_nats_fail(err, s, 0, "%s", step);
-    }
     s = natsConnection_Connect(&b->nc, o);
-    natsOptions_Destroy(o);
     if (s != NATS_OK) {
         ci_status r = ci_nats_fail(err, s, 0, "cannot connect to NATS");
         size_t used = strlen(err ? err->msg : "");
@@ -173,15 +169,25 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
         ci_broker_redact_urls(cfg->nats.url, urls, sizeof(urls));
         if (err)
             snprintf(err->msg + used, sizeof(err->msg) - used, " (url %s)", urls);
-        free(b);
         return r;
     }
-    s = natsConnection_JetStream(&b->js, b->nc, NULL);
-    if (s != NATS_OK) {
-        ci_broker_free(b);
+    return CI_OK;
+}
+
+ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
+                            struct ci_error *err)
+{
+    CI_CLEANUP(ci_broker_free) struct ci_broker *b = calloc(1, sizeof(*b));
+    if (!b)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    b->cfg = cfg;
+    ci_status r = open_connection(b, err);
+    if (r)
+        return r;
+    natsStatus s = natsConnection_JetStream(&b->js, b->nc, NULL);
+    if (s != NATS_OK)
         return ci_nats_fail(err, s, 0, "JetStream context");
-    }
-    *ret = b;
+    *ret = CI_STEAL(&b);
     return CI_OK;
 }
 
@@ -190,26 +196,17 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
 static ci_status ensure_stream(struct ci_broker *b, jsStreamConfig *sc, struct ci_error *err)
 {
     jsErrCode jerr = 0;
-    jsStreamInfo *si = NULL;
+    CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
     natsStatus s = js_AddStream(&si, b->js, sc, NULL, &jerr);
-    if (s == NATS_OK) {
-        jsStreamInfo_Destroy(si);
+    if (s == NATS_OK)
         return CI_OK;
-    }
-    if (jerr != JSStreamNameExistErr) {
-        char what[160];
-        snprintf(what, sizeof(what), "cannot create stream %s", sc->Name);
-        return ci_nats_fail(err, s, jerr, "%s", what);
-    }
+    if (jerr != JSStreamNameExistErr)
+        return ci_nats_fail(err, s, jerr, "cannot create stream %s", sc->Name);
     jerr = 0;
     s = js_UpdateStream(&si, b->js, sc, NULL, &jerr);
-    if (s != NATS_OK) {
-        char what[160];
-        snprintf(what, sizeof(what), "stream %s exists with settings that cannot be updated",
-                 sc->Name);
-        return ci_nats_fail(err, s, jerr, "%s", what);
-    }
-    jsStreamInfo_Destroy(si);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "stream %s exists with settings that cannot be updated",
+                            sc->Name);
     return CI_OK;
 }
 
@@ -227,22 +224,16 @@ static ci_status ensure_consumer(struct ci_broker *b, struct ci_error *err)
     cc.MaxAckPending = -1;
     cc.MaxWaiting = 4096;
     jsErrCode jerr = 0;
-    jsConsumerInfo *ci = NULL;
+    CI_CLEANUP(jsConsumerInfo_Destroy) jsConsumerInfo *ci = NULL;
     natsStatus s = js_AddConsumer(&ci, b->js, c->jetstream.tasks_stream, &cc, NULL, &jerr);
-    if (s == NATS_OK) {
-        jsConsumerInfo_Destroy(ci);
+    if (s == NATS_OK)
         return CI_OK;
-    }
     /* Exists with other settings (an older worker's): bring it in line. */
     jerr = 0;
     s = js_UpdateConsumer(&ci, b->js, c->jetstream.tasks_stream, &cc, NULL, &jerr);
-    if (s != NATS_OK) {
-        char what[160];
-        snprintf(what, sizeof(what), "cannot create consumer %s on %s", cc.Durable,
-                 c->jetstream.tasks_stream);
-        return ci_nats_fail(err, s, jerr, "%s", what);
-    }
-    jsConsumerInfo_Destroy(ci);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot create consumer %s on %s", cc.Durable,
+                            c->jetstream.tasks_stream);
     return CI_OK;
 }
 
@@ -284,60 +275,80 @@ static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *er
     return CI_OK;
 }
 
+/* The streams of docs/contract.md, as data: what differs between them. All
+ * three keep messages for max_age_s on the configured storage and
+ * replicas, and have one subject. */
+struct stream_def {
+    const char *name;
+    const char *description;
+    const char *subject;
+    jsRetentionPolicy retention;
+    int64_t duplicate_window_s; /* 0: the server's default */
+    bool max_payload;           /* no message larger than the server's max_payload */
+    bool allow_direct;          /* direct gets (ci_broker_cancel_requested) */
+};
+
+/* Creates or updates each stream of the table. */
+static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX];
+    snprintf(status_subj, sizeof(status_subj), "%s.>", c->jetstream.status_prefix);
+    snprintf(cancel_subj, sizeof(cancel_subj), "%s.>", c->jetstream.cancel_prefix);
+    const struct stream_def streams[] = {
+        {
+            .name = c->jetstream.tasks_stream,
+            .description = "ci: submitted tasks",
+            .subject = c->jetstream.submit_subject,
+            .retention = js_WorkQueuePolicy,
+            .duplicate_window_s = c->jetstream.duplicate_window_s,
+            .max_payload = true,
+        },
+        {
+            .name = c->jetstream.status_stream,
+            .description = "ci: task status events",
+            .subject = status_subj,
+            .retention = js_LimitsPolicy,
+        },
+        {
+            .name = c->jetstream.cancel_stream,
+            .description = "ci: cancel requests",
+            .subject = cancel_subj,
+            .retention = js_LimitsPolicy,
+            .allow_direct = true,
+        },
+    };
+    for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
+        const struct stream_def *d = &streams[i];
+        const char *subjects[] = {d->subject};
+        jsStreamConfig sc;
+        jsStreamConfig_Init(&sc);
+        sc.Name = d->name;
+        sc.Description = d->description;
+        sc.Subjects = subjects;
+        sc.SubjectsLen = 1;
+        sc.Retention = d->retention;
+        sc.Storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
+        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+        sc.Duplicates = d->duplicate_window_s * NS_PER_S;
+        if (d->max_payload)
+            sc.MaxMsgSize = (int32_t)natsConnection_GetMaxPayload(b->nc);
+        sc.Replicas = c->jetstream.replicas;
+        sc.AllowDirect = d->allow_direct;
+        ci_status r = ensure_stream(b, &sc, err);
+        if (r)
+            return r;
+    }
+    return CI_OK;
+}
+
 ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err)
 {
     const struct ci_config *c = b->cfg;
     ci_status r;
     if (create) {
-        int64_t max_payload = natsConnection_GetMaxPayload(b->nc);
-        jsStorageType storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
-        char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX];
-        snprintf(status_subj, sizeof(status_subj), "%s.>", c->jetstream.status_prefix);
-        snprintf(cancel_subj, sizeof(cancel_subj), "%s.>", c->jetstream.cancel_prefix);
-
-        const char *task_subjects[] = {c->jetstream.submit_subject};
-        jsStreamConfig sc;
-        jsStreamConfig_Init(&sc);
-        sc.Name = c->jetstream.tasks_stream;
-        sc.Description = "ci: submitted tasks";
-        sc.Subjects = task_subjects;
-        sc.SubjectsLen = 1;
-        sc.Retention = js_WorkQueuePolicy;
-        sc.Storage = storage;
-        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
-        sc.Duplicates = (int64_t)c->jetstream.duplicate_window_s * NS_PER_S;
-        sc.MaxMsgSize = (int32_t)max_payload;
-        sc.Replicas = c->jetstream.replicas;
-        if ((r = ensure_stream(b, &sc, err)))
+        if ((r = ensure_streams(b, err)))
             return r;
-
-        const char *status_subjects[] = {status_subj};
-        jsStreamConfig_Init(&sc);
-        sc.Name = c->jetstream.status_stream;
-        sc.Description = "ci: task status events";
-        sc.Subjects = status_subjects;
-        sc.SubjectsLen = 1;
-        sc.Retention = js_LimitsPolicy;
-        sc.Storage = storage;
-        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
-        sc.Replicas = c->jetstream.replicas;
-        if ((r = ensure_stream(b, &sc, err)))
-            return r;
-
-        const char *cancel_subjects[] = {cancel_subj};
-        jsStreamConfig_Init(&sc);
-        sc.Name = c->jetstream.cancel_stream;
-        sc.Description = "ci: cancel requests";
-        sc.Subjects = cancel_subjects;
-        sc.SubjectsLen = 1;
-        sc.Retention = js_LimitsPolicy;
-        sc.Storage = storage;
-        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
-        sc.Replicas = c->jetstream.replicas;
-        sc.AllowDirect = true;
-        if ((r = ensure_stream(b, &sc, err)))
-            return r;
-
         if ((r = ensure_consumer(b, err)))
             return r;
     }
@@ -410,7 +421,7 @@ bool ci_broker_closed(const struct ci_broker *b)
 
 ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err)
 {
-    struct ci_puller *p = calloc(1, sizeof(*p));
+    CI_AUTOFREE struct ci_puller *p = calloc(1, sizeof(*p));
     if (!p)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     p->b = b;
@@ -423,12 +434,10 @@ ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_e
     jsErrCode jerr = 0;
     natsStatus s = js_PullSubscribe(&p->sub, b->js, b->cfg->jetstream.submit_subject,
                                     b->cfg->jetstream.consumer, NULL, &so, &jerr);
-    if (s != NATS_OK) {
-        free(p);
+    if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot bind to the task consumer");
-    }
     p->empty_ms = ci_mono_ms();
-    *ret = p;
+    *ret = CI_STEAL(&p);
     return CI_OK;
 }
 
@@ -463,7 +472,7 @@ static int queue_len(natsSubscription *sub, int *ret_bytes)
 ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_delivery **ret,
                           struct ci_error *err)
 {
-    natsMsgList list = {0};
+    CI_CLEANUP(natsMsgList_Destroy) natsMsgList list = {0};
     jsErrCode jerr = 0;
     int queued_bytes = 0;
     int queued = queue_len(p->sub, &queued_bytes);
@@ -491,23 +500,14 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
     }
     int left_bytes = 0;
     p->empty_ms = queue_len(p->sub, &left_bytes) ? since : now;
-    if (s == NATS_TIMEOUT || (s == NATS_OK && list.Count == 0)) {
-        natsMsgList_Destroy(&list);
+    if (s == NATS_TIMEOUT || (s == NATS_OK && list.Count == 0))
         return CI_ERR_TIMEOUT;
-    }
-    if (s != NATS_OK) {
-        natsMsgList_Destroy(&list);
-        ci_status r = ci_nats_fail(err, s, jerr, "fetch from the task queue");
-        return r;
-    }
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "fetch from the task queue");
     struct ci_delivery *d = calloc(1, sizeof(*d));
-    if (!d) {
-        natsMsgList_Destroy(&list);
+    if (!d)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-    }
-    d->msg = list.Msgs[0];
-    list.Msgs[0] = NULL;
-    natsMsgList_Destroy(&list);
+    d->msg = CI_STEAL(&list.Msgs[0]); /* the list keeps Count; it skips a NULL */
     /* Fetch takes what is queued before it asks the server, so a message
      * came from the queue if one was there, unless the queue held only
      * status messages (a late 408 of a request that expired while the slot
@@ -519,11 +519,10 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
     if (queued > 0 && queued_bytes >= natsMsg_GetDataLength(d->msg))
         d->queued_ms = now - since;
     d->max_deliver = p->b->cfg->jetstream.max_deliver;
-    jsMsgMetaData *md = NULL;
+    CI_CLEANUP(jsMsgMetaData_Destroy) jsMsgMetaData *md = NULL;
     if (natsMsg_GetMetaData(&md, d->msg) == NATS_OK) {
         d->attempt = (uint32_t)md->NumDelivered;
         d->published_ms = md->Timestamp / NS_PER_MS;
-        jsMsgMetaData_Destroy(md);
     } else {
         d->attempt = 1;
     }
@@ -544,14 +543,13 @@ const char *ci_delivery_header(const struct ci_delivery *d, const char *key)
         return v;
     /* nats.c matches names exactly; clients that write HTTP-style headers
      * may send "content-type", and HTTP header names are case-insensitive. */
-    const char **keys = NULL;
+    CI_AUTOFREE const char **keys = NULL;
     int n = 0;
     if (natsMsgHeader_Keys(d->msg, &keys, &n) != NATS_OK)
         return NULL;
     for (int i = 0; i < n && !v; i++)
         if (strcasecmp(keys[i], key) == 0 && natsMsgHeader_Get(d->msg, keys[i], &v) != NATS_OK)
             v = NULL;
-    free((void *)keys);
     return v;
 }
 
@@ -634,7 +632,7 @@ ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t
     int k2 = snprintf(subj, sizeof(subj), "$KV.%s.%s", bucket, task_id);
     if (k1 < 0 || (size_t)k1 >= sizeof(stream) || k2 < 0 || (size_t)k2 >= sizeof(subj))
         return ci_error_set(err, CI_ERR_INVALID, "task id too long for a results key");
-    natsMsg *msg = NULL;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *msg = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetLastMsg(&msg, b->js, stream, subj, NULL, &jerr);
     if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
@@ -643,20 +641,15 @@ ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t
         return ci_nats_fail(err, s, jerr, "cannot read the results bucket");
     const char *op = NULL;
     if (natsMsgHeader_Get(msg, "KV-Operation", &op) == NATS_OK && op &&
-        (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0)) {
-        natsMsg_Destroy(msg);
+        (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0))
         return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", task_id);
-    }
     int n = natsMsg_GetDataLength(msg);
     uint8_t *copy = malloc((size_t)n + 1);
-    if (!copy) {
-        natsMsg_Destroy(msg);
+    if (!copy)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-    }
     if (n > 0)
         memcpy(copy, natsMsg_GetData(msg), (size_t)n);
     copy[n] = '\0';
-    natsMsg_Destroy(msg);
     *ret_data = copy;
     *ret_len = (size_t)n;
     return CI_OK;
@@ -669,7 +662,7 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
 {
     char subj[SUBJECT_MAX];
     snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.status_prefix, task_id);
-    natsMsg *m = NULL;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
     natsStatus s = natsMsg_Create(&m, subj, NULL, data, (int)len);
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Ci-Task-Id", task_id);
@@ -680,11 +673,9 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
     if (s == NATS_OK && msg_id)
         s = natsMsgHeader_Set(m, "Nats-Msg-Id", msg_id);
     jsErrCode jerr = 0;
-    jsPubAck *pa = NULL;
+    CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
     if (s == NATS_OK)
         s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
-    jsPubAck_Destroy(pa);
-    natsMsg_Destroy(m);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot publish the status event");
     return CI_OK;
@@ -695,7 +686,7 @@ ci_status ci_broker_event_last_status(struct ci_broker *b, const char *task_id, 
 {
     char subj[SUBJECT_MAX];
     snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.status_prefix, task_id);
-    natsMsg *m = NULL;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetLastMsg(&m, b->js, b->cfg->jetstream.status_stream, subj, NULL, &jerr);
     /* Not JSStreamNotFoundErr: a missing stream says nothing of the task. */
@@ -707,7 +698,6 @@ ci_status ci_broker_event_last_status(struct ci_broker *b, const char *task_id, 
     if (natsMsgHeader_Get(m, "Ci-Status", &v) != NATS_OK || !v)
         v = "";
     snprintf(ret, ret_size, "%s", v);
-    natsMsg_Destroy(m);
     return CI_OK;
 }
 
@@ -716,7 +706,7 @@ ci_status ci_broker_cancel_requested(struct ci_broker *b, const char *task_id, b
 {
     char subj[SUBJECT_MAX];
     snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.cancel_prefix, task_id);
-    natsMsg *m = NULL;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetLastMsg(&m, b->js, b->cfg->jetstream.cancel_stream, subj, NULL, &jerr);
     if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
@@ -725,7 +715,6 @@ ci_status ci_broker_cancel_requested(struct ci_broker *b, const char *task_id, b
     }
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read the cancel stream");
-    natsMsg_Destroy(m);
     *ret = true;
     return CI_OK;
 }
@@ -736,9 +725,8 @@ ci_status ci_broker_cancel_publish(struct ci_broker *b, const char *task_id,
     char subj[SUBJECT_MAX];
     snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.cancel_prefix, task_id);
     jsErrCode jerr = 0;
-    jsPubAck *pa = NULL;
+    CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
     natsStatus s = js_Publish(&pa, b->js, subj, NULL, 0, NULL, &jerr);
-    jsPubAck_Destroy(pa);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot publish the cancel request");
     return CI_OK;
@@ -767,14 +755,13 @@ ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closur
     snprintf(subj, sizeof(subj), "%s.*", b->cfg->jetstream.cancel_prefix);
     b->cancel_fn = fn;
     b->cancel_closure = closure;
-    natsStatus s = natsConnection_Subscribe(&b->cancel_sub, b->nc, subj, on_cancel_msg, b);
+    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
+    natsStatus s = natsConnection_Subscribe(&sub, b->nc, subj, on_cancel_msg, b);
     if (s == NATS_OK)
-        s = natsSubscription_SetOnCompleteCB(b->cancel_sub, on_cancel_done, b);
-    if (s != NATS_OK) {
-        natsSubscription_Destroy(b->cancel_sub);
-        b->cancel_sub = NULL;
+        s = natsSubscription_SetOnCompleteCB(sub, on_cancel_done, b);
+    if (s != NATS_OK)
         return ci_nats_fail(err, s, 0, "cannot subscribe to cancel requests");
-    }
+    b->cancel_sub = CI_STEAL(&sub);
     return CI_OK;
 }
 
@@ -785,17 +772,15 @@ ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
 {
     const struct ci_config *c = b->cfg;
     jsErrCode jerr = 0;
-    jsStreamInfo *si = NULL;
+    CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
     natsStatus s = js_GetStreamInfo(&si, b->js, c->jetstream.tasks_stream, NULL, &jerr);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read the task stream's state");
-    jsConsumerInfo *ci = NULL;
+    CI_CLEANUP(jsConsumerInfo_Destroy) jsConsumerInfo *ci = NULL;
     s = js_GetConsumerInfo(&ci, b->js, c->jetstream.tasks_stream, c->jetstream.consumer, NULL,
                            &jerr);
-    if (s != NATS_OK) {
-        jsStreamInfo_Destroy(si);
+    if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read the task consumer's state");
-    }
     struct ci_queue_stats q = {
         .stream_msgs = si->State.Msgs,
         .pending = ci->NumPending,
@@ -803,8 +788,6 @@ ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
         .redelivered = ci->NumRedelivered > 0 ? (uint64_t)ci->NumRedelivered : 0,
         .waiting = ci->NumWaiting > 0 ? (uint64_t)ci->NumWaiting : 0,
     };
-    jsConsumerInfo_Destroy(ci);
-    jsStreamInfo_Destroy(si);
     *ret = q;
     return CI_OK;
 }
@@ -870,23 +853,21 @@ ci_status ci_broker_workers_list(struct ci_broker *b, size_t max, ci_worker_entr
 {
     if (!b->workers_kv)
         return ci_error_set(err, CI_ERR_INVALID, "the heartbeat bucket is not open");
-    kvKeysList keys = {0};
+    CI_CLEANUP(kvKeysList_Destroy) kvKeysList keys = {0};
     natsStatus s = kvStore_Keys(&keys, b->workers_kv, NULL);
     if (s == NATS_NOT_FOUND)
         return CI_OK; /* no worker alive */
     if (s != NATS_OK)
         return ci_nats_fail(err, s, 0, "cannot list the heartbeats");
     for (int i = 0; i < keys.Count && (size_t)i < max; i++) {
-        kvEntry *e = NULL;
+        CI_CLEANUP(kvEntry_Destroy) kvEntry *e = NULL;
         if (kvStore_Get(&e, b->workers_kv, keys.Keys[i]) != NATS_OK)
             continue; /* expired between the listing and now */
         int64_t created = kvEntry_Created(e);
         int n = kvEntry_ValueLen(e);
         fn(closure, keys.Keys[i], (const uint8_t *)kvEntry_Value(e), n > 0 ? (size_t)n : 0,
            created / NS_PER_MS);
-        kvEntry_Destroy(e);
     }
-    kvKeysList_Destroy(&keys);
     return CI_OK;
 }
 
@@ -896,7 +877,7 @@ ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char 
                            const void *data, size_t len, bool *ret_duplicate,
                            struct ci_error *err)
 {
-    natsMsg *m = NULL;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
     natsStatus s =
         natsMsg_Create(&m, b->cfg->jetstream.submit_subject, NULL, data, (int)len);
     if (s == NATS_OK)
@@ -904,24 +885,20 @@ ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char 
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Content-Type", content_type);
     jsErrCode jerr = 0;
-    jsPubAck *pa = NULL;
+    CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
     if (s == NATS_OK)
         s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
-    natsMsg_Destroy(m);
-    if (s != NATS_OK) {
-        jsPubAck_Destroy(pa);
+    if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot submit the task");
-    }
     if (ret_duplicate)
         *ret_duplicate = pa->Duplicate;
-    jsPubAck_Destroy(pa);
     return CI_OK;
 }
 
 ci_status ci_watch_new(struct ci_broker *b, const char *task_id, struct ci_watch **ret,
                        struct ci_error *err)
 {
-    struct ci_watch *w = calloc(1, sizeof(*w));
+    CI_AUTOFREE struct ci_watch *w = calloc(1, sizeof(*w));
     if (!w)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     char subj[SUBJECT_MAX];
@@ -932,11 +909,9 @@ ci_status ci_watch_new(struct ci_broker *b, const char *task_id, struct ci_watch
     so.Ordered = true; /* replays every event of the task, then follows */
     jsErrCode jerr = 0;
     natsStatus s = js_SubscribeSync(&w->sub, b->js, subj, NULL, &so, &jerr);
-    if (s != NATS_OK) {
-        free(w);
+    if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot watch the task's status events");
-    }
-    *ret = w;
+    *ret = CI_STEAL(&w);
     return CI_OK;
 }
 

@@ -1,3 +1,5 @@
+/* heartbeat.c - a worker's heartbeat (heartbeat.h): its JSON both ways, and
+ * the thread that writes it to the workers bucket every period. */
 #include "nats/heartbeat.h"
 
 #include <inttypes.h>

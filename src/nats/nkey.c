@@ -1,3 +1,5 @@
+/* nkey.c - the public key of an NKey seed, as text or in a seed file
+ * (nkey.h): base32 and CRC-16 of the NKey encoding, Ed25519 from libcrypto. */
 #include "nats/nkey.h"
 
 #include <errno.h>
@@ -99,14 +101,12 @@ ci_status ci_nkey_public_from_seed_file(const char *seed_file, char out[57],
                                         struct ci_error *err)
 {
     char buf[4096];
-    int fd = open(seed_file, O_RDONLY | O_CLOEXEC);
+    CI_AUTOCLOSE int fd = open(seed_file, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return ci_error_errno(err, CI_ERR_IO, errno, "cannot open NKey seed file '%s'", seed_file);
     ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    int e = errno;
-    close(fd);
     if (n < 0)
-        return ci_error_errno(err, CI_ERR_IO, e, "cannot read NKey seed file '%s'", seed_file);
+        return ci_error_errno(err, CI_ERR_IO, errno, "cannot read NKey seed file '%s'", seed_file);
     buf[n] = '\0';
     /* The first run of base32 characters that starts with 'S'. */
     for (char *p = buf; *p; p++) {

@@ -389,20 +389,15 @@ static natsStatus publish(struct ci_objstore *os, const char *subject, const voi
     jsPubOptions_Init(&po);
     po.MaxWait = API_WAIT_MS;
     po.ExpectStream = os->stream;
-    jsPubAck *pa = NULL;
-    natsStatus ns;
-    if (!rollup) {
-        ns = js_Publish(&pa, os->js, subject, data, len, &po, jerr);
-    } else {
-        natsMsg *msg = NULL;
-        ns = natsMsg_Create(&msg, subject, NULL, data, len);
-        if (ns == NATS_OK)
-            ns = natsMsgHeader_Set(msg, "Nats-Rollup", "sub");
-        if (ns == NATS_OK)
-            ns = js_PublishMsg(&pa, os->js, msg, &po, jerr);
-        natsMsg_Destroy(msg);
-    }
-    jsPubAck_Destroy(pa);
+    CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
+    if (!rollup)
+        return js_Publish(&pa, os->js, subject, data, len, &po, jerr);
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *msg = NULL;
+    natsStatus ns = natsMsg_Create(&msg, subject, NULL, data, len);
+    if (ns == NATS_OK)
+        ns = natsMsgHeader_Set(msg, "Nats-Rollup", "sub");
+    if (ns == NATS_OK)
+        ns = js_PublishMsg(&pa, os->js, msg, &po, jerr);
     return ns;
 }
 
@@ -433,7 +428,7 @@ static ci_status fetch_meta(struct ci_objstore *os, const char *name, struct ci_
     jsDirectGetMsgOptions dg;
     jsDirectGetMsgOptions_Init(&dg);
     dg.LastBySubject = subject;
-    natsMsg *msg = NULL;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *msg = NULL;
     natsStatus ns = js_DirectGetMsg(&msg, os->js, os->stream, &o, &dg);
     if (ns == NATS_NOT_FOUND)
         return ci_error_set(err, CI_ERR_NOT_FOUND, "object '%s' not found in bucket '%s'",
@@ -447,15 +442,12 @@ static ci_status fetch_meta(struct ci_objstore *os, const char *name, struct ci_
     struct ci_objmeta m;
     bool link = false;
     ci_status s = meta_decode(data ? data : "", len, &m, &link, &derr);
-    if (s) {
-        natsMsg_Destroy(msg);
+    if (s)
         return ci_error_set(err, s, "object '%s' in bucket '%s' has unreadable metadata: %s",
                             SHOW(name), os->bucket, derr.msg);
-    }
     if (ret_raw) {
         char *raw = malloc(len + 1);
         if (!raw) {
-            natsMsg_Destroy(msg);
             ci_objmeta_release(&m);
             return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
         }
@@ -463,7 +455,6 @@ static ci_status fetch_meta(struct ci_objstore *os, const char *name, struct ci_
         raw[len] = '\0';
         *ret_raw = raw;
     }
-    natsMsg_Destroy(msg);
     *ret = m;
     if (ret_link)
         *ret_link = link;
@@ -491,7 +482,7 @@ static ci_status reconcile(struct ci_objstore *os, jsStreamConfig *cur, const js
         cur->MaxAge == want->MaxAge && cur->Replicas == want->Replicas)
         return CI_OK;
     /* Keep every other setting: update the config the server gave us. */
-    const char **subjects = NULL;
+    CI_AUTOFREE const char **subjects = NULL;
     const char **old_subjects = cur->Subjects;
     int old_len = cur->SubjectsLen;
     if (!subj_ok) {
@@ -515,13 +506,11 @@ static ci_status reconcile(struct ci_objstore *os, jsStreamConfig *cur, const js
     jsOptions o;
     api_opts(&o);
     jsErrCode jerr = 0;
-    jsStreamInfo *si = NULL;
+    CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
     natsStatus ns = js_UpdateStream(&si, os->js, cur, &o, &jerr);
-    jsStreamInfo_Destroy(si);
     /* The config belongs to the caller's stream info: give back its own array. */
     cur->Subjects = old_subjects;
     cur->SubjectsLen = old_len;
-    free(subjects);
     if (ns != NATS_OK)
         return ci_nats_fail(err, ns, jerr, "updating stream %s of bucket '%s' failed", os->stream,
                          os->bucket);
@@ -553,7 +542,7 @@ static ci_status ensure_stream(struct ci_objstore *os, const struct ci_objstore_
     /* Many workers may start at once: whoever loses the race to create the
      * stream finds it on the next turn. */
     for (int attempt = 0; attempt < 4; attempt++) {
-        jsStreamInfo *si = NULL;
+        CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
         jsErrCode jerr = 0;
         natsStatus ns = js_GetStreamInfo(&si, os->js, os->stream, &o, &jerr);
         if (ns == NATS_OK) {
@@ -565,7 +554,6 @@ static ci_status ensure_stream(struct ci_objstore *os, const struct ci_objstore_
                                  "bucket '%s' (stream %s) does not allow direct gets; open it "
                                  "with create to update it",
                                  os->bucket, os->stream);
-            jsStreamInfo_Destroy(si);
             return s;
         }
         if (ns != NATS_NOT_FOUND)
@@ -576,7 +564,6 @@ static ci_status ensure_stream(struct ci_objstore *os, const struct ci_objstore_
                                 os->bucket, os->stream);
         jerr = 0;
         ns = js_AddStream(&si, os->js, &want, &o, &jerr);
-        jsStreamInfo_Destroy(si);
         if (ns == NATS_OK)
             return CI_OK;
         if (jerr != JSStreamNameExistErr)
@@ -599,6 +586,7 @@ void ci_objstore_free(struct ci_objstore *os)
     free(os->chunk_prefix);
     free(os);
 }
+CI_DEFINE_CLEANUP(struct ci_objstore, ci_objstore_free)
 
 ci_status ci_objstore_open(jsCtx *js, const struct ci_objstore_opts *opts, bool create,
                            struct ci_objstore **ret, struct ci_error *err)
@@ -615,7 +603,7 @@ ci_status ci_objstore_open(jsCtx *js, const struct ci_objstore_opts *opts, bool 
     if (opts->replicas < 0 || opts->replicas > 5)
         return ci_error_set(err, CI_ERR_INVALID, "bucket '%s': replicas must be 1 to 5, not %d",
                             opts->bucket, opts->replicas);
-    struct ci_objstore *os = calloc(1, sizeof(*os));
+    CI_CLEANUP(ci_objstore_free) struct ci_objstore *os = calloc(1, sizeof(*os));
     if (!os)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     os->js = js;
@@ -624,16 +612,12 @@ ci_status ci_objstore_open(jsCtx *js, const struct ci_objstore_opts *opts, bool 
     CI_AUTOFREE char *base = concat("$O.", opts->bucket);
     os->meta_prefix = base ? concat(base, ".M.") : NULL;
     os->chunk_prefix = base ? concat(base, ".C.") : NULL;
-    if (!os->bucket || !os->stream || !os->meta_prefix || !os->chunk_prefix) {
-        ci_objstore_free(os);
+    if (!os->bucket || !os->stream || !os->meta_prefix || !os->chunk_prefix)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-    }
     ci_status s = ensure_stream(os, opts, create, err);
-    if (s) {
-        ci_objstore_free(os);
+    if (s)
         return s;
-    }
-    *ret = os;
+    *ret = CI_STEAL(&os);
     return CI_OK;
 }
 
@@ -761,7 +745,7 @@ static ci_status read_chunks(struct ci_objstore *os, const char *name, const str
         jsDirectGetMsgOptions_Init(&dg);
         dg.Sequence = seq;
         dg.NextBySubject = subject;
-        natsMsg *msg = NULL;
+        CI_CLEANUP(natsMsg_Destroy) natsMsg *msg = NULL;
         natsStatus ns = js_DirectGetMsg(&msg, os->js, os->stream, &o, &dg);
         if (ns == NATS_NOT_FOUND) {
             if (i == m->chunks)
@@ -794,15 +778,12 @@ static ci_status read_chunks(struct ci_objstore *os, const char *name, const str
                              "object '%s' in bucket '%s' holds more bytes than its "
                              "metadata says (%" PRIu64 ")",
                              SHOW(name), os->bucket, m->size);
-        if (s) {
-            natsMsg_Destroy(msg);
+        if (s)
             return s;
-        }
         if (n)
             memcpy(out + off, natsMsg_GetData(msg), n);
         off += n;
         seq = got_seq + 1;
-        natsMsg_Destroy(msg);
     }
     if (off != m->size)
         return ci_error_set(err, CI_ERR_INTEGRITY,

@@ -1,3 +1,6 @@
+/* task.c - one task from the work queue to its terminal result (task.h):
+ * the result and events it writes, inputs, artifacts, cancel, and the
+ * choice between ack, retry and giving up. */
 #include "worker/task.h"
 
 #include <inttypes.h>

@@ -224,7 +224,8 @@ static bool ready_fn(void *closure, char *why, size_t n)
 static char *http(const char *addr, const char *request)
 {
     const char *colon = strrchr(addr, ':');
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    uint16_t port = (uint16_t)strtoul(colon + 1, NULL, 10);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
