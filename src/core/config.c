@@ -19,6 +19,7 @@
 #include "core/config.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -26,6 +27,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <yaml.h>
@@ -391,6 +393,51 @@ static bool is_subject(const char *s, size_t len)
     return true;
 }
 
+/* One NATS server URL as nats.c takes it: an optional nats:// or tls://
+ * scheme, optional user information, a host (a name, IPv4 or [IPv6]) and
+ * an optional port of 1 to 65535; nothing after the port. */
+static bool nats_url_ok(const char *s, size_t len)
+{
+    const char *end = s + len;
+    const char *p = s;
+    const char *scheme = memmem(s, len, "://", 3);
+    if (scheme) {
+        size_t sl = (size_t)(scheme - s);
+        if (!((sl == 4 && strncasecmp(s, "nats", 4) == 0) ||
+              (sl == 3 && strncasecmp(s, "tls", 3) == 0)))
+            return false;
+        p = scheme + 3;
+    }
+    const char *at = memrchr(p, '@', (size_t)(end - p));
+    if (at)
+        p = at + 1;
+    const char *host_end;
+    if (p < end && *p == '[') {
+        host_end = memchr(p, ']', (size_t)(end - p));
+        if (!host_end || host_end == p + 1)
+            return false;
+        host_end++;
+    } else {
+        host_end = p;
+        while (host_end < end && (isalnum((unsigned char)*host_end) || *host_end == '.' ||
+                                  *host_end == '-' || *host_end == '_'))
+            host_end++;
+        if (host_end == p)
+            return false;
+    }
+    if (host_end == end)
+        return true;
+    if (*host_end != ':' || host_end + 1 == end || end - (host_end + 1) > 5)
+        return false;
+    unsigned long port = 0;
+    for (const char *d = host_end + 1; d < end; d++) {
+        if (!isdigit((unsigned char)*d))
+            return false;
+        port = port * 10 + (unsigned long)(*d - '0');
+    }
+    return port >= 1 && port <= 65535;
+}
+
 /* A listen address: IPv4:port or [IPv6]:port, numeric, port 0..65535. */
 static bool is_hostport(const char *s, size_t len)
 {
@@ -446,10 +493,18 @@ static bool check_string(const struct ci_config_key *k, const char *s, size_t le
         bool ok = len > 0 && s[0] != ',' && s[len - 1] != ',' && !strstr(s, ",,");
         for (size_t i = 0; ok && i < len; i++)
             ok = (unsigned char)s[i] > 0x20 && (unsigned char)s[i] < 0x7f;
+        /* Each one must be one that a connection could ever use: retrying
+         * a URL that can never work would only hide the mistake. */
+        for (size_t i = 0; ok && i < len;) {
+            size_t n = strcspn(s + i, ",");
+            ok = nats_url_ok(s + i, n < len - i ? n : len - i);
+            i += n + 1;
+        }
         if (ok)
             return true;
         snprintf(why, whysz,
-                 "expected one NATS URL or several separated by commas (no spaces), such as "
+                 "expected one NATS URL or several separated by commas (no spaces), each "
+                 "[nats://|tls://][user:password@]host[:port] with a port of 1 to 65535, such as "
                  "nats://127.0.0.1:4222, got '%s'",
                  shown(v, sizeof(v), s, len));
         return false;

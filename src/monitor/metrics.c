@@ -258,6 +258,11 @@ ci_status ci_metrics_render(struct ci_metrics *m, struct ci_buf *b)
         s = ci_buf_appendf(b, "ci_warm_pool_size %" PRId64 "\n",
                            live.warm_pool_size > 0 ? live.warm_pool_size : 0);
     if (!s)
+        s = header(b, "ci_warm_deaths_total", "counter",
+                   "Warm runtimes (zygotes) that died without being retired; each is replaced.");
+    if (!s)
+        s = ci_buf_appendf(b, "ci_warm_deaths_total %" PRIu64 "\n", live.warm_deaths);
+    if (!s)
         s = header(b, "ci_nats_connected", "gauge", "1 while the NATS connection is up.");
     if (!s)
         s = ci_buf_appendf(b, "ci_nats_connected %d\n", live.nats_connected ? 1 : 0);

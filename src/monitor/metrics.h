@@ -18,6 +18,7 @@
  *   ci_task_queue_wait_seconds               histogram: JetStream publish -> taken
  *   ci_slots_active, ci_slots_free           gauges
  *   ci_warm_pool_size                        gauge (collector)
+ *   ci_warm_deaths_total                     counter (collector)
  *   ci_nats_connected                        gauge (collector)
  *   ci_nats_reconnects_total                 counter (collector)
  *   ci_objstore_bytes_total{direction}       inputs downloaded, artifacts uploaded */
@@ -54,6 +55,7 @@ struct ci_metrics_live {
     uint64_t nats_reconnects;
     bool nats_connected;
     int64_t warm_pool_size; /* sandboxes ready to take a task; 0 without a pool */
+    uint64_t warm_deaths;   /* warm runtimes that died without being retired */
 };
 typedef void (*ci_metrics_collect_fn)(void *closure, struct ci_metrics_live *ret);
 

@@ -33,6 +33,7 @@ struct ci_broker {
     void *cancel_closure;
     atomic_bool cancel_done; /* the cancel handler has returned for good */
     atomic_uint_fast64_t reconnects;
+    atomic_uint_fast64_t disconnects;
 };
 
 struct ci_puller {
@@ -112,6 +113,12 @@ static void on_reconnected(natsConnection *nc, void *closure)
     atomic_fetch_add(&b->reconnects, 1);
 }
 
+static void on_disconnected(natsConnection *nc, void *closure)
+{
+    struct ci_broker *b = closure;
+    atomic_fetch_add(&b->disconnects, 1);
+}
+
 /* Connects b->nc with the options of the configuration: servers, name,
  * timeouts, reconnects, credentials and TLS. The options die here: the
  * connection keeps its own copy. */
@@ -133,6 +140,8 @@ static ci_status open_connection(struct ci_broker *b, struct ci_error *err)
         s = natsOptions_SetReconnectWait(o, cfg->nats.reconnect_wait_ms);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectedCB(o, on_reconnected, b);
+    if (s == NATS_OK)
+        s = natsOptions_SetDisconnectedCB(o, on_disconnected, b);
     if (s == NATS_OK && cfg->nats.creds_file && cfg->nats.creds_file[0]) {
         step = "credentials file";
         s = natsOptions_SetUserCredentialsFromFiles(o, cfg->nats.creds_file, NULL);
@@ -159,8 +168,10 @@ static ci_status open_connection(struct ci_broker *b, struct ci_error *err)
         step = "TLS certificate or key";
         s = natsOptions_LoadCertificatesChain(o, cfg->nats.tls_cert, cfg->nats.tls_key);
     }
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "%s", step);
+    if (s != NATS_OK) { /* the configuration itself: trying again cannot help */
+        ci_status r = ci_nats_fail(err, s, 0, "%s", step);
+        return r == CI_ERR_NATS ? CI_ERR_INVALID : r;
+    }
     s = natsConnection_Connect(&b->nc, o);
     if (s != NATS_OK) {
         ci_status r = ci_nats_fail(err, s, 0, "cannot connect to NATS");
@@ -405,6 +416,11 @@ int64_t ci_broker_max_payload(const struct ci_broker *b)
 uint64_t ci_broker_reconnects(const struct ci_broker *b)
 {
     return atomic_load(&((struct ci_broker *)b)->reconnects);
+}
+
+uint64_t ci_broker_disconnects(const struct ci_broker *b)
+{
+    return atomic_load(&((struct ci_broker *)b)->disconnects);
 }
 
 bool ci_broker_connected(const struct ci_broker *b)

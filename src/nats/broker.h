@@ -19,7 +19,10 @@ struct ci_puller;   /* one pull subscription on the work queue, per slot */
 struct ci_delivery; /* one message taken from the work queue */
 
 /* Connects with reconnect (forever by default) and the configured
- * credentials. The config must outlive the broker. */
+ * credentials. The config must outlive the broker. CI_ERR_NATS (or
+ * CI_ERR_TIMEOUT) when no server could be reached, which may change;
+ * CI_ERR_INVALID or CI_ERR_IO when the options themselves are wrong
+ * (credential, NKey or TLS files), which will not. */
 ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
                             struct ci_error *err);
 
@@ -45,6 +48,9 @@ struct ci_objstore *ci_broker_objstore(struct ci_broker *b);
 int64_t ci_broker_max_payload(const struct ci_broker *b);
 /* Reconnects since start, and whether the connection is up now. */
 uint64_t ci_broker_reconnects(const struct ci_broker *b);
+/* Times the connection was lost since start (a count, so that an outage
+ * shorter than anybody's look is still seen). */
+uint64_t ci_broker_disconnects(const struct ci_broker *b);
 bool ci_broker_connected(const struct ci_broker *b);
 /* Whether the connection is closed for good (nats.max_reconnects used up). */
 bool ci_broker_closed(const struct ci_broker *b);

@@ -22,6 +22,12 @@ ci_status ci_nats_fail(struct ci_error *err, natsStatus ns, jsErrCode jerr, cons
     const char *text = natsStatus_GetText(ns);
     natsStatus last = NATS_OK;
     const char *why = nats_GetLastError(&last);
+    /* nats.c puts where it failed first, "(conn.c:2088): ": not for us. */
+    if (why && why[0] == '(') {
+        const char *end = strstr(why, "): ");
+        if (end)
+            why = end + 3;
+    }
     bool more = last == ns && why && why[0] && strcmp(why, text) != 0;
     size_t used = strlen(err->msg);
     snprintf(err->msg + used, sizeof(err->msg) - used, ": %s%s%s", text, more ? ": " : "",

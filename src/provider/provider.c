@@ -13,9 +13,18 @@ void ci_provider_free(struct ci_provider *p)
     free(p);
 }
 
+void ci_provider_warm_stats(struct ci_provider *p, struct ci_warm_stats *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    if (p && p->ops->warm_stats)
+        p->ops->warm_stats(p->ctx, ret);
+}
+
 unsigned ci_provider_warm_ready(struct ci_provider *p)
 {
-    return p && p->ops->warm_ready ? p->ops->warm_ready(p->ctx) : 0;
+    struct ci_warm_stats st;
+    ci_provider_warm_stats(p, &st);
+    return st.ready;
 }
 
 ci_status ci_provider_start(struct ci_provider *p, const struct ci_job *job,

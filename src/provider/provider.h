@@ -21,6 +21,14 @@
 
 struct ci_run; /* opaque, provider-specific */
 
+/* A warm pool as operators see it: all zero for a provider without one. */
+struct ci_warm_stats {
+    unsigned ready;       /* warm runtimes ready to take a task now */
+    uint64_t became_ready; /* warm runtimes that have become ready so far */
+    uint64_t died;        /* died without being retired, before or after they were ready */
+    char last_failure[480]; /* why the last one failed to start, "" if none did */
+};
+
 struct ci_provider_ops {
     const char *name;
     ci_status (*start)(void *ctx, const struct ci_job *job, struct ci_run **ret_run,
@@ -29,9 +37,9 @@ struct ci_provider_ops {
     void (*cancel)(void *ctx, struct ci_run *run);
     void (*release)(void *ctx, struct ci_run *run);
     void (*destroy)(void *ctx);
-    /* Optional (NULL when the provider keeps no warm pool): how many warm
-     * runtimes are ready to take a task now. Thread-safe. */
-    unsigned (*warm_ready)(void *ctx);
+    /* Optional (NULL when the provider keeps no warm pool): the pool's
+     * state now. Thread-safe. */
+    void (*warm_stats)(void *ctx, struct ci_warm_stats *ret);
 };
 
 struct ci_provider {
@@ -42,6 +50,8 @@ struct ci_provider {
 void ci_provider_free(struct ci_provider *p);
 
 static inline const char *ci_provider_name(const struct ci_provider *p) { return p->ops->name; }
+/* The warm pool's state; all zero for a provider without a warm pool. */
+void ci_provider_warm_stats(struct ci_provider *p, struct ci_warm_stats *ret);
 /* Warm runtimes ready to take a task; 0 for a provider without a warm pool. */
 unsigned ci_provider_warm_ready(struct ci_provider *p);
 ci_status ci_provider_start(struct ci_provider *p, const struct ci_job *job,

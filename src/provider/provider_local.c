@@ -292,12 +292,17 @@ static void local_destroy(void *ctx)
     free(l);
 }
 
-static unsigned local_warm_ready(void *ctx)
+static void local_warm_stats(void *ctx, struct ci_warm_stats *ret)
 {
     const struct local *l = ctx;
     struct ci_zygote_stats st;
     uint64_t fallbacks;
-    return ci_sandbox_warm_stats(l->sb, &st, &fallbacks) ? st.ready : 0;
+    if (!ci_sandbox_warm_stats(l->sb, &st, &fallbacks))
+        return;
+    ret->ready = st.ready;
+    ret->became_ready = st.became_ready;
+    ret->died = st.failed + st.crashed;
+    snprintf(ret->last_failure, sizeof(ret->last_failure), "%s", st.last_failure);
 }
 
 static const struct ci_provider_ops local_ops = {
@@ -307,7 +312,7 @@ static const struct ci_provider_ops local_ops = {
     .cancel = local_cancel,
     .release = local_release,
     .destroy = local_destroy,
-    .warm_ready = local_warm_ready,
+    .warm_stats = local_warm_stats,
 };
 
 ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,

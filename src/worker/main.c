@@ -44,6 +44,12 @@ struct worker {
     /* For operators (/metrics, /healthz, /readyz, heartbeats). */
     atomic_int bound_slots;          /* slots bound to the consumer */
     atomic_int_fast64_t last_tick_ms; /* the ticker's last round (monotonic) */
+    atomic_bool broker_up;           /* env.broker is set: the others may read it */
+    uint64_t nats_disconnects_seen;  /* the ticker's last look at the broker's counts */
+    uint64_t nats_reconnects_seen;
+    uint64_t warm_deaths_seen;       /* the same for the warm pool */
+    uint64_t warm_ready_at_death;
+    bool warm_replacing;
     atomic_uint_fast64_t tasks_done;
     struct ci_monitor *monitor;
     struct ci_heartbeat *heartbeat;
@@ -151,6 +157,46 @@ out:
     return NULL;
 }
 
+/* An operator needs to see NATS go and come back: one line each time. The
+ * broker counts both (an outage shorter than a tick is still counted); the
+ * ticker says what changed since its last look. */
+static void log_connection_change(struct worker *w)
+{
+    if (!atomic_load(&w->broker_up))
+        return;
+    uint64_t gone = ci_broker_disconnects(w->env.broker);
+    uint64_t back = ci_broker_reconnects(w->env.broker);
+    if (gone > w->nats_disconnects_seen)
+        ci_log_num(CI_LOG_WARN, "worker.nats_disconnected", "disconnects", (int64_t)gone,
+                   "state", ci_broker_closed(w->env.broker) ? "closed" : "reconnecting", NULL);
+    if (back > w->nats_reconnects_seen)
+        ci_log_num(CI_LOG_INFO, "worker.nats_reconnected", "reconnects", (int64_t)back, NULL);
+    w->nats_disconnects_seen = gone;
+    w->nats_reconnects_seen = back;
+}
+
+/* A warm runtime that dies is replaced by the pool on its own; the
+ * operator sees both in the log (and the deaths in /metrics). */
+static void log_warm_pool_change(struct worker *w)
+{
+    struct ci_warm_stats st;
+    ci_provider_warm_stats(w->env.provider, &st);
+    if (st.died > w->warm_deaths_seen) {
+        const struct ci_log_field f[] = {
+            CI_LOG_N("died", (int64_t)st.died),
+            CI_LOG_N("ready", st.ready),
+            CI_LOG_S("last_failure", st.last_failure),
+        };
+        ci_log_fields(CI_LOG_WARN, "worker.zygote_died", f, sizeof(f) / sizeof(f[0]));
+        w->warm_deaths_seen = st.died;
+        w->warm_ready_at_death = st.became_ready;
+        w->warm_replacing = true;
+    } else if (w->warm_replacing && st.became_ready > w->warm_ready_at_death) {
+        ci_log_num(CI_LOG_INFO, "worker.zygote_replaced", "ready", st.ready, NULL);
+        w->warm_replacing = false;
+    }
+}
+
 /* Keeps every running task's message alive: the server redelivers a
  * message whose ack timer runs out, so each one gets an in-progress ack at
  * a third of the ack wait. */
@@ -161,6 +207,8 @@ static void *ticker_main(void *p)
     while (!atomic_load(&w->ticker_stop)) {
         int64_t now = ci_mono_ms();
         atomic_store(&w->last_tick_ms, now);
+        log_connection_change(w);
+        log_warm_pool_change(w);
         for (size_t i = 0; i < w->n_slots; i++) {
             struct ci_slot *s = &w->slots[i];
             pthread_mutex_lock(&s->lock);
@@ -199,6 +247,8 @@ static bool worker_ready(void *closure, char *why, size_t n)
     int bound = atomic_load(&w->bound_slots);
     if (g_stop)
         snprintf(why, n, "draining: the worker takes no new task");
+    else if (!atomic_load(&w->broker_up))
+        snprintf(why, n, "connecting to NATS and setting up JetStream");
     else if (!ci_broker_connected(w->env.broker))
         snprintf(why, n, "not connected to NATS");
     else if (bound < (int)w->n_slots)
@@ -211,10 +261,14 @@ static bool worker_ready(void *closure, char *why, size_t n)
 static void collect_live(void *closure, struct ci_metrics_live *ret)
 {
     struct worker *w = closure;
-    ret->nats_reconnects = ci_broker_reconnects(w->env.broker);
-    ret->nats_connected = ci_broker_connected(w->env.broker);
+    bool up = atomic_load(&w->broker_up);
+    ret->nats_reconnects = up ? ci_broker_reconnects(w->env.broker) : 0;
+    ret->nats_connected = up && ci_broker_connected(w->env.broker);
     /* The warm pool (local.mode: warm): zygotes ready to take a task. */
-    ret->warm_pool_size = ci_provider_warm_ready(w->env.provider);
+    struct ci_warm_stats ws;
+    ci_provider_warm_stats(w->env.provider, &ws);
+    ret->warm_pool_size = ws.ready;
+    ret->warm_deaths = ws.died;
 }
 
 static void fill_heartbeat(void *closure, struct ci_heartbeat_info *info)
@@ -280,6 +334,45 @@ static ci_status setup_broker(struct ci_broker *b, struct ci_error *err)
     }
 }
 
+/* A worker may start before its server (a pod before the NATS pods, a
+ * laptop): it tries again with a growing pause, logging a try at most
+ * every CONNECT_LOG_MS after the first few, until it connects, SIGTERM, or
+ * nats.max_reconnects more tries when that is not -1. What can never work
+ * (the URL, credential or TLS files) fails at once: the config check
+ * refuses a bad URL, and the broker says CI_ERR_INVALID for the files. */
+#define CONNECT_PAUSE_MAX_MS 5000
+#define CONNECT_LOG_MS 30000
+
+static ci_status connect_broker(const struct ci_config *cfg, struct ci_broker **ret,
+                                struct ci_error *err)
+{
+    int64_t pause_ms = 250, last_log = 0;
+    for (uint64_t attempt = 1;; attempt++) {
+        ci_status s = ci_broker_connect(cfg, ret, err);
+        if (s != CI_ERR_NATS && s != CI_ERR_TIMEOUT)
+            return s;
+        if (cfg->nats.max_reconnects >= 0 && attempt > (uint64_t)cfg->nats.max_reconnects)
+            return s;
+        int64_t now = ci_mono_ms();
+        if (attempt <= 3 || now - last_log >= CONNECT_LOG_MS) {
+            const struct ci_log_field f[] = {
+                CI_LOG_N("attempt", (int64_t)attempt),
+                CI_LOG_S("error", err->msg),
+                CI_LOG_N("next_try_ms", pause_ms),
+            };
+            ci_log_fields(CI_LOG_WARN, "worker.nats_connect_retry", f, sizeof(f) / sizeof(f[0]));
+            last_log = now;
+        }
+        for (int64_t slept = 0; slept < pause_ms && !g_stop; slept += 50) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (g_stop)
+            return ci_error_set(err, CI_ERR_CANCELLED, "stopped while connecting to NATS");
+        pause_ms = pause_ms * 2 > CONNECT_PAUSE_MAX_MS ? CONNECT_PAUSE_MAX_MS : pause_ms * 2;
+    }
+}
+
 static int run_worker(const struct ci_config *cfg)
 {
     struct worker w;
@@ -308,11 +401,6 @@ static int run_worker(const struct ci_config *cfg)
     }
     if (e.msg[0]) /* isolation: auto fell back to no sandbox: say it once */
         ci_log(CI_LOG_WARN, "worker.no_isolation", "warning", e.msg, NULL);
-    if (ci_broker_connect(cfg, &w.env.broker, &e) || setup_broker(w.env.broker, &e)) {
-        ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
-        goto out;
-    }
-
     w.n_slots = ci_config_slots(cfg);
     w.slots = calloc(w.n_slots, sizeof(*w.slots));
     w.threads = calloc(w.n_slots, sizeof(*w.threads));
@@ -348,6 +436,25 @@ static int run_worker(const struct ci_config *cfg)
             ci_log(CI_LOG_WARN, "worker.metrics_port_taken", "wanted", cfg->worker.metrics_addr,
                    "metrics_addr", ci_monitor_address(w.monitor), NULL);
     }
+    /* The ticker first: /healthz stays live while NATS is awaited. Once
+     * tasks run it keeps their messages alive: without it a task longer
+     * than the ack wait would be redelivered, and run twice. */
+    if (pthread_create(&ticker, NULL, ticker_main, &w) != 0) {
+        ci_log(CI_LOG_ERROR, "worker.thread_failed", "thread", "ticker", NULL);
+        goto out;
+    }
+    ticker_started = true;
+    ci_log(CI_LOG_INFO, "worker.starting", "metrics_addr", ci_monitor_address(w.monitor), NULL);
+    ci_status cs = connect_broker(cfg, &w.env.broker, &e);
+    if (cs == CI_ERR_CANCELLED) {
+        rc = 0; /* stopped before it took anything */
+        goto out;
+    }
+    if (cs || setup_broker(w.env.broker, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
+        goto out;
+    }
+    atomic_store(&w.broker_up, true);
     if (cfg->worker.heartbeat_s &&
         ci_heartbeat_start(w.env.broker, w.id, cfg->worker.heartbeat_s, fill_heartbeat, &w,
                            &w.heartbeat, &e))
@@ -357,13 +464,6 @@ static int run_worker(const struct ci_config *cfg)
         ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
         goto out;
     }
-    /* Without the ticker a task longer than the ack wait would be
-     * redelivered, and run twice, while it runs. */
-    if (pthread_create(&ticker, NULL, ticker_main, &w) != 0) {
-        ci_log(CI_LOG_ERROR, "worker.thread_failed", "thread", "ticker", NULL);
-        goto out;
-    }
-    ticker_started = true;
     for (size_t i = 0; i < w.n_slots; i++) {
         struct slot_arg *a = malloc(sizeof(*a));
         if (!a) {

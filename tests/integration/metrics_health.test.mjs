@@ -258,6 +258,15 @@ describe("metrics, health and ci stats", () => {
       assert.equal(m.ci_nats_connected, 1);
       assert.equal(m.ci_nats_reconnects_total, 1);
       assert.equal((await getText(`${w2.monitorUrl}/readyz`)).status, 200);
+      // The operator's log says both, once each.
+      const gone = await w2.waitLog((l) => l.event === "worker.nats_disconnected");
+      assert.equal(gone.level, "warn");
+      assert.equal(gone.state, "reconnecting");
+      const back = await w2.waitLog((l) => l.event === "worker.nats_reconnected");
+      assert.equal(back.level, "info");
+      assert.equal(back.reconnects, 1);
+      assert.equal(w2.events("worker.nats_disconnected").length, 1);
+      assert.equal(w2.events("worker.nats_reconnected").length, 1);
       assert.equal((await w2.stop("SIGTERM", 30000)).code, 0);
     } finally {
       await w2.cleanup();

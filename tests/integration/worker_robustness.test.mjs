@@ -292,3 +292,60 @@ describe("worker robustness: several workers on one machine", () => {
     }
   });
 });
+
+describe("worker robustness: started before its server", () => {
+  let srv;
+  let w;
+  let client;
+  after(async () => {
+    await client?.close();
+    await w?.stop("SIGTERM", 30000).catch(() => {});
+    await w?.cleanup().catch(() => {});
+    await srv?.stop().catch(() => {});
+  });
+
+  test("a worker started before nats-server keeps trying, /readyz 503 and /healthz 200 meanwhile, and works once the server is up", async () => {
+    // A port nobody listens on yet: the server comes there later.
+    const net = await import("node:net");
+    const probe = net.createServer();
+    await new Promise((resolve) => probe.listen(0, "127.0.0.1", resolve));
+    const port = probe.address().port;
+    await new Promise((resolve) => probe.close(resolve));
+
+    let spawned = null;
+    const starting = startWorker({ natsUrl: `nats://127.0.0.1:${port}`, readyTimeoutMs: 120000, onSpawn: (h) => (spawned = h) });
+    starting.catch(() => {}); // awaited below
+    const begun = await spawned.waitLog((l) => l.event === "worker.starting", 60000);
+    const base = `http://${begun.metrics_addr}`;
+    // Three tries fail (no server), each logged; the worker is still there.
+    for (let i = 0; spawned.events("worker.nats_connect_retry").length < 3; i++) {
+      assert.ok(!spawned.exited(), `the worker did not give up; log:\n${spawned.logText()}`);
+      assert.ok(i < 600, "three tries within 60 s");
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const retry = spawned.events("worker.nats_connect_retry")[0];
+    assert.equal(retry.level, "warn");
+    assert.match(retry.error, /cannot connect to NATS/);
+    assert.equal((await fetch(`${base}/readyz`)).status, 503, "not ready while NATS is missing");
+    assert.equal((await fetch(`${base}/healthz`)).status, 200, "but alive");
+
+    srv = await startNatsServer({ config: `max_payload: 8MB\nlisten: 127.0.0.1:${port}` });
+    w = await starting;
+    assert.equal((await fetch(`${base}/readyz`)).status, 200);
+    client = await connectClient(srv.url);
+    const { result: r } = await runTask(client, { code: "print('late server')" }, { timeoutMs: 30000 });
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.stdout, "late server\n");
+    assert.doesNotMatch(w.logText(), SANITIZER);
+  });
+
+  test("a NATS URL that can never work fails at once with a clear message", async () => {
+    for (const [url, rx] of [["nats://127.0.0.1:99999", /port of 1 to 65535/], ["not a url", /expected one NATS URL/]]) {
+      const t0 = Date.now();
+      // Exit code 2: the configuration is wrong, as for any invalid key.
+      await assert.rejects(startWorker({ natsUrl: url }), (e) => /exited before it was ready \(exit code 2/.test(e.message) && rx.test(e.message));
+      assert.ok(Date.now() - t0 < 30000, "at once, not after retries");
+    }
+  });
+});
+

@@ -273,4 +273,33 @@ except Exception as e:
     assert.match(r.stdout, /NoNewPrivs:\\t1/, r.stdout);
     assert.doesNotMatch(r.stdout, /setuid OK/);
   });
+
+  tt("a warm runtime that dies is logged, counted in /metrics and replaced; tasks go on", async (t) => {
+    // The worker's ci-zygote children (local.mode warm, the default).
+    const zygotes = () =>
+      readdirSync("/proc")
+        .filter((d) => /^\d+$/.test(d))
+        .filter((d) => {
+          try {
+            const stat = readFileSync(`/proc/${d}/stat`, "utf8");
+            const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+            return ppid === worker.pid && readFileSync(`/proc/${d}/comm`, "utf8").trim() === "ci-zygote";
+          } catch {
+            return false;
+          }
+        })
+        .map(Number);
+    const before = zygotes();
+    if (before.length === 0) return skipTest(t, "the worker runs no zygote here (warm mode unavailable)");
+    process.kill(before[0], "SIGKILL");
+    const died = await worker.waitLog((l) => l.event === "worker.zygote_died", 30000);
+    assert.equal(died.level, "warn");
+    assert.ok(died.died >= 1);
+    const replaced = await worker.waitLog((l) => l.event === "worker.zygote_replaced", 120000);
+    assert.ok(replaced.ready >= 1, JSON.stringify(replaced));
+    const metrics = await (await fetch(`${worker.monitorUrl}/metrics`)).text();
+    assert.match(metrics, /^ci_warm_deaths_total [1-9]\d*$/m);
+    const { result: r } = await runTask(stack.client, { code: "print('after')" });
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+  });
 });

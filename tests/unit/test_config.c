@@ -410,10 +410,24 @@ static void test_string_errors(void)
          "worker.yaml:2: key 'nats.user': the value contains a control character"},
         {"nats:\n  url: nats://a:4222, nats://b:4222\n",
          "worker.yaml:2: key 'nats.url': expected one NATS URL or several separated by commas (no "
-         "spaces), such as nats://127.0.0.1:4222, got 'nats://a:4222, nats://b:4222'"},
+         "spaces), each [nats://|tls://][user:password@]host[:port] with a port of 1 to 65535, "
+         "such as nats://127.0.0.1:4222, got 'nats://a:4222, nats://b:4222'"},
         {"nats:\n  url: ''\n",
          "worker.yaml:2: key 'nats.url': expected one NATS URL or several separated by commas (no "
-         "spaces), such as nats://127.0.0.1:4222, got ''"},
+         "spaces), each [nats://|tls://][user:password@]host[:port] with a port of 1 to 65535, "
+         "such as nats://127.0.0.1:4222, got ''"},
+        {"nats:\n  url: nats://127.0.0.1:99999\n",
+         "worker.yaml:2: key 'nats.url': expected one NATS URL or several separated by commas (no "
+         "spaces), each [nats://|tls://][user:password@]host[:port] with a port of 1 to 65535, "
+         "such as nats://127.0.0.1:4222, got 'nats://127.0.0.1:99999'"},
+        {"nats:\n  url: http://127.0.0.1:4222\n",
+         "worker.yaml:2: key 'nats.url': expected one NATS URL or several separated by commas (no "
+         "spaces), each [nats://|tls://][user:password@]host[:port] with a port of 1 to 65535, "
+         "such as nats://127.0.0.1:4222, got 'http://127.0.0.1:4222'"},
+        {"nats:\n  url: not a url\n",
+         "worker.yaml:2: key 'nats.url': expected one NATS URL or several separated by commas (no "
+         "spaces), each [nats://|tls://][user:password@]host[:port] with a port of 1 to 65535, "
+         "such as nats://127.0.0.1:4222, got 'not a url'"},
         {"jetstream:\n  tasks_stream: CI TASKS\n",
          "worker.yaml:2: key 'jetstream.tasks_stream': expected a name of 1 to 64 letters, "
          "digits, '_' or '-', got 'CI TASKS'"},
@@ -600,7 +614,8 @@ static void test_env_overrides_url(void)
     CHECK(load("", &cfg, &err) == CI_ERR_INVALID);
     CHECK(cfg == NULL);
     CHECK_STR(err.msg, "CI_NATS_URL: expected one NATS URL or several separated by commas (no "
-                       "spaces), such as nats://127.0.0.1:4222, got 'nats://a b'");
+                       "spaces), each [nats://|tls://][user:password@]host[:port] with a port of "
+                       "1 to 65535, such as nats://127.0.0.1:4222, got 'nats://a b'");
     unsetenv("CI_NATS_URL");
 }
 
