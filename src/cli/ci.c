@@ -252,7 +252,7 @@ static ci_status get_result(struct ci_broker *b, const char *id, Ci__V1__Executi
 {
     uint8_t *buf = NULL;
     size_t len = 0;
-    ci_status s = ci_broker_result_get(b, id, &buf, &len, err);
+    ci_status s = ci_broker_result_get(b, id, &buf, &len, NULL, err);
     if (s)
         return s;
     *ret = decode_result(buf, len, err);

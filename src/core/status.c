@@ -21,6 +21,7 @@ const char *ci_status_str(ci_status s)
     case CI_ERR_CANCELLED: return "cancelled";
     case CI_ERR_UNSUPPORTED: return "unsupported";
     case CI_ERR_INTEGRITY: return "integrity error";
+    case CI_ERR_CONFLICT: return "conflict";
     }
     return "unknown status";
 }

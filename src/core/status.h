@@ -19,6 +19,7 @@ typedef enum {
     CI_ERR_CANCELLED,   /* somebody asked to stop */
     CI_ERR_UNSUPPORTED, /* this machine or build cannot do it */
     CI_ERR_INTEGRITY,   /* data does not match its digest or framing */
+    CI_ERR_CONFLICT,    /* a newer write got there first (a revision check failed) */
 } ci_status;
 
 /* A fixed-size sentence that explains a failure. Filled where the failure is

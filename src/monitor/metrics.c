@@ -29,7 +29,8 @@ struct histogram {
 static const char *const status_names[] = {"succeeded", "failed", "timed_out", "cancelled",
                                            "other"};
 #define N_STATUS (sizeof(status_names) / sizeof(status_names[0]))
-static const char *const outcome_names[] = {"done", "duplicate", "dropped", "retry", "stale"};
+static const char *const outcome_names[] = {"done",       "duplicate", "dropped", "retry",
+                                            "superseded", "stale"};
 static const char *const direction_names[] = {"download", "upload"};
 
 _Static_assert(sizeof(outcome_names) / sizeof(outcome_names[0]) == CI_METRICS_N_OUTCOMES,

@@ -12,7 +12,7 @@
  *
  *   ci_tasks_total{status,provider}          terminal results written here
  *   ci_task_deliveries_total{outcome}        every message taken: done, duplicate,
- *                                            dropped, retry, stale
+ *                                            dropped, retry, superseded, stale
  *   ci_task_run_seconds                      histogram: message taken -> terminal
  *                                            result stored
  *   ci_task_queue_wait_seconds               histogram: JetStream publish -> taken
@@ -40,6 +40,7 @@ enum ci_metrics_outcome {
     CI_METRICS_DUPLICATE,
     CI_METRICS_DROPPED,
     CI_METRICS_RETRY,
+    CI_METRICS_SUPERSEDED, /* a later attempt overtook this one (task.h) */
     CI_METRICS_STALE, /* not a task end: a stale copy left for redelivery (main.c) */
     CI_METRICS_N_OUTCOMES,
 };

@@ -4,6 +4,7 @@
  * submit and watch for the client. */
 #include "nats/broker.h"
 
+#include <inttypes.h>
 #include <nats/nats.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -608,31 +609,38 @@ void ci_delivery_free(struct ci_delivery *d)
 
 /* --- results, events, cancel --- */
 
-ci_status ci_broker_result_put(struct ci_broker *b, const char *task_id, const void *data,
-                               size_t len, struct ci_error *err)
+/* nats.c reports a failed revision check only through the server's text. */
+static bool wrong_last_sequence(void)
 {
-    uint64_t rev = 0;
-    natsStatus s = kvStore_Put(&rev, b->kv, task_id, data, (int)len);
+    const char *last = nats_GetLastError(NULL);
+    return last && strstr(last, "wrong last sequence");
+}
+
+ci_status ci_broker_result_swap(struct ci_broker *b, const char *task_id, const void *data,
+                                size_t len, uint64_t rev, uint64_t *ret_rev, struct ci_error *err)
+{
+    uint64_t got = 0;
+    natsStatus s = rev ? kvStore_Update(&got, b->kv, task_id, data, (int)len, rev)
+                       : kvStore_Create(&got, b->kv, task_id, data, (int)len);
+    if (s != NATS_OK && wrong_last_sequence())
+        return ci_error_set(err, CI_ERR_CONFLICT,
+                            "the result record of task '%s' changed since revision %" PRIu64,
+                            task_id, rev);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, 0, "cannot write the result to the results bucket");
+    if (ret_rev)
+        *ret_rev = got;
     return CI_OK;
 }
 
 ci_status ci_broker_result_create(struct ci_broker *b, const char *task_id, const void *data,
                                   size_t len, struct ci_error *err)
 {
-    uint64_t rev = 0;
-    natsStatus s = kvStore_Create(&rev, b->kv, task_id, data, (int)len);
-    if (s != NATS_OK) {
-        /* nats.c reports an existing key only through the server's text. */
-        const char *last = nats_GetLastError(NULL);
-        if (last && strstr(last, "wrong last sequence")) {
-                return ci_error_set(err, CI_ERR_INVALID, "task '%s' already has a result record",
-                                task_id);
-        }
-        return ci_nats_fail(err, s, 0, "cannot create the result record");
-    }
-    return CI_OK;
+    ci_status s = ci_broker_result_swap(b, task_id, data, len, 0, NULL, err);
+    if (s == CI_ERR_CONFLICT)
+        return ci_error_set(err, CI_ERR_INVALID, "task '%s' already has a result record",
+                            task_id);
+    return s;
 }
 
 /* Read from the bucket's stream leader, not with the direct get that
@@ -640,8 +648,10 @@ ci_status ci_broker_result_create(struct ci_broker *b, const char *task_id, cons
  * catching up after a leader change, and a redelivered task whose result it
  * does not show yet would run a second time (chaos_cluster saw it). */
 ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t **ret_data,
-                               size_t *ret_len, struct ci_error *err)
+                               size_t *ret_len, uint64_t *ret_rev, struct ci_error *err)
 {
+    if (ret_rev)
+        *ret_rev = 0;
     const char *bucket = b->cfg->jetstream.results_bucket;
     char stream[SUBJECT_MAX], subj[SUBJECT_MAX];
     int k1 = snprintf(stream, sizeof(stream), "KV_%s", bucket);
@@ -656,6 +666,8 @@ ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read the results bucket");
     const char *op = NULL;
+    if (ret_rev) /* a deleted record has a revision too: the next write checks it */
+        *ret_rev = natsMsg_GetSequence(msg);
     if (natsMsgHeader_Get(msg, "KV-Operation", &op) == NATS_OK && op &&
         (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0))
         return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", task_id);

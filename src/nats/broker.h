@@ -89,16 +89,23 @@ void ci_delivery_free(struct ci_delivery *d);
 
 /* --- results, events, cancel --- */
 
-/* Writes the result of a task (any status) to the results bucket. */
-ci_status ci_broker_result_put(struct ci_broker *b, const char *task_id, const void *data,
-                               size_t len, struct ci_error *err);
+/* Writes the result of a task only if its record is still at revision rev
+ * (0: only if it has none, or a deleted one), and gives the new revision.
+ * This fences attempts: one that a later attempt of the task overtook
+ * (it wrote RUNNING or a result since) gets CI_ERR_CONFLICT, and must not
+ * overwrite it. */
+ci_status ci_broker_result_swap(struct ci_broker *b, const char *task_id, const void *data,
+                                size_t len, uint64_t rev, uint64_t *ret_rev,
+                                struct ci_error *err);
 /* Writes the result only when no record of the task exists yet (the
  * client's QUEUED record). CI_ERR_INVALID when one exists. */
 ci_status ci_broker_result_create(struct ci_broker *b, const char *task_id, const void *data,
                                   size_t len, struct ci_error *err);
-/* Reads the latest result. CI_ERR_NOT_FOUND when there is none. */
+/* Reads the latest result, and its revision when ret_rev is not NULL (also
+ * that of a deleted record: 0 only when there never was one, or it expired).
+ * CI_ERR_NOT_FOUND when there is none. */
 ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t **ret_data,
-                               size_t *ret_len, struct ci_error *err);
+                               size_t *ret_len, uint64_t *ret_rev, struct ci_error *err);
 
 /* Publishes an encoded StatusEvent on <status_prefix>.<task_id> through
  * JetStream, with the Ci-Task-Id, Ci-Status and Content-Type headers. With

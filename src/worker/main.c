@@ -96,6 +96,9 @@ static bool take_queued(const struct worker *w, struct ci_delivery *d)
     return run;
 }
 
+_Static_assert(CI_TASK_END_SUPERSEDED == (int)CI_METRICS_SUPERSEDED,
+               "a task's end is its delivery outcome in the metrics");
+
 static void *slot_main(void *p)
 {
     struct slot_arg *a = p;

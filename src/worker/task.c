@@ -38,6 +38,11 @@ struct task {
     uint64_t input_bytes;    /* inline and object inputs read */
     uint64_t artifact_bytes; /* artifacts stored */
     bool running_stored;     /* this attempt wrote the RUNNING record */
+    /* The result record's revision as this attempt last read or wrote it.
+     * Every write checks it: an attempt that a later one overtook (its
+     * worker was stopped past the ack wait) cannot overwrite the newer
+     * record - it is superseded, and says so. */
+    uint64_t rev;
     bool final_started;      /* this attempt began to store its terminal result */
 };
 
@@ -228,8 +233,10 @@ static ci_status publish_event(const struct task *t, Ci__V1__TaskStatus status,
     return s;
 }
 
-/* Writes the result to KV and publishes its event. */
-static ci_status store_result(const struct task *t, struct result *r, struct ci_error *err)
+/* Writes the result to KV, if the record is still as this attempt last
+ * saw it, and publishes its event. CI_ERR_CONFLICT: a later attempt wrote
+ * since; nothing was written or published. */
+static ci_status store_result(struct task *t, struct result *r, struct ci_error *err)
 {
     if (ci_task_status_terminal(r->msg.status))
         r->msg.finished_at_ms = ci_now_ms();
@@ -238,7 +245,7 @@ static ci_status store_result(const struct task *t, struct result *r, struct ci_
     ci_status s = encode_result(t, r, &buf, &len, err);
     if (s)
         return s;
-    s = ci_broker_result_put(t->env->broker, t->id, buf, len, err);
+    s = ci_broker_result_swap(t->env->broker, t->id, buf, len, t->rev, &t->rev, err);
     free(buf);
     if (s)
         return s;
@@ -246,13 +253,14 @@ static ci_status store_result(const struct task *t, struct result *r, struct ci_
     return publish_event(t, r->msg.status, msg, &r->msg, err);
 }
 
-/* The task's stored result, if it has one that decodes. */
-static Ci__V1__ExecutionResult *existing_result(const struct task *t)
+/* The task's stored result, if it has one that decodes; t->rev becomes
+ * its revision (0 when there is none). */
+static Ci__V1__ExecutionResult *existing_result(struct task *t)
 {
     uint8_t *buf = NULL;
     size_t len = 0;
-    if (ci_broker_result_get(t->env->broker, t->id, &buf, &len, NULL))
-        return false;
+    if (ci_broker_result_get(t->env->broker, t->id, &buf, &len, &t->rev, NULL))
+        return NULL;
     ProtobufCMessage *m = NULL;
     /* A client may have written the QUEUED record in the other encoding. */
     if (ci_message_decode(t->enc, &ci__v1__execution_result__descriptor, buf, len, &m, NULL) &&
@@ -269,7 +277,7 @@ static Ci__V1__ExecutionResult *existing_result(const struct task *t)
  * fails: a reconnect in progress should not throw away a run (a nak would
  * run the code again). The event's Nats-Msg-Id keeps a retry from doubling
  * an event whose ack was lost. */
-static ci_status store_final(const struct task *t, struct result *r, struct ci_error *err)
+static ci_status store_final(struct task *t, struct result *r, struct ci_error *err)
 {
     ci_status s = CI_OK;
     for (int i = 0; i < 4; i++) {
@@ -288,7 +296,7 @@ static ci_status store_final(const struct task *t, struct result *r, struct ci_e
  * worker running it died (or lost NATS before it could say why). An
  * attempt that gave up on an infrastructure failure leaves its reason in
  * the record's error (note_retry), and did not die. */
-static bool died_before(const struct task *t)
+static bool died_before(struct task *t)
 {
     Ci__V1__ExecutionResult *m = existing_result(t);
     if (!m)
@@ -545,7 +553,7 @@ static void task_ended(const struct task *t, const struct result *r)
 /* Leaves why this attempt gives up in the RUNNING record's error (KV
  * only, best effort): a client sees it, and the next attempt knows that
  * this one did not die. */
-static void note_retry(const struct task *t, const struct result *r, const char *what,
+static void note_retry(struct task *t, const struct result *r, const char *what,
                        const struct ci_error *e)
 {
     struct result note;
@@ -557,9 +565,38 @@ static void note_retry(const struct task *t, const struct result *r, const char 
     size_t len = 0;
     struct ci_error ignored = {{0}};
     if (encode_result(t, &note, &buf, &len, &ignored) == CI_OK)
-        ci_broker_result_put(t->env->broker, t->id, buf, len, &ignored);
+        ci_broker_result_swap(t->env->broker, t->id, buf, len, t->rev, &t->rev, &ignored);
     free(buf);
     result_release(&note);
+}
+
+/* A later attempt of the task wrote its record since this one last looked:
+ * this attempt's result is dropped, never stored over the newer one, and
+ * its message is left alone (the later attempt holds it; an ack or nak of
+ * this stale copy could lose it or bring yet another delivery). */
+static enum ci_task_end superseded(struct task *t, const struct result *r)
+{
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("attempt", ci_delivery_attempt(t->d)),
+        CI_LOG_S("dropped_status", ci_task_status_short(r->msg.status)),
+    };
+    ci_log_fields(CI_LOG_WARN, "task.superseded", f, sizeof(f) / sizeof(f[0]));
+    slot_detach(t->slot);
+    return CI_TASK_END_SUPERSEDED;
+}
+
+/* Whether the record is still at the revision this attempt wrote: checked
+ * before artifacts are stored, since their object names are the task's and
+ * a superseded attempt must not replace a newer attempt's artifacts. */
+static bool still_current(struct task *t)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t now = 0;
+    ci_status s = ci_broker_result_get(t->env->broker, t->id, &buf, &len, &now, NULL);
+    free(buf);
+    return s != CI_OK || now == t->rev; /* unreadable: the result write will tell */
 }
 
 /* Disposes of a message whose processing met an infrastructure failure:
@@ -582,7 +619,10 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
     result_fail(r, "the worker could not %s after %u attempts: %s", what,
                 ci_delivery_attempt(t->d), e->msg);
     struct ci_error e2 = {{0}};
-    if (store_final(t, r, &e2))
+    ci_status s = store_final(t, r, &e2);
+    if (s == CI_ERR_CONFLICT)
+        return superseded(t, r);
+    if (s)
         ci_log(CI_LOG_ERROR, "task.store_failed", "task_id", t->id, "error", e2.msg, NULL);
     slot_detach(t->slot);
     ci_delivery_term(t->d);
@@ -595,7 +635,10 @@ static enum ci_task_end finish(struct task *t, struct result *r)
 {
     struct ci_error e = {{0}};
     t->final_started = true;
-    if (store_final(t, r, &e))
+    ci_status s = store_final(t, r, &e);
+    if (s == CI_ERR_CONFLICT)
+        return superseded(t, r);
+    if (s)
         return give_up_or_retry(t, r, "store the result", &e);
     slot_detach(t->slot);
     ci_delivery_ack(t->d);
@@ -667,7 +710,26 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     result_init(&running, t, CI__V1__TASK_STATUS__TASK_STATUS_RUNNING);
     running.msg.runtime = r->msg.runtime;
     ci_status s = store_result(t, &running, &e);
+    if (s == CI_ERR_CONFLICT) {
+        /* Written since we looked: by an attempt that has just ended (then
+         * this one is a duplicate), or one still going (take over from it,
+         * as a redelivery does). */
+        Ci__V1__ExecutionResult *now = existing_result(t);
+        if (now && ci_task_status_terminal(now->status)) {
+            ensure_terminal_event(t, now);
+            ci_message_free(&now->base);
+            result_release(&running);
+            slot_detach(t->slot);
+            ci_delivery_ack(t->d);
+            ci_log(CI_LOG_INFO, "task.duplicate", "task_id", t->id, NULL);
+            return CI_TASK_END_DUPLICATE;
+        }
+        ci_message_free(now ? &now->base : NULL);
+        s = store_result(t, &running, &e);
+    }
     result_release(&running);
+    if (s == CI_ERR_CONFLICT)
+        return superseded(t, r);
     if (s)
         return give_up_or_retry(t, r, "record the task as running", &e);
     t->running_stored = true;
@@ -722,7 +784,9 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     (void)ci_result_set_outcome(&r->msg, &r->usage, &r->text, &o,
                                 env->cfg->limits.max_output_bytes);
     enum ci_task_end end;
-    if (upload_artifacts(t, r, &o, &e)) {
+    if (!still_current(t)) {
+        end = superseded(t, r);
+    } else if (upload_artifacts(t, r, &o, &e)) {
         r->msg.n_artifacts = 0;
         end = give_up_or_retry(t, r, "store the artifacts", &e);
     } else {

@@ -39,6 +39,7 @@ enum ci_task_end {
     CI_TASK_END_DUPLICATE,  /* it had a terminal result already: acked, not run again */
     CI_TASK_END_DROPPED,    /* no valid task id: terminated and logged */
     CI_TASK_END_RETRY,      /* an infrastructure failure: nak'ed for a later try */
+    CI_TASK_END_SUPERSEDED, /* a later attempt overtook this one: its result was dropped */
 };
 
 /* Processes one delivery and always disposes of it (ack, term or nak);
