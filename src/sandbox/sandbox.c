@@ -2,7 +2,7 @@
  *
  * The file reads top to bottom like the life of a run:
  *   1. small wrappers for system calls glibc does not wrap (or wraps with
- *      locks we must not take in a cloned child);
+ *      locks we must not take in a cloned child): sys.h;
  *   2. the plan: a list of typed setup operations (bubblewrap style),
  *      every string the child needs and the seccomp filter, built once in
  *      ci_sandbox_new();
@@ -56,81 +56,17 @@
 
 #include "sandbox/cgroup.h"
 #include "sandbox/sandbox_proto.h"
+#include "sandbox/sys.h"
 #include "core/util.h"
 #include "sandbox/zygote.h"
 
 /* ---------------------------------------------------------------------- */
-/* 1. System calls                                                         */
+/* 2. The plan                                                             */
 /* ---------------------------------------------------------------------- */
 
-#ifndef AT_RECURSIVE
-#define AT_RECURSIVE 0x8000
-#endif
 #ifndef MS_NOSYMFOLLOW
 #define MS_NOSYMFOLLOW 256
 #endif
-#ifndef CLOSE_RANGE_CLOEXEC
-#define CLOSE_RANGE_CLOEXEC (1U << 2)
-#endif
-
-/* fork-like clone: the child runs on a copy of the caller's stack, like
- * bubblewrap's raw_clone(). glibc's fork() would run atfork handlers and
- * take malloc locks that another worker thread may hold. */
-static pid_t sys_clone(unsigned long flags)
-{
-#if defined(__s390__) || defined(__CRIS__)
-    return (pid_t)syscall(SYS_clone, NULL, flags);
-#else
-    return (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
-#endif
-}
-
-/* The set*id calls go straight to the kernel: glibc's wrappers broadcast
- * to every thread it believes exists, and in a cloned child those threads
- * are gone (the broadcast would hang). */
-static int sys_setresuid(uid_t u) { return (int)syscall(SYS_setresuid, u, u, u); }
-static int sys_setresgid(gid_t g) { return (int)syscall(SYS_setresgid, g, g, g); }
-static int sys_setgroups0(void) { return (int)syscall(SYS_setgroups, 0, NULL); }
-static int sys_setfsuid(uid_t u) { return (int)syscall(SYS_setfsuid, u); }
-static int sys_setfsgid(gid_t g) { return (int)syscall(SYS_setfsgid, g); }
-static int sys_pivot_root(const char *new_root, const char *put_old)
-{
-    return (int)syscall(SYS_pivot_root, new_root, put_old);
-}
-static int sys_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
-static int sys_openat2(int dirfd, const char *path, struct open_how *how)
-{
-    return (int)syscall(SYS_openat2, dirfd, path, how, sizeof(*how));
-}
-static int sys_mount_setattr(const char *path, uint64_t set)
-{
-    struct mount_attr attr = {.attr_set = set};
-    return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, AT_RECURSIVE | AT_SYMLINK_NOFOLLOW,
-                        &attr, sizeof(attr));
-}
-static int sys_capset_zero(void)
-{
-    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    struct __user_cap_data_struct data[2];
-    memset(data, 0, sizeof(data));
-    return (int)syscall(SYS_capset, &hdr, data);
-}
-
-/* Closes every fd from `from` up; close_range() where the kernel has it. */
-static void close_fds_from(int from)
-{
-    if (syscall(SYS_close_range, (unsigned)from, ~0U, 0) == 0)
-        return;
-    struct rlimit rl;
-    long max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
-                   ? (long)rl.rlim_cur : 65536;
-    for (long fd = from; fd < max; fd++)
-        close((int)fd);
-}
-
-/* ---------------------------------------------------------------------- */
-/* 2. The plan                                                             */
-/* ---------------------------------------------------------------------- */
 
 #define NEWROOT "/tmp" /* built in the private mount namespace: the host's /tmp is untouched */
 #define MAX_OPS 64
@@ -546,12 +482,6 @@ out:
     return s;
 }
 #undef DENY
-
-/* Loads the filter in the calling process (no_new_privs must be set). */
-static int load_seccomp(const struct sock_fprog *prog)
-{
-    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, prog);
-}
 
 void ci_sandbox_free(struct ci_sandbox *sb)
 {
@@ -1140,11 +1070,6 @@ struct ci_sandbox_run {
     /* warm mode: init is a child of a zygote, known by its pidfd only */
     bool warm;
 };
-
-static int sys_pidfd_send_signal(int pidfd, int sig)
-{
-    return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
-}
 
 /* Signals init: by pidfd when it is a zygote's child (never a reused pid). */
 static void signal_init(struct ci_sandbox_run *run, int sig)

@@ -90,6 +90,7 @@
 #include <unistd.h>
 
 #include "sandbox/sandbox_proto.h"
+#include "sandbox/sys.h"
 
 extern const char ci_driver_py[];
 extern const size_t ci_driver_py_len;
@@ -142,34 +143,6 @@ struct task_req {
 /* ---------------------------------------------------------------------- */
 /* Small system helpers (as in sandbox.c)                                  */
 /* ---------------------------------------------------------------------- */
-
-static pid_t sys_clone(unsigned long flags)
-{
-#if defined(__s390__) || defined(__CRIS__)
-    return (pid_t)syscall(SYS_clone, NULL, flags);
-#else
-    return (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
-#endif
-}
-
-static int sys_setresuid(uid_t u) { return (int)syscall(SYS_setresuid, u, u, u); }
-static int sys_setresgid(gid_t g) { return (int)syscall(SYS_setresgid, g, g, g); }
-
-static int sys_capset_zero(void)
-{
-    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    struct __user_cap_data_struct data[2];
-    memset(data, 0, sizeof(data));
-    return (int)syscall(SYS_capset, &hdr, data);
-}
-
-static void close_fds_from(int from)
-{
-    if (syscall(SYS_close_range, (unsigned)from, ~0U, 0) == 0)
-        return;
-    for (int fd = from; fd < 65536; fd++)
-        close(fd);
-}
 
 static void send_msg(int sock, const struct msg *m)
 {
