@@ -7,7 +7,8 @@
  *      every string the child needs and the seccomp filter, built once in
  *      ci_sandbox_new();
  *   3. the child side: init (build the root, pivot, drop privileges, reap)
- *      and the task (rlimits, exec python3) - no malloc, no locks;
+ *      and the task (rlimits, exec python3) - no malloc, no locks; the
+ *      helpers ci-zygote uses too are child.c;
  *   4. the parent side: start (clone, maps, inputs, GO), wait (the I/O
  *      loop, kill, reap), the artifact walk;
  *   5. the probe.
@@ -55,6 +56,7 @@
 #include <unistd.h>
 
 #include "sandbox/cgroup.h"
+#include "sandbox/child.h"
 #include "sandbox/sandbox_proto.h"
 #include "sandbox/sys.h"
 #include "core/util.h"
@@ -92,28 +94,6 @@ static const struct {
     [CI_LAYER_IPC] = {"ipc", "IPC", CLONE_NEWIPC, "CLONE_NEWIPC", true},
     [CI_LAYER_UTS] = {"uts", "UTS", CLONE_NEWUTS, "CLONE_NEWUTS", true},
     [CI_LAYER_CGROUP] = {"cgroupns", "cgroup", CLONE_NEWCGROUP, "CLONE_NEWCGROUP", false},
-};
-
-/* One step of building the root, run in order by init. */
-enum op_kind {
-    OP_TMPFS,   /* mount a tmpfs on path with options data */
-    OP_DIR,     /* mkdir path */
-    OP_SYMLINK, /* symlink src at path */
-    OP_FILE,    /* create path holding data */
-    OP_BIND_RO, /* bind src on path (a dir or a file), read-only, nosuid, nodev */
-    OP_BIND_DEV,/* bind the device node src on path, nosuid, noexec */
-    OP_PROC,    /* mount a fresh proc of the pid namespace on path */
-};
-
-struct op {
-    enum op_kind kind;
-    const char *path; /* absolute, under NEWROOT */
-    const char *src;
-    const char *data;
-    size_t data_len;
-    unsigned long flags; /* OP_TMPFS: mount flags */
-    bool dir;            /* OP_BIND_RO: the source is a directory */
-    const char *what;    /* for errors: "mount /proc" */
 };
 
 struct ci_sandbox {
@@ -615,51 +595,6 @@ struct child_args {
     bool zygote;              /* init becomes a zygote: FD_CODE holds its program */
 };
 
-static void child_send(int sock, const struct msg *m)
-{
-    ssize_t r;
-    do
-        r = send(sock, m, sizeof(*m), MSG_NOSIGNAL);
-    while (r < 0 && errno == EINTR);
-}
-
-__attribute__((noreturn)) static void child_fail(int sock, enum step step, int op, int err)
-{
-    struct msg m = {.type = MSG_FAILED, .step = step, .op = op, .err = err};
-    child_send(sock, &m);
-    _exit(127);
-}
-
-/* Reads one byte from the parent; EOF means the parent is gone. */
-static bool child_wait_byte(int sock)
-{
-    char c;
-    ssize_t r;
-    do
-        r = recv(sock, &c, 1, 0);
-    while (r < 0 && errno == EINTR);
-    return r == 1;
-}
-
-/* Puts the child's fds at 0..4 and closes every other fd the worker had:
- * O_CLOEXEC only helps at execve, and init never executes anything. */
-static int move_fds(const int *src)
-{
-    int base = FD_COUNT;
-    for (int i = 0; i < FD_COUNT; i++)
-        if (src[i] >= base)
-            base = src[i] + 1;
-    int tmp[FD_COUNT];
-    for (int i = 0; i < FD_COUNT; i++)
-        if ((tmp[i] = fcntl(src[i], F_DUPFD, base)) < 0)
-            return -1;
-    for (int i = 0; i < FD_COUNT; i++)
-        if (dup2(tmp[i], i) < 0)
-            return -1;
-    close_fds_from(FD_COUNT);
-    return 0;
-}
-
 /* Default dispositions and an empty mask: the worker's handlers must never
  * run in a sandbox process, and ignored signals would survive execve. */
 static void reset_signals(void)
@@ -674,94 +609,6 @@ static void reset_signals(void)
     sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
-/* The mount flags statfs() reports that a bind remount must keep: in a
- * user namespace the kernel refuses to clear locked ones. */
-static unsigned long kept_mount_flags(const char *path)
-{
-    struct statfs st;
-    if (statfs(path, &st) != 0)
-        return 0;
-    return (unsigned long)st.f_flags &
-           (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME | MS_RELATIME);
-}
-
-static int remount_with(const char *path, uint64_t attrs, unsigned long ms_flags)
-{
-    if (sys_mount_setattr(path, attrs) == 0)
-        return 0;
-    if (errno != ENOSYS)
-        return -1;
-    return mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | ms_flags | kept_mount_flags(path),
-                 NULL);
-}
-
-/* Creates an empty file or directory to mount on. */
-static int make_mountpoint(const char *path, bool dir)
-{
-    if (dir)
-        return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -1;
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0)
-        return -1;
-    close(fd);
-    return 0;
-}
-
-static int write_file(const char *path, const char *data, size_t len)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0)
-        return -1;
-    while (len) {
-        ssize_t w = write(fd, data, len);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            errno = e;
-            return -1;
-        }
-        data += w;
-        len -= (size_t)w;
-    }
-    return close(fd);
-}
-
-static int run_op(const struct op *op)
-{
-    switch (op->kind) {
-    case OP_TMPFS:
-        if (make_mountpoint(op->path, true) != 0)
-            return -1;
-        return mount("tmpfs", op->path, "tmpfs", op->flags, op->data);
-    case OP_DIR:
-        return make_mountpoint(op->path, true);
-    case OP_SYMLINK:
-        return symlink(op->src, op->path);
-    case OP_FILE:
-        return write_file(op->path, op->data, op->data_len);
-    case OP_BIND_RO:
-        if (make_mountpoint(op->path, op->dir) != 0 ||
-            mount(op->src, op->path, NULL, MS_BIND | MS_REC, NULL) != 0)
-            return -1;
-        return remount_with(op->path, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-                            MS_RDONLY | MS_NOSUID | MS_NODEV);
-    case OP_BIND_DEV:
-        if (make_mountpoint(op->path, false) != 0 ||
-            mount(op->src, op->path, NULL, MS_BIND, NULL) != 0)
-            return -1;
-        return remount_with(op->path, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
-                            MS_NOSUID | MS_NOEXEC);
-    case OP_PROC:
-        if (make_mountpoint(op->path, true) != 0)
-            return -1;
-        return mount("proc", op->path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-    }
-    errno = EINVAL;
-    return -1;
-}
-
 /* Enters the new root and forgets the old one. */
 static enum step pivot_into_newroot(void)
 {
@@ -771,23 +618,6 @@ static enum step pivot_into_newroot(void)
         return STEP_DETACH;
     if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL))
         return STEP_REMOUNT_ROOT;
-    return STEP_NONE;
-}
-
-/* Drops every capability for good: bounding set, ambient, effective,
- * permitted, inheritable; then no_new_privs. Not dumpable: the task (same
- * uid) cannot ptrace init or read its /proc entries. */
-static enum step drop_privileges(void)
-{
-    for (int cap = 0; cap < 64; cap++)
-        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
-            return STEP_DROP_CAPS;
-    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-    if (sys_capset_zero() != 0)
-        return STEP_DROP_CAPS;
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
-        return STEP_NO_NEW_PRIVS;
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     return STEP_NONE;
 }
 
@@ -850,14 +680,6 @@ __attribute__((noreturn)) static void task_exec(const struct child_args *a)
     child_fail(FD_SOCK, STEP_EXEC, 0, errno);
 }
 
-static void add_rusage(struct msg *m, const struct rusage *ru)
-{
-    m->utime_us += (int64_t)ru->ru_utime.tv_sec * 1000000 + ru->ru_utime.tv_usec;
-    m->stime_us += (int64_t)ru->ru_stime.tv_sec * 1000000 + ru->ru_stime.tv_usec;
-    if (ru->ru_maxrss > m->maxrss_kb)
-        m->maxrss_kb = ru->ru_maxrss;
-}
-
 __attribute__((noreturn)) static void reap_all(pid_t task);
 
 /* Warm mode: this init becomes a zygote (zygote_main.c). The root is built;
@@ -867,7 +689,7 @@ __attribute__((noreturn)) static void reap_all(pid_t task);
  * which this process holds a copy of, survives the execve. */
 __attribute__((noreturn)) static void zygote_exec(const struct child_args *a)
 {
-    enum step failed = drop_privileges();
+    enum step failed = child_drop_privileges();
     if (failed)
         child_fail(FD_SOCK, failed, 0, errno);
     struct msg ready = {.type = MSG_READY};
@@ -891,7 +713,7 @@ __attribute__((noreturn)) static void init_main(const struct child_args *a)
     sigaddset(&waited, SIGCHLD);
     sigaddset(&waited, SIG_STOP);
     sigprocmask(SIG_BLOCK, &waited, NULL);
-    if (move_fds(a->fds) != 0)
+    if (child_move_fds(a->fds, -1) != 0)
         child_fail(a->fds[FD_SOCK], STEP_FDS, 0, errno);
     if (!child_wait_byte(FD_SOCK))
         _exit(1);
@@ -923,7 +745,7 @@ __attribute__((noreturn)) static void init_main(const struct child_args *a)
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
         child_fail(FD_SOCK, STEP_PRIVATE, 0, errno);
     for (size_t i = 0; i < sb->n_ops; i++)
-        if (run_op(&sb->ops[i]) != 0)
+        if (child_run_op(&sb->ops[i]) != 0)
             child_fail(FD_SOCK, STEP_OP, (int)i, errno);
     enum step failed = pivot_into_newroot();
     if (failed)
@@ -939,24 +761,11 @@ __attribute__((noreturn)) static void init_main(const struct child_args *a)
     if (ws < 0)
         child_fail(FD_SOCK, STEP_WORKSPACE, 0, errno);
     struct msg ready = {.type = MSG_READY};
-    struct iovec iov = {.iov_base = &ready, .iov_len = sizeof(ready)};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } cm;
-    memset(&cm, 0, sizeof(cm));
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-                        .msg_controllen = sizeof(cm.buf)};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &ws, sizeof(int));
-    if (sendmsg(FD_SOCK, &mh, MSG_NOSIGNAL) < 0)
+    if (child_send_with_fd(FD_SOCK, &ready, ws) != 0)
         _exit(1);
     close(ws);
 
-    failed = drop_privileges();
+    failed = child_drop_privileges();
     if (failed)
         child_fail(FD_SOCK, failed, 0, errno);
     if (!child_wait_byte(FD_SOCK)) /* GO: the inputs are in place */
@@ -999,7 +808,7 @@ __attribute__((noreturn)) static void reap_all(pid_t task)
                 goto report;
             if (r == 0)
                 break;
-            add_rusage(&done, &ru);
+            child_add_rusage(&done, &ru);
             if (r == task) {
                 done.status = st;
                 task_done = true;
@@ -1028,7 +837,7 @@ __attribute__((noreturn)) static void bare_main(const struct child_args *a)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     reset_signals();
-    if (move_fds(a->fds) != 0)
+    if (child_move_fds(a->fds, -1) != 0)
         child_fail(a->fds[FD_SOCK], STEP_FDS, 0, errno);
     task_exec(a);
 }
