@@ -1,0 +1,69 @@
+/* sandbox_int.h - private to src/sandbox: the state of a prepared sandbox
+ * (struct ci_sandbox: the plan, built once and then only read), the limits
+ * several files share, and what one file of the sandbox calls in another.
+ * The API is sandbox.h; sandbox.c says which file holds what. */
+#ifndef CI_SANDBOX_INT_H
+#define CI_SANDBOX_INT_H
+
+#include <linux/filter.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "core/config.h"
+#include "core/status.h"
+#include "sandbox/cgroup.h"
+#include "sandbox/child.h"
+#include "sandbox/sandbox.h"
+#include "sandbox/sandbox_proto.h"
+#include "sandbox/zygote.h"
+
+#define NEWROOT "/tmp" /* built in the private mount namespace: the host's /tmp is untouched */
+#define MAX_OPS 64
+#define MAX_ENV 24
+#define READY_TIMEOUT_MS 10000 /* longest wait for a sandbox to be built */
+#define ARTIFACT_MAX_ENTRIES 1000
+
+struct ci_sandbox {
+    const struct ci_config *cfg;
+    bool ns;             /* false: the no-isolation fallback */
+    bool with_proc;
+    unsigned long clone_flags;
+    bool outside_root;   /* the worker is root: map to cfg->local.sandbox_uid */
+    uid_t outside_uid;   /* the id the sandbox user is outside */
+    gid_t outside_gid;
+    char isolation[128];
+    struct ci_cgroup_root *cgroups; /* per-task cgroups; NULL: rlimits only */
+    struct op ops[MAX_OPS];
+    size_t n_ops;
+    char *uid_map;       /* "1000 65534 1\n" */
+    char *gid_map;
+    char *argv_store[6];
+    char *envp_ns[MAX_ENV]; /* the environment in the sandbox (NULL-terminated) */
+    struct sock_fprog seccomp; /* the task's filter; .filter NULL when not used */
+    /* Warm mode (section 6): the zygotes; NULL when tasks run cold. */
+    struct ci_zygote_pool *warm;
+    char *zygote_path;
+    char *zygote_argv[2];
+    atomic_ulong warm_fallbacks; /* tasks that ran cold because no zygote took them */
+    int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
+    size_t n_warm_ops;
+    bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
+    /* Every string the plan points to, freed with the sandbox. */
+    char **strs;
+    size_t n_strs, cap_strs;
+};
+
+
+/* plan.c: the root filesystem as steps, the environment, their strings. */
+char *plan_str(struct ci_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+struct op *plan_op(struct ci_sandbox *sb, enum op_kind kind, const char *rel, const char *what);
+ci_status plan_root(struct ci_sandbox *sb);
+ci_status plan_env(struct ci_sandbox *sb, char **envp, const char *home, const char *tmp);
+void plan_font_cache(struct ci_sandbox *sb);
+
+/* sandbox.c */
+bool plain_name(const char *name);
+
+#endif
