@@ -63,6 +63,9 @@ ci_status plan_root(struct ci_sandbox *sb);
 ci_status plan_env(struct ci_sandbox *sb, char **envp, const char *home, const char *tmp);
 void plan_font_cache(struct ci_sandbox *sb);
 
+/* seccomp.c: the task's filter into sb->seccomp. */
+ci_status plan_seccomp(struct ci_sandbox *sb);
+
 /* sandbox.c */
 bool plain_name(const char *name);
 
