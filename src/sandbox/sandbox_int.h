@@ -56,6 +56,18 @@ struct ci_sandbox {
 };
 
 
+/* What one run hands to its child: all prepared before the clone. */
+struct child_args {
+    const struct ci_sandbox *sb;
+    int fds[FD_COUNT];        /* the child's ends, at parent numbers */
+    struct rlimit limits[RLIM_NLIMITS];
+    bool limit_set[RLIM_NLIMITS];
+    const char *workdir;      /* the task's cwd */
+    char *const *envp;
+    bool drop_to_sandbox_ids; /* bare mode as root */
+    bool zygote;              /* init becomes a zygote: FD_CODE holds its program */
+};
+
 /* plan.c: the root filesystem as steps, the environment, their strings. */
 char *plan_str(struct ci_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 struct op *plan_op(struct ci_sandbox *sb, enum op_kind kind, const char *rel, const char *what);
@@ -65,6 +77,10 @@ void plan_font_cache(struct ci_sandbox *sb);
 
 /* seccomp.c: the task's filter into sb->seccomp. */
 ci_status plan_seccomp(struct ci_sandbox *sb);
+
+/* init.c: the child of a run, namespaced or bare. */
+__attribute__((noreturn)) void init_main(const struct child_args *a);
+__attribute__((noreturn)) void bare_main(const struct child_args *a);
 
 /* sandbox.c */
 bool plain_name(const char *name);

@@ -3,7 +3,7 @@
  * that runs it and sandbox_proto.h for what it says to the worker.
  *
  * How a zygote starts. The worker builds it exactly like the init of a cold
- * sandbox (sandbox.c): clone with new user, pid, mount, net, ipc, uts (and
+ * sandbox (sandbox/init.c): clone with new user, pid, mount, net, ipc, uts (and
  * cgroup) namespaces, the uid map, the read-only tmpfs root, pivot_root,
  * every capability dropped, no_new_privs - then, instead of forking a task,
  * that init executes this program (through an fd the worker opened) with the
@@ -271,7 +271,7 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, str
     if (failed)
         child_fail(FD_SOCK, failed, 0, errno);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    /* As in sandbox.c: our /proc files are ours, and the OOM killer of the
+    /* As in init.c: our /proc files are ours, and the OOM killer of the
      * task's cgroup takes the code, never init. */
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
@@ -417,7 +417,7 @@ static bool only_keeper_left(pid_t keeper)
     return !other;
 }
 
-/* As sandbox.c's reap_all(): reap until the task is gone or the worker
+/* As init.c's reap_all(): reap until the task is gone or the worker
  * says stop (a signal from outside the namespace), kill what is left, report.
  * Everything but the task's keeper is reaped first, so that the report
  * counts it; the keeper's exit (the task's memory going away) is not
@@ -603,7 +603,7 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
     if (!child_wait_byte(FD_SOCK)) /* we and the task process are in the task's cgroup now */
         _exit(1);
     if (z.cgroupns)
-        (void)unshare(CLONE_NEWCGROUP); /* a view only, as in sandbox.c */
+        (void)unshare(CLONE_NEWCGROUP); /* a view only, as in init.c */
     if (sys_setresgid(SANDBOX_ID) != 0)
         child_fail(FD_SOCK, STEP_SETGID, 0, errno);
     if (sys_setresuid(SANDBOX_ID) != 0)
