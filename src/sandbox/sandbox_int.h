@@ -68,6 +68,40 @@ struct child_args {
     bool zygote;              /* init becomes a zygote: FD_CODE holds its program */
 };
 
+/* An input as written, to tell an unchanged input from an artifact. */
+struct input_digest {
+    char *name;
+    char sha256[65];
+};
+
+struct ci_sandbox_run {
+    struct ci_sandbox *sb;
+    struct child_args args;
+    pid_t pid;          /* init (or the bare task); 0 once reaped */
+    int pidfd;
+    int sock;           /* our end of the control socket */
+    int code_fd;        /* our end of the code socket; -1 once all is written */
+    int out_fd, err_fd, rep_fd;
+    int wake_fd;        /* eventfd written by cancel() */
+    int ws_fd;          /* /workspace */
+    struct ci_cgroup *cg; /* the task's cgroup, removed once everything in it is dead */
+    atomic_bool cancel_requested;
+    char *code;         /* our copy: the job is only borrowed during start */
+    size_t code_len, code_off;
+    int64_t t_go, t_end, deadline;
+    int64_t kill_at;    /* when init gets SIGKILL if it has not stopped by itself */
+    uint32_t timeout_ms;
+    struct input_digest *inputs;
+    size_t n_inputs;
+    /* bare mode */
+    char *bare_dir;     /* the private 0700 directory, removed at the end */
+    int bare_dir_fd;
+    char *bare_env[MAX_ENV];
+    char *bare_strs[2];
+    /* warm mode: init is a child of a zygote, known by its pidfd only */
+    bool warm;
+};
+
 /* plan.c: the root filesystem as steps, the environment, their strings. */
 char *plan_str(struct ci_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 struct op *plan_op(struct ci_sandbox *sb, enum op_kind kind, const char *rel, const char *what);
@@ -81,6 +115,10 @@ ci_status plan_seccomp(struct ci_sandbox *sb);
 /* init.c: the child of a run, namespaced or bare. */
 __attribute__((noreturn)) void init_main(const struct child_args *a);
 __attribute__((noreturn)) void bare_main(const struct child_args *a);
+
+/* artifacts.c: the artifact walk; a bare run's directory removed. */
+ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
+void remove_tree_at(int dirfd, int depth);
 
 /* sandbox.c */
 bool plain_name(const char *name);
