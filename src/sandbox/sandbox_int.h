@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "core/config.h"
 #include "core/status.h"
@@ -102,6 +103,13 @@ struct ci_sandbox_run {
     bool warm;
 };
 
+static inline void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
 /* plan.c: the root filesystem as steps, the environment, their strings. */
 char *plan_str(struct ci_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 struct op *plan_op(struct ci_sandbox *sb, enum op_kind kind, const char *rel, const char *what);
@@ -120,7 +128,15 @@ __attribute__((noreturn)) void bare_main(const struct child_args *a);
 ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
 void remove_tree_at(int dirfd, int depth);
 
-/* sandbox.c */
+/* sandbox.c: a run's processes and channels, its messages, its end. */
 bool plain_name(const char *name);
+void signal_init(struct ci_sandbox_run *run, int sig);
+bool warm_exited(const struct ci_sandbox_run *run, int timeout_ms);
+void run_kill_now(struct ci_sandbox_run *run);
+void run_close_io(struct ci_sandbox_run *run);
+void run_close(struct ci_sandbox_run *run);
+ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m, int *ret_fd);
+void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out, size_t size);
+void send_code(struct ci_sandbox_run *run);
 
 #endif
