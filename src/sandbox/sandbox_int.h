@@ -43,7 +43,7 @@ struct ci_sandbox {
     char *argv_store[6];
     char *envp_ns[MAX_ENV]; /* the environment in the sandbox (NULL-terminated) */
     struct sock_fprog seccomp; /* the task's filter; .filter NULL when not used */
-    /* Warm mode (section 6): the zygotes; NULL when tasks run cold. */
+    /* Warm mode (warm.c): the zygotes; NULL when tasks run cold. */
     struct ci_zygote_pool *warm;
     char *zygote_path;
     char *zygote_argv[2];
@@ -138,5 +138,20 @@ void run_close(struct ci_sandbox_run *run);
 ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m, int *ret_fd);
 void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out, size_t size);
 void send_code(struct ci_sandbox_run *run);
+ci_status recv_msg_fds(int sock, int timeout_ms, struct msg *m, int *ret_fds, int n);
+ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd);
+ci_status write_proc_file(pid_t pid, const char *name, const char *text, struct ci_error *err);
+void close_child_ends(struct ci_sandbox_run *run);
+ci_status send_byte(struct ci_sandbox_run *run);
+ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job, bool *ret_fallback,
+                       struct ci_error *err);
+ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_job *job,
+                          struct ci_error *err);
+
+/* warm.c: the zygotes of a sandbox, and a run's start in one. */
+ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error *err);
+ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job, bool *ret_fallback,
+                     struct ci_error *err);
+int warm_op_index(const struct ci_sandbox *sb, int op);
 
 #endif
