@@ -40,7 +40,7 @@ char *plan_str(struct ci_sandbox *sb, const char *fmt, ...)
 }
 
 struct op *plan_op(struct ci_sandbox *sb, enum op_kind kind, const char *rel,
-                          const char *what)
+                   const char *what)
 {
     if (sb->n_ops == MAX_OPS)
         return NULL;

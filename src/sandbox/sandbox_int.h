@@ -57,6 +57,24 @@ struct ci_sandbox {
 };
 
 
+/* The namespace layers: how each is created and named. */
+struct sandbox_layer {
+    const char *name;   /* as in an isolation string */
+    const char *noun;   /* as in "user namespaces are not available" */
+    unsigned long flag;
+    const char *flag_name;
+    bool required;
+};
+extern const struct sandbox_layer sandbox_layers[CI_LAYER_COUNT];
+
+/* What a sandbox is made of; the probe finds out what this machine allows. */
+struct build_opts {
+    unsigned long clone_flags; /* 0: the no-isolation fallback */
+    bool with_proc;
+    bool with_seccomp;
+    struct ci_cgroup_root *cgroups; /* namespace mode only; the sandbox takes it on success */
+};
+
 /* What one run hands to its child: all prepared before the clone. */
 struct child_args {
     const struct ci_sandbox *sb;
@@ -128,6 +146,10 @@ __attribute__((noreturn)) void bare_main(const struct child_args *a);
 ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
 void remove_tree_at(int dirfd, int depth);
 
+/* sandbox.c: a sandbox built as o says, whatever the probe found. */
+ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
+                        struct ci_sandbox **ret, struct ci_error *err);
+
 /* sandbox.c: a run's processes and channels, its messages, its end. */
 bool plain_name(const char *name);
 void signal_init(struct ci_sandbox_run *run, int sig);
@@ -138,6 +160,8 @@ void run_close(struct ci_sandbox_run *run);
 ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m, int *ret_fd);
 void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out, size_t size);
 void send_code(struct ci_sandbox_run *run);
+ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
+                    bool *ret_fallback, struct ci_sandbox_run **ret, struct ci_error *err);
 ci_status recv_msg_fds(int sock, int timeout_ms, struct msg *m, int *ret_fds, int n);
 ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd);
 ci_status write_proc_file(pid_t pid, const char *name, const char *text, struct ci_error *err);

@@ -299,7 +299,7 @@ static pid_t pidfd_pid(int pidfd)
  * we put both in the task's cgroup, then init builds its mounts like a cold
  * init (finish_start). *ret_fallback: nothing of the task has run. */
 ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
-                            bool *ret_fallback, struct ci_error *err)
+                     bool *ret_fallback, struct ci_error *err)
 {
     struct ci_sandbox *sb = run->sb;
     run->args.workdir = "/workspace";
