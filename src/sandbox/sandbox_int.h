@@ -9,10 +9,13 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include "core/config.h"
+#include "core/job.h"
 #include "core/status.h"
 #include "sandbox/cgroup.h"
 #include "sandbox/child.h"
@@ -26,6 +29,9 @@
 #define READY_TIMEOUT_MS 10000 /* longest wait for a sandbox to be built */
 #define ARTIFACT_MAX_ENTRIES 1000
 
+/* A prepared sandbox: the plan every run of it follows (plan.c, seccomp.c),
+ * built once by ci_sandbox_new() and then only read, from several threads
+ * at once and in the children. */
 struct ci_sandbox {
     const struct ci_config *cfg;
     bool ns;             /* false: the no-isolation fallback */
@@ -55,7 +61,6 @@ struct ci_sandbox {
     char **strs;
     size_t n_strs, cap_strs;
 };
-
 
 /* The namespace layers: how each is created and named. */
 struct sandbox_layer {
@@ -93,6 +98,8 @@ struct input_digest {
     char sha256[65];
 };
 
+/* One run of a sandbox, from ci_sandbox_start() (run.c, warm.c) through
+ * ci_sandbox_wait() (io.c) to ci_sandbox_run_free(). */
 struct ci_sandbox_run {
     struct ci_sandbox *sb;
     struct child_args args;
@@ -121,12 +128,17 @@ struct ci_sandbox_run {
     bool warm;
 };
 
+/* Closes *fd if it is open and marks it closed. */
 static inline void close_fd(int *fd)
 {
     if (*fd >= 0)
         close(*fd);
     *fd = -1;
 }
+
+/* sandbox.c: a sandbox built as o says, whatever the probe found. */
+ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
+                        struct ci_sandbox **ret, struct ci_error *err);
 
 /* plan.c: the root filesystem as steps, the environment, their strings. */
 char *plan_str(struct ci_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -142,35 +154,31 @@ ci_status plan_seccomp(struct ci_sandbox *sb);
 __attribute__((noreturn)) void init_main(const struct child_args *a);
 __attribute__((noreturn)) void bare_main(const struct child_args *a);
 
-/* artifacts.c: the artifact walk; a bare run's directory removed. */
-ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
-void remove_tree_at(int dirfd, int depth);
-
-/* sandbox.c: a sandbox built as o says, whatever the probe found. */
-ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
-                        struct ci_sandbox **ret, struct ci_error *err);
-
-/* sandbox.c: a run's processes and channels, its messages, its end. */
-bool plain_name(const char *name);
+/* run.c: a run's start, its processes and channels, its messages, its end. */
+ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
+                    bool *ret_fallback, struct ci_sandbox_run **ret, struct ci_error *err);
+ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_job *job,
+                          struct ci_error *err);
+ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job, bool *ret_fallback,
+                       struct ci_error *err);
+ci_status write_proc_file(pid_t pid, const char *name, const char *text, struct ci_error *err);
+void close_child_ends(struct ci_sandbox_run *run);
+ci_status send_byte(struct ci_sandbox_run *run);
+void send_code(struct ci_sandbox_run *run);
+ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m, int *ret_fd);
+ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd);
+ci_status recv_msg_fds(int sock, int timeout_ms, struct msg *m, int *ret_fds, int n);
+void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out, size_t size);
 void signal_init(struct ci_sandbox_run *run, int sig);
 bool warm_exited(const struct ci_sandbox_run *run, int timeout_ms);
 void run_kill_now(struct ci_sandbox_run *run);
 void run_close_io(struct ci_sandbox_run *run);
 void run_close(struct ci_sandbox_run *run);
-ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m, int *ret_fd);
-void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out, size_t size);
-void send_code(struct ci_sandbox_run *run);
-ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
-                    bool *ret_fallback, struct ci_sandbox_run **ret, struct ci_error *err);
-ci_status recv_msg_fds(int sock, int timeout_ms, struct msg *m, int *ret_fds, int n);
-ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd);
-ci_status write_proc_file(pid_t pid, const char *name, const char *text, struct ci_error *err);
-void close_child_ends(struct ci_sandbox_run *run);
-ci_status send_byte(struct ci_sandbox_run *run);
-ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job, bool *ret_fallback,
-                       struct ci_error *err);
-ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_job *job,
-                          struct ci_error *err);
+bool plain_name(const char *name);
+
+/* artifacts.c: the artifact walk; a bare run's directory removed. */
+ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
+void remove_tree_at(int dirfd, int depth);
 
 /* warm.c: the zygotes of a sandbox, and a run's start in one. */
 ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error *err);
