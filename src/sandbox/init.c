@@ -114,11 +114,12 @@ __attribute__((noreturn)) static void task_exec(const struct child_args *a)
 
 __attribute__((noreturn)) static void reap_all(pid_t task);
 
-/* Warm mode: this init becomes a zygote (zygote_main.c). The root is built;
- * drop every privilege, say READY (without a workspace: the zygote's tasks
- * get their own) and execute the ci-zygote program the worker opened, with
- * the sandbox's environment. A fresh image: nothing of the worker's memory,
- * which this process holds a copy of, survives the execve. */
+/* Warm mode: this init becomes a zygote (src/zygote/main.c). The root is
+ * built; drop every privilege, say READY (without a workspace: the
+ * zygote's tasks get their own) and execute the ci-zygote program the
+ * worker opened, with the sandbox's environment. A fresh image: nothing of
+ * the worker's memory, which this process holds a copy of, survives the
+ * execve. */
 __attribute__((noreturn)) static void zygote_exec(const struct child_args *a)
 {
     enum step failed = child_drop_privileges();

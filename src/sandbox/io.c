@@ -219,9 +219,10 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
         if (run->pid == 0 && (!pipes_open || now >= drain_until))
             break;
         /* A warm init reports once it has reaped everything but the task's
-         * keeper, before the task's memory is gone (zygote_main.c): with its
-         * report and every pipe drained, the run has all it will say. Its
-         * exit, and the cgroup's removal, wait for ci_sandbox_run_free(). */
+         * keeper, before the task's memory is gone (src/zygote/main.c):
+         * with its report and every pipe drained, the run has all it will
+         * say. Its exit, and the cgroup's removal, wait for
+         * ci_sandbox_run_free(). */
         if (run->warm && news.have_done && !pipes_open) {
             if (!run->t_end)
                 run->t_end = now;

@@ -19,7 +19,7 @@
 
 /* System calls the code never needs and that are the usual way out of a
  * sandbox or into the kernel's soft spots (Docker's profile, nsjail and
- * SANDBOX-NOTES.md). Everything else is allowed: numpy, pandas and
+ * SECURITY.md). Everything else is allowed: numpy, pandas and
  * matplotlib use a wide and changing set, and the namespaces, the dropped
  * capabilities and the rlimits are the main walls; this list narrows the
  * kernel surface behind them. Names unknown to this architecture are skipped. */
