@@ -8,7 +8,8 @@
 pkg_check_modules(PYEMBED IMPORTED_TARGET python3-embed)
 
 if(PYEMBED_FOUND)
-  add_executable(ci-zygote ${S}/zygote/main.c ${DRIVER_C})
+  # child.c is compiled again here: the child-side helpers ci_sandbox uses too.
+  add_executable(ci-zygote ${S}/zygote/main.c ${S}/sandbox/child.c ${DRIVER_C})
   target_include_directories(ci-zygote PRIVATE ${S})
   target_link_libraries(ci-zygote PRIVATE PkgConfig::PYEMBED)
   target_compile_options(ci-zygote PRIVATE -fno-sanitize=all)

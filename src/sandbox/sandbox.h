@@ -5,7 +5,7 @@
  * walk. What an outcome means for
  * the agent (error and hint sentences) is decided in provider_local.c.
  *
- * Shape of a sandbox (read sandbox.c top to bottom for the details):
+ * Shape of a sandbox (sandbox.c lists the files that hold each part):
  *
  *   worker: creates the task's cgroup with its limits (memory.max, no swap,
  *     pids.max, cpu.max), then
@@ -41,7 +41,7 @@
  * local.require_cgroup requires the cgroup too. The no-isolation fallback
  * never uses cgroups.
  *
- * Warm mode (local.mode: warm, see zygote.h and zygote_main.c): a zygote
+ * Warm mode (local.mode: warm, see zygote.h and src/zygote/main.c): a zygote
  * with numpy, pandas, matplotlib and openpyxl imported sits in a sandbox
  * built as above (its own user, pid, mount, net, ipc and uts namespaces,
  * the read-only root), started by an execve of ci-zygote so that it holds

@@ -1,6 +1,6 @@
 /* sandbox_proto.h - what the worker and the processes of a sandbox say to
- * each other. Internal to sandbox.c, zygote.c and the ci-zygote program
- * (zygote_main.c); nothing else includes it.
+ * each other. Internal to src/sandbox and the ci-zygote program
+ * (src/zygote/main.c); nothing else includes it.
  *
  * Two conversations, both over SOCK_SEQPACKET socketpairs (one message per
  * send, never split or merged):

@@ -1,5 +1,5 @@
 /* zygote.c - the warm pool: starts, feeds, replaces and rotates zygotes.
- * See zygote.h for what it promises and zygote_main.c for a zygote. */
+ * See zygote.h for what it promises and src/zygote/main.c for a zygote. */
 #include "sandbox/zygote.h"
 
 #include <errno.h>

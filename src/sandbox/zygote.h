@@ -1,10 +1,10 @@
 /* zygote.h - the warm pool of the local provider (local.mode: warm): a few
- * zygotes (ci-zygote, zygote_main.c), each a Python runtime that already
+ * zygotes (ci-zygote, src/zygote/main.c), each a Python runtime that already
  * imported numpy, pandas, matplotlib and openpyxl, sitting in the sandbox's
  * outer namespaces, that forks one fully isolated child per task.
  *
  * The pool owns one thread. That thread starts the zygotes (through the
- * launch callback: sandbox.c builds a zygote like the init of a cold
+ * launch callback: warm.c builds a zygote like the init of a cold
  * sandbox), sends each its SETUP, waits for its READY, keeps local.
  * warm_pool_size of them, replaces one that died (with a growing delay when
  * they keep failing to start), and rotates them: after rotate_after * 3/4

@@ -3,7 +3,7 @@
  * that runs it and sandbox_proto.h for what it says to the worker.
  *
  * How a zygote starts. The worker builds it exactly like the init of a cold
- * sandbox (sandbox.c): clone with new user, pid, mount, net, ipc, uts (and
+ * sandbox (sandbox/init.c): clone with new user, pid, mount, net, ipc, uts (and
  * cgroup) namespaces, the uid map, the read-only tmpfs root, pivot_root,
  * every capability dropped, no_new_privs - then, instead of forking a task,
  * that init executes this program (through an fd the worker opened) with the
@@ -59,10 +59,11 @@
  * EOF on the request socket (the worker retired this zygote, or is gone):
  * accept nothing more, wait until every child has ended, exit.
  *
- * This is a separate program, so the few child-side helpers it shares with
- * sandbox.c (moving fds, dropping privileges, reaping) are repeated here;
- * the messages are the same (sandbox_proto.h). It is never built with the
- * sanitizers: their shadow memory would not fit under a task's RLIMIT_AS. */
+ * This is a separate program; the child-side helpers it shares with a cold
+ * sandbox (moving fds, reporting, building mounts, dropping privileges) are
+ * src/sandbox/child.c, compiled into it, and the messages are the same
+ * (sandbox_proto.h). It is never built with the sanitizers: their shadow
+ * memory would not fit under a task's RLIMIT_AS. */
 #include <Python.h>
 
 #include <dirent.h>
@@ -90,7 +91,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "sandbox/child.h"
 #include "sandbox/sandbox_proto.h"
+#include "sandbox/sys.h"
 
 extern const char ci_driver_py[];
 extern const size_t ci_driver_py_len;
@@ -112,14 +115,6 @@ struct task_note {
 /* 1 while the task process's keeper sets itself up, then 0 (start_keeper). */
 static pid_t keeper_setting_up;
 
-struct zop {
-    uint32_t kind;
-    unsigned long flags;
-    const char *path;
-    const char *data;
-    size_t data_len;
-};
-
 /* Everything the children need, filled before the first fork and never
  * changed after it. */
 static struct {
@@ -127,7 +122,7 @@ static struct {
     bool cgroupns;
     bool idle_warmup;
     uint32_t spares;          /* spares kept made ahead */
-    struct zop ops[ZYGOTE_MAX_OPS];
+    struct op ops[ZYGOTE_MAX_OPS];
     size_t n_ops;
     struct sock_fprog filter; /* .filter NULL: no filter */
     const char *python;
@@ -144,89 +139,8 @@ struct task_req {
 };
 
 /* ---------------------------------------------------------------------- */
-/* Small system helpers (as in sandbox.c)                                  */
+/* Small system helpers (those a cold sandbox uses too: sandbox/child.h)  */
 /* ---------------------------------------------------------------------- */
-
-static pid_t sys_clone(unsigned long flags)
-{
-#if defined(__s390__) || defined(__CRIS__)
-    return (pid_t)syscall(SYS_clone, NULL, flags);
-#else
-    return (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
-#endif
-}
-
-static int sys_setresuid(uid_t u) { return (int)syscall(SYS_setresuid, u, u, u); }
-static int sys_setresgid(gid_t g) { return (int)syscall(SYS_setresgid, g, g, g); }
-
-static int sys_capset_zero(void)
-{
-    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    struct __user_cap_data_struct data[2];
-    memset(data, 0, sizeof(data));
-    return (int)syscall(SYS_capset, &hdr, data);
-}
-
-static void close_fds_from(int from)
-{
-    if (syscall(SYS_close_range, (unsigned)from, ~0U, 0) == 0)
-        return;
-    for (int fd = from; fd < 65536; fd++)
-        close(fd);
-}
-
-static void send_msg(int sock, const struct msg *m)
-{
-    ssize_t r;
-    do
-        r = send(sock, m, sizeof(*m), MSG_NOSIGNAL);
-    while (r < 0 && errno == EINTR);
-}
-
-__attribute__((noreturn)) static void child_fail(int sock, enum step step, int op, int err)
-{
-    struct msg m = {.type = MSG_FAILED, .step = step, .op = op, .err = err};
-    send_msg(sock, &m);
-    _exit(127);
-}
-
-static bool wait_byte(int sock)
-{
-    char c;
-    ssize_t r;
-    do
-        r = recv(sock, &c, 1, 0);
-    while (r < 0 && errno == EINTR);
-    return r == 1;
-}
-
-/* Sends len bytes of buf with n fds attached (SCM_RIGHTS, in order). */
-static int send_fds(int sock, const void *buf, size_t len, const int *fds, int n)
-{
-    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    union {
-        char buf[CMSG_SPACE(FD_COUNT * sizeof(int))];
-        struct cmsghdr align;
-    } cm;
-    memset(&cm, 0, sizeof(cm));
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-                        .msg_controllen = CMSG_SPACE((size_t)n * sizeof(int))};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN((size_t)n * sizeof(int));
-    memcpy(CMSG_DATA(c), fds, (size_t)n * sizeof(int));
-    ssize_t r;
-    do
-        r = sendmsg(sock, &mh, MSG_NOSIGNAL);
-    while (r < 0 && errno == EINTR);
-    return r == (ssize_t)len ? 0 : -1;
-}
-
-static int send_with_fd(int sock, const struct msg *m, int fd)
-{
-    return send_fds(sock, m, sizeof(*m), &fd, 1);
-}
 
 /* Receives one message of exactly len bytes carrying exactly FD_COUNT fds:
  * 1 with buf and fds filled, 0 at EOF, -1 for nothing usable (what came
@@ -268,85 +182,6 @@ static int recv_fds(int sock, void *buf, size_t len, int *fds, int flags)
         return -1;
     }
     return 1;
-}
-
-/* Puts src[0..4] at 0..4, keep (if >= 0) at FD_COUNT, and closes every
- * other fd. */
-static int move_fds(const int *src, int keep)
-{
-    int base = FD_COUNT + 1;
-    for (int i = 0; i < FD_COUNT; i++)
-        if (src[i] >= base)
-            base = src[i] + 1;
-    if (keep >= base)
-        base = keep + 1;
-    int tmp[FD_COUNT + 1];
-    for (int i = 0; i < FD_COUNT; i++)
-        if ((tmp[i] = fcntl(src[i], F_DUPFD, base)) < 0)
-            return -1;
-    if (keep >= 0 && (tmp[FD_COUNT] = fcntl(keep, F_DUPFD, base)) < 0)
-        return -1;
-    for (int i = 0; i < FD_COUNT; i++)
-        if (dup2(tmp[i], i) < 0)
-            return -1;
-    if (keep >= 0 && dup2(tmp[FD_COUNT], FD_COUNT) < 0)
-        return -1;
-    close_fds_from(keep >= 0 ? FD_COUNT + 1 : FD_COUNT);
-    return 0;
-}
-
-static int write_file(const char *path, const char *data, size_t len, int flags)
-{
-    int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | flags, 0644);
-    if (fd < 0)
-        return -1;
-    while (len) {
-        ssize_t w = write(fd, data, len);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            errno = e;
-            return -1;
-        }
-        data += w;
-        len -= (size_t)w;
-    }
-    return close(fd);
-}
-
-static int run_op(const struct zop *op)
-{
-    switch (op->kind) {
-    case ZOP_TMPFS:
-        if (mkdir(op->path, 0755) != 0 && errno != EEXIST)
-            return -1;
-        return mount("tmpfs", op->path, "tmpfs", op->flags, op->data);
-    case ZOP_DIR:
-        return mkdir(op->path, 0755) == 0 || errno == EEXIST ? 0 : -1;
-    case ZOP_FILE:
-        return write_file(op->path, op->data, op->data_len, O_CREAT | O_EXCL);
-    case ZOP_PROC:
-        return mount("proc", op->path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-    }
-    errno = EINVAL;
-    return -1;
-}
-
-/* Every capability gone for good, no_new_privs, not dumpable. */
-static enum step drop_privileges(void)
-{
-    for (int cap = 0; cap < 64; cap++)
-        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
-            return STEP_DROP_CAPS;
-    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-    if (sys_capset_zero() != 0)
-        return STEP_DROP_CAPS;
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
-        return STEP_NO_NEW_PRIVS;
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    return STEP_NONE;
 }
 
 /* Threads of this process, from its open /proc/self/task, without allocating. */
@@ -455,11 +290,11 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, str
         child_fail(FD_SOCK, STEP_SETGID, 0, errno);
     if (sys_setresuid(SANDBOX_ID) != 0)
         child_fail(FD_SOCK, STEP_SETUID, 0, errno);
-    enum step failed = drop_privileges();
+    enum step failed = child_drop_privileges();
     if (failed)
         child_fail(FD_SOCK, failed, 0, errno);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    /* As in sandbox.c: our /proc files are ours, and the OOM killer of the
+    /* As in init.c: our /proc files are ours, and the OOM killer of the
      * task's cgroup takes the code, never init. */
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
@@ -554,7 +389,7 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
 
     struct zmsg_spawn sp;
     int fds[FD_COUNT];
-    if (!wait_byte(chan) || recv_fds(chan, &sp, sizeof(sp), fds, 0) != 1)
+    if (!child_wait_byte(chan) || recv_fds(chan, &sp, sizeof(sp), fds, 0) != 1)
         _exit(0); /* init went away before a task came */
     /* What the warm-up cost is not the task's: init takes it off the CPU
      * time it reports, task_main() puts it on top of RLIMIT_CPU. No task
@@ -565,7 +400,7 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
         note.utime_us = tv_us(ru.ru_utime);
         note.stime_us = tv_us(ru.ru_stime);
     }
-    if (sp.type != ZMSG_SPAWN || move_fds(fds, chan) != 0)
+    if (sp.type != ZMSG_SPAWN || child_move_fds(fds, chan) != 0)
         child_fail(fds[FD_SOCK], STEP_FDS, 0, errno);
     task_main(&sp, note);
 }
@@ -573,14 +408,6 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
 /* ---------------------------------------------------------------------- */
 /* The task's init                                                         */
 /* ---------------------------------------------------------------------- */
-
-static void add_rusage(struct msg *m, const struct rusage *ru)
-{
-    m->utime_us += tv_us(ru->ru_utime);
-    m->stime_us += tv_us(ru->ru_stime);
-    if (ru->ru_maxrss > m->maxrss_kb)
-        m->maxrss_kb = ru->ru_maxrss;
-}
 
 /* After kill(-1): is the task's keeper all that is left in the namespace
  * but us? Our /proc is the namespace's (a process stays in it until reaped). */
@@ -613,7 +440,7 @@ static bool only_keeper_left(pid_t keeper)
     return !other;
 }
 
-/* As sandbox.c's reap_all(): reap until the task is gone or the worker
+/* As init.c's reap_all(): reap until the task is gone or the worker
  * says stop (a signal from outside the namespace), kill what is left, report.
  * Everything but the task's keeper is reaped first, so that the report
  * counts it; the keeper's exit (the task's memory going away) is not
@@ -638,7 +465,7 @@ __attribute__((noreturn)) static void reap_all(pid_t task, struct task_note note
                 goto report;
             if (r == 0)
                 break;
-            add_rusage(&done, &ru);
+            child_add_rusage(&done, &ru);
             if (r == note.keeper)
                 note.keeper = 0; /* gone early (the code killed it): nothing to skip */
             if (r == task) {
@@ -662,7 +489,7 @@ __attribute__((noreturn)) static void reap_all(pid_t task, struct task_note note
 report:
     if (!task_done)
         _exit(1);
-    send_msg(FD_SOCK, &done);
+    child_send(FD_SOCK, &done);
     _exit(0);
 }
 
@@ -675,11 +502,11 @@ static int write_own_maps(void)
     if (n <= 0 || (size_t)n >= sizeof(map))
         return -1;
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-    int rc = write_file("/proc/self/setgroups", "deny\n", 5, 0);
+    int rc = child_write_file("/proc/self/setgroups", "deny\n", 5, 0);
     if (rc == 0)
-        rc = write_file("/proc/self/uid_map", map, (size_t)n, 0);
+        rc = child_write_file("/proc/self/uid_map", map, (size_t)n, 0);
     if (rc == 0)
-        rc = write_file("/proc/self/gid_map", map, (size_t)n, 0);
+        rc = child_write_file("/proc/self/gid_map", map, (size_t)n, 0);
     int e = errno;
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     errno = e;
@@ -772,7 +599,7 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
     struct task_req rq;
     if (recv_fds(SPARE_FD, &rq.spawn, sizeof(rq.spawn), rq.fds, 0) != 1)
         _exit(0); /* EOF: the zygote retires */
-    if (rq.spawn.type != ZMSG_SPAWN || move_fds(rq.fds, chan) != 0)
+    if (rq.spawn.type != ZMSG_SPAWN || child_move_fds(rq.fds, chan) != 0)
         child_fail(rq.fds[FD_SOCK], STEP_FDS, 0, errno);
     if (chan >= 0) { /* the note: the task process stops warming up */
         char note = 1;
@@ -792,14 +619,14 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
     if (pfd[0] < 0 || pfd[1] < 0)
         child_fail(FD_SOCK, STEP_HELLO, 0, errno);
     struct msg hello = {.type = MSG_HELLO};
-    if (send_fds(FD_SOCK, &hello, sizeof(hello), pfd, 2) != 0)
+    if (child_send_fds(FD_SOCK, &hello, sizeof(hello), pfd, 2) != 0)
         _exit(1);
     close(pfd[0]);
     close(pfd[1]);
-    if (!wait_byte(FD_SOCK)) /* we and the task process are in the task's cgroup now */
+    if (!child_wait_byte(FD_SOCK)) /* we and the task process are in the task's cgroup now */
         _exit(1);
     if (z.cgroupns)
-        (void)unshare(CLONE_NEWCGROUP); /* a view only, as in sandbox.c */
+        (void)unshare(CLONE_NEWCGROUP); /* a view only, as in init.c */
     if (sys_setresgid(SANDBOX_ID) != 0)
         child_fail(FD_SOCK, STEP_SETGID, 0, errno);
     if (sys_setresuid(SANDBOX_ID) != 0)
@@ -809,7 +636,7 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
         child_fail(FD_SOCK, STEP_PRIVATE, 0, errno);
     for (size_t i = 0; i < z.n_ops; i++)
-        if (run_op(&z.ops[i]) != 0)
+        if (child_run_op(&z.ops[i]) != 0)
             child_fail(FD_SOCK, STEP_OP, (int)i, errno);
     if (sethostname("sandbox", 7) != 0 || setdomainname("sandbox", 7) != 0)
         child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
@@ -818,18 +645,18 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
     if (ws < 0)
         child_fail(FD_SOCK, STEP_WORKSPACE, 0, errno);
     struct msg ready = {.type = MSG_READY};
-    if (send_with_fd(FD_SOCK, &ready, ws) != 0)
+    if (child_send_with_fd(FD_SOCK, &ready, ws) != 0)
         _exit(1);
     close(ws);
-    failed = drop_privileges();
+    failed = child_drop_privileges();
     if (failed)
         child_fail(FD_SOCK, failed, 0, errno);
-    if (!wait_byte(FD_SOCK)) /* GO: the inputs are in place */
+    if (!child_wait_byte(FD_SOCK)) /* GO: the inputs are in place */
         _exit(1);
 
     /* The task process takes it from here, with the task's fds and limits. */
     static const int all[FD_COUNT] = {0, 1, 2, 3, 4};
-    if (send_fds(FD_COUNT, &rq.spawn, sizeof(rq.spawn), all, FD_COUNT) != 0)
+    if (child_send_fds(FD_COUNT, &rq.spawn, sizeof(rq.spawn), all, FD_COUNT) != 0)
         child_fail(FD_SOCK, STEP_FORK, 0, errno);
     for (int fd = 0; fd < FD_SOCK; fd++)
         close(fd);
@@ -889,6 +716,15 @@ __attribute__((noreturn)) static void fail(int err, const char *fmt, ...)
     va_end(ap);
     send_status(ZMSG_FAILED, err, "%s", text);
     _exit(1);
+}
+
+/* The plan step a SETUP step names; 0 (refused by child_run_op() in the
+ * task's init) for a kind this zygote does not know. */
+static enum op_kind op_kind_of(uint32_t kind)
+{
+    static const enum op_kind kinds[] = {[ZOP_TMPFS] = OP_TMPFS, [ZOP_DIR] = OP_DIR,
+                                         [ZOP_FILE] = OP_FILE, [ZOP_PROC] = OP_PROC};
+    return kind < sizeof(kinds) / sizeof(kinds[0]) ? kinds[kind] : 0;
 }
 
 /* Reads SETUP: a small message carrying a sealed memfd with the plan. */
@@ -952,8 +788,8 @@ static void read_setup(void)
         if (oh.path_len == 0 || oh.data_len == 0 || oh.path_len > m.size - off ||
             oh.data_len > m.size - off - oh.path_len)
             fail(EPROTO, "a truncated setup step");
-        struct zop *op = &z.ops[z.n_ops++];
-        op->kind = oh.kind;
+        struct op *op = &z.ops[z.n_ops++];
+        op->kind = op_kind_of(oh.kind);
         op->flags = (unsigned long)oh.flags;
         op->path = blob + off;
         op->data = blob + off + oh.path_len;
@@ -1155,7 +991,7 @@ static void spawn(const struct task_req *rq, unsigned long *children, bool *brok
     for (uint32_t attempt = 0; attempt < z.spares + 1; attempt++) {
         if (!n_spares && (failed = spare_make(children)) != STEP_NONE)
             break;
-        if (send_fds(spares[0].sock, &rq->spawn, sizeof(rq->spawn), rq->fds, FD_COUNT) == 0) {
+        if (child_send_fds(spares[0].sock, &rq->spawn, sizeof(rq->spawn), rq->fds, FD_COUNT) == 0) {
             spare_drop(0); /* it is the task's init now */
             failed = spares_fill(children);
             if (failed == STEP_ZYGOTE_THREADS)
@@ -1166,7 +1002,7 @@ static void spawn(const struct task_req *rq, unsigned long *children, bool *brok
         spare_drop(0);
     }
     struct msg m = {.type = MSG_FAILED, .step = failed, .err = errno};
-    send_msg(rq->fds[FD_SOCK], &m);
+    child_send(rq->fds[FD_SOCK], &m);
     if (failed == STEP_ZYGOTE_THREADS)
         *broken = true;
 }

@@ -1,0 +1,78 @@
+/* child.h - what a sandbox process does for itself before the task's code
+ * runs: report to the worker, put its fds in place, build (its part of) the
+ * root, drop every privilege. Used by a cold sandbox's init and task
+ * (init.c) and by ci-zygote's spares (src/zygote/main.c); each compiles
+ * child.c for itself (ci-zygote is built without the sanitizers).
+ *
+ * Every function here runs in a process cloned from a multi-threaded one,
+ * between clone() and execve() (or the task's Python): none allocates,
+ * takes a lock or calls a glibc wrapper that signals other threads (the
+ * system calls that would are in sys.h). */
+#ifndef CI_SANDBOX_CHILD_H
+#define CI_SANDBOX_CHILD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/resource.h>
+
+#include "sandbox/sandbox_proto.h"
+
+/* One step of building the root, run in order by init. 0 is no step:
+ * child_run_op() refuses it (a zygote sent a kind it does not know). */
+enum op_kind {
+    OP_TMPFS = 1, /* mount a tmpfs on path with options data */
+    OP_DIR,       /* mkdir path */
+    OP_SYMLINK,   /* symlink src at path */
+    OP_FILE,      /* create path holding data */
+    OP_BIND_RO,   /* bind src on path (a dir or a file), read-only, nosuid, nodev */
+    OP_BIND_DEV,  /* bind the device node src on path, nosuid, noexec */
+    OP_PROC,      /* mount a fresh proc of the pid namespace on path */
+};
+
+struct op {
+    enum op_kind kind;
+    const char *path; /* absolute, under NEWROOT (in a zygote: as the task sees it) */
+    const char *src;
+    const char *data;
+    size_t data_len;
+    unsigned long flags; /* OP_TMPFS: mount flags */
+    bool dir;            /* OP_BIND_RO: the source is a directory */
+    const char *what;    /* for errors: "mount /proc" (the worker's plan only) */
+};
+
+/* Sends m on sock (a sandbox's control socket), retrying on EINTR. */
+void child_send(int sock, const struct msg *m);
+
+/* Reports a failed step on sock and exits 127. */
+__attribute__((noreturn)) void child_fail(int sock, enum step step, int op, int err);
+
+/* Reads one byte from the parent; EOF means the parent is gone. */
+bool child_wait_byte(int sock);
+
+/* Sends len bytes of buf with n (at most FD_COUNT) fds attached
+ * (SCM_RIGHTS, in order); 0 when all of it went. */
+int child_send_fds(int sock, const void *buf, size_t len, const int *fds, int n);
+int child_send_with_fd(int sock, const struct msg *m, int fd);
+
+/* Puts src[0..4] at 0..4, keep (if >= 0) at FD_COUNT, and closes every
+ * other fd: O_CLOEXEC only helps at execve, and an init never executes
+ * anything. */
+int child_move_fds(const int *src, int keep);
+
+/* Writes data to a file opened with O_WRONLY | O_CLOEXEC | O_NOFOLLOW |
+ * flags (O_CREAT | O_EXCL for a new one). */
+int child_write_file(const char *path, const char *data, size_t len, int flags);
+
+/* Runs one step of the plan; -1 with errno on failure. */
+int child_run_op(const struct op *op);
+
+/* Drops every capability for good: bounding set, ambient, effective,
+ * permitted, inheritable; then no_new_privs. Not dumpable: the task (same
+ * uid) cannot ptrace init or read its /proc entries. Returns the step that
+ * failed (errno set), or STEP_NONE. */
+enum step child_drop_privileges(void);
+
+/* Adds what one reaped process used to a DONE message. */
+void child_add_rusage(struct msg *m, const struct rusage *ru);
+
+#endif

@@ -1,0 +1,635 @@
+/* run.c - a run from the worker's side, up to GO and after its end: the
+ * channels (the control socket, the code socket, three pipes, a cancel
+ * eventfd), the task's rlimits and cgroup, the clone of init (or of the
+ * bare child), the uid and gid maps, READY, the inputs written through the
+ * /workspace fd, GO; the messages init sends; freeing a run. io.c runs it
+ * from GO to its end; warm.c starts it in a zygote instead of a clone. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/util.h"
+#include "sandbox/sandbox_int.h"
+#include "sandbox/sys.h"
+
+/* Signals init: by pidfd when it is a zygote's child (never a reused pid). */
+void signal_init(struct ci_sandbox_run *run, int sig)
+{
+    if (run->warm)
+        sys_pidfd_send_signal(run->pidfd, sig);
+    else
+        kill(run->pid, sig);
+}
+
+/* Has a zygote's child (not ours to wait for) ended? */
+bool warm_exited(const struct ci_sandbox_run *run, int timeout_ms)
+{
+    struct pollfd p = {.fd = run->pidfd, .events = POLLIN};
+    int r;
+    do
+        r = poll(&p, 1, timeout_ms);
+    while (r < 0 && errno == EINTR);
+    return r != 0;
+}
+
+/* Kills and reaps whatever of the run is still alive (start failed, or the
+ * run is freed without a wait). */
+void run_kill_now(struct ci_sandbox_run *run)
+{
+    if (run->pid <= 0)
+        return;
+    if (run->warm) {
+        /* SIGKILL on init kills its pid namespace; its zygote reaps it. */
+        signal_init(run, SIGKILL);
+        warm_exited(run, 5000);
+        run->pid = 0;
+        return;
+    }
+    kill(run->pid, SIGKILL);
+    if (!run->sb->ns)
+        kill(-run->pid, SIGKILL);
+    while (waitpid(run->pid, NULL, __WALL) < 0 && errno == EINTR)
+        ;
+    run->pid = 0;
+}
+
+/* What a run reads and writes through: the pipes, the socket, the workspace. */
+void run_close_io(struct ci_sandbox_run *run)
+{
+    close_fd(&run->sock);
+    close_fd(&run->code_fd);
+    close_fd(&run->out_fd);
+    close_fd(&run->err_fd);
+    close_fd(&run->rep_fd);
+    close_fd(&run->ws_fd); /* the last reference to the workspace tmpfs */
+    for (int i = 0; i < FD_COUNT; i++)
+        close_fd(&run->args.fds[i]);
+}
+
+/* The end of a run: every fd but the cancel eventfd (cancel() may still be
+ * called until the run is freed) and the bare-mode directory. */
+void run_close(struct ci_sandbox_run *run)
+{
+    run_close_io(run);
+    close_fd(&run->pidfd);
+    ci_cgroup_free(run->cg); /* every process of the run is dead by now */
+    run->cg = NULL;
+    if (run->bare_dir) {
+        if (run->bare_dir_fd >= 0)
+            remove_tree_at(run->bare_dir_fd, 0);
+        rmdir(run->bare_dir);
+        free(run->bare_dir);
+        run->bare_dir = NULL;
+    }
+    close_fd(&run->bare_dir_fd);
+}
+
+void ci_sandbox_run_free(struct ci_sandbox_run *run)
+{
+    if (!run)
+        return;
+    run_kill_now(run);
+    run_close(run);
+    close_fd(&run->wake_fd);
+    for (size_t i = 0; i < sizeof(run->bare_strs) / sizeof(run->bare_strs[0]); i++)
+        free(run->bare_strs[i]);
+    for (size_t i = 0; i < MAX_ENV; i++)
+        free(run->bare_env[i]);
+    for (size_t i = 0; i < run->n_inputs; i++)
+        free(run->inputs[i].name);
+    free(run->inputs);
+    free(run->code);
+    free(run);
+}
+
+static void set_limit(struct child_args *a, int res, rlim_t soft, rlim_t hard)
+{
+    a->limits[res].rlim_cur = soft;
+    a->limits[res].rlim_max = hard;
+    a->limit_set[res] = true;
+}
+
+/* Without a memory cgroup RLIMIT_AS is the memory limit: blunt (it counts
+ * address space, and numpy+pandas+matplotlib need ~384 MB of it just to
+ * import) but it turns an allocation past the limit into a MemoryError.
+ * With the cgroup, which counts what is really used, it is only generous:
+ * twice the limit plus 2 GiB. Measured: 32 threads of pandas map 1.3 GB
+ * with 68 MB resident (thread stacks, malloc arenas), so any tighter cap
+ * would refuse honest code; a single allocation far beyond the limit still
+ * fails at once as a MemoryError with a traceback instead of an OOM kill. */
+static void plan_limits(struct child_args *a, const struct ci_sandbox *sb,
+                        const struct ci_job *job)
+{
+    const struct ci_config *cfg = sb->cfg;
+    const rlim_t MiB = 1024 * 1024;
+    rlim_t cpu_s = (job->timeout_ms + 999) / 1000 + 1;
+    uint32_t biggest_fs = cfg->local.workspace_mb > cfg->local.tmp_mb ? cfg->local.workspace_mb
+                                                                       : cfg->local.tmp_mb;
+    rlim_t as = (rlim_t)job->memory_mb * MiB;
+    if (sb->ns && sb->cgroups)
+        as = 2 * as + 2048 * MiB;
+    set_limit(a, RLIMIT_AS, as, as);
+    set_limit(a, RLIMIT_CPU, cpu_s, cpu_s + 1);
+    /* One file may fill a tmpfs; the artifact cap is applied when the files
+     * are collected (with a note), not as EFBIG on an intermediate file. */
+    set_limit(a, RLIMIT_FSIZE, (rlim_t)biggest_fs * MiB, (rlim_t)biggest_fs * MiB);
+    /* NPROC counts the processes of a uid. In a user namespace that is the
+     * sandbox's own (per-namespace counts since Linux 5.14); bare, as root,
+     * the sandbox uid's. Bare and unprivileged it would count the worker's
+     * own threads and everything else of its user: not set. */
+    if (sb->ns || sb->outside_root)
+        set_limit(a, RLIMIT_NPROC, cfg->local.max_processes, cfg->local.max_processes);
+    set_limit(a, RLIMIT_NOFILE, cfg->local.max_open_files, cfg->local.max_open_files);
+    set_limit(a, RLIMIT_CORE, 0, 0);
+    set_limit(a, RLIMIT_MEMLOCK, 64 * 1024, 64 * 1024);
+    set_limit(a, RLIMIT_MSGQUEUE, 1024, 1024);
+    set_limit(a, RLIMIT_RTPRIO, 0, 0);
+    set_limit(a, RLIMIT_STACK, 8 * MiB, 8 * MiB);
+}
+
+bool plain_name(const char *name)
+{
+    size_t len = strlen(name);
+    return len > 0 && len < 256 && !strchr(name, '/') && strcmp(name, ".") != 0 &&
+           strcmp(name, "..") != 0;
+}
+
+/* Writes the inputs into the workspace through its fd. The files are
+ * created as the sandbox user (setfsuid is per thread): a root worker has
+ * no mapping in the sandbox's user namespace and could not create them
+ * itself, and the code must be able to overwrite its inputs. */
+static ci_status write_inputs(struct ci_sandbox_run *run, const struct ci_job *job,
+                              struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    bool switch_fs = sb->outside_root;
+    if (switch_fs) {
+        sys_setfsgid(sb->outside_gid);
+        sys_setfsuid(sb->outside_uid);
+    }
+    ci_status s = CI_OK;
+    for (size_t i = 0; i < job->n_files && !s; i++) {
+        const struct ci_file *f = &job->files[i];
+        int fd = openat(run->ws_fd, f->name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                        0644);
+        if (fd < 0) {
+            s = errno == EEXIST
+                    ? ci_error_set(err, CI_ERR_INVALID, "input '%s' is listed twice", f->name)
+                    : ci_error_errno(err, CI_ERR_IO, errno, "cannot create input '%s'", f->name);
+            break;
+        }
+        if (ci_write_all(fd, f->data, f->len) != CI_OK) {
+            int e = errno;
+            s = e == ENOSPC || e == EFBIG
+                    ? ci_error_set(err, CI_ERR_LIMIT,
+                                   "the inputs do not fit in the workspace of %u MiB",
+                                   sb->cfg->local.workspace_mb)
+                    : ci_error_errno(err, CI_ERR_IO, e, "cannot write input '%s'", f->name);
+        }
+        close(fd);
+    }
+    if (switch_fs) {
+        sys_setfsuid(0);
+        sys_setfsgid(0);
+    }
+    return s;
+}
+
+static ci_status digest_inputs(struct ci_sandbox_run *run, const struct ci_job *job,
+                               struct ci_error *err)
+{
+    if (!job->n_files)
+        return CI_OK;
+    run->inputs = calloc(job->n_files, sizeof(*run->inputs));
+    if (!run->inputs)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < job->n_files; i++) {
+        const struct ci_file *f = &job->files[i];
+        if (!f->name || !plain_name(f->name))
+            return ci_error_set(err, CI_ERR_INVALID, "input name '%s' is not a plain file name",
+                                f->name ? f->name : "");
+        run->inputs[i].name = strdup(f->name);
+        if (!run->inputs[i].name)
+            return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+        ci_sha256_hex(f->data ? f->data : (const uint8_t *)"", f->len, run->inputs[i].sha256);
+        run->n_inputs++;
+    }
+    return CI_OK;
+}
+
+/* Receives one message from the child within timeout_ms with up to n fds
+ * (a READY carries the workspace fd, a HELLO two pidfds) into ret_fds[],
+ * the rest -1; fds beyond n are closed. */
+ci_status recv_msg_fds(int sock, int timeout_ms, struct msg *m, int *ret_fds, int n)
+{
+    for (int i = 0; i < n; i++)
+        ret_fds[i] = -1;
+    struct pollfd p = {.fd = sock, .events = POLLIN};
+    int r;
+    do
+        r = poll(&p, 1, timeout_ms);
+    while (r < 0 && errno == EINTR);
+    if (r == 0)
+        return CI_ERR_TIMEOUT;
+    if (r < 0)
+        return CI_ERR_SYS;
+    union {
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof(cm.buf)};
+    ssize_t got;
+    do
+        got = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    if (got <= 0)
+        return CI_ERR_IO; /* EOF: the child is gone */
+    int fds[2], k = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (k < 2)
+                fds[k++] = fd;
+            else
+                close(fd);
+        }
+    }
+    bool ok = got == (ssize_t)sizeof(*m) && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC));
+    for (int i = 0; i < k; i++) {
+        if (ok && i < n)
+            ret_fds[i] = fds[i];
+        else
+            close(fds[i]);
+    }
+    return ok ? CI_OK : CI_ERR_INTEGRITY;
+}
+
+/* As recv_msg_fds() with at most one fd; ret_fd may be NULL. */
+ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd)
+{
+    int fd;
+    ci_status s = recv_msg_fds(sock, timeout_ms, m, &fd, 1);
+    if (ret_fd)
+        *ret_fd = fd;
+    else if (fd >= 0)
+        close(fd);
+    return s;
+}
+
+ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m,
+                   int *ret_fd)
+{
+    return recv_msg_on(run->sock, timeout_ms, m, ret_fd);
+}
+
+/* Turns a MSG_FAILED into one sentence. */
+void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out,
+                      size_t size)
+{
+    const char *what = m->step > 0 && m->step < STEP_COUNT ? step_names[m->step] : "set up";
+    if (m->step == STEP_OP && m->op >= 0 && (size_t)m->op < sb->n_ops)
+        what = sb->ops[m->op].what;
+    char ebuf[128];
+    snprintf(out, size, "%s: %s", what, strerror_r(m->err, ebuf, sizeof(ebuf)));
+}
+
+ci_status write_proc_file(pid_t pid, const char *name, const char *text,
+                          struct ci_error *err)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, name);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, errno,
+                              "user namespaces are not usable: open %s", path);
+    ssize_t w = write(fd, text, strlen(text));
+    int e = errno;
+    close(fd);
+    if (w != (ssize_t)strlen(text))
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, w < 0 ? e : EIO,
+                              "user namespaces are not usable: writing '%.*s' to %s",
+                              (int)strcspn(text, "\n"), text, path);
+    return CI_OK;
+}
+
+static ci_status open_channels(struct ci_sandbox_run *run, struct ci_error *err)
+{
+    int sv[2], code[2], out[2], errp[2], rep[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "socketpair");
+    run->sock = sv[0];
+    run->args.fds[FD_SOCK] = sv[1];
+    /* The code goes through a socket, not a pipe: send(MSG_NOSIGNAL) cannot
+     * raise SIGPIPE in the worker when the task dies without reading. */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, code) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "socketpair");
+    run->code_fd = code[0];
+    run->args.fds[FD_CODE] = code[1];
+    shutdown(code[0], SHUT_RD);
+    if (pipe2(out, O_CLOEXEC) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "pipe");
+    run->out_fd = out[0];
+    run->args.fds[FD_OUT] = out[1];
+    if (pipe2(errp, O_CLOEXEC) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "pipe");
+    run->err_fd = errp[0];
+    run->args.fds[FD_ERR] = errp[1];
+    if (pipe2(rep, O_CLOEXEC) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "pipe");
+    run->rep_fd = rep[0];
+    run->args.fds[FD_REPORT] = rep[1];
+    run->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (run->wake_fd < 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "eventfd");
+    return CI_OK;
+}
+
+void close_child_ends(struct ci_sandbox_run *run)
+{
+    for (int i = 0; i < FD_COUNT; i++)
+        close_fd(&run->args.fds[i]);
+}
+
+ci_status send_byte(struct ci_sandbox_run *run)
+{
+    char c = 1;
+    return send(run->sock, &c, 1, MSG_NOSIGNAL) == 1 ? CI_OK : CI_ERR_IO;
+}
+
+/* The end of a start, cold or warm: init builds its sandbox and says READY
+ * with /workspace; the inputs go in; GO. A failure before READY sets
+ * *ret_fallback (when not NULL): nothing of the task has run. */
+ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job,
+                       bool *ret_fallback, struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    bool dummy;
+    bool *fallback = ret_fallback ? ret_fallback : &dummy;
+    struct msg m;
+    int ws = -1;
+    ci_status s = recv_msg(run, READY_TIMEOUT_MS, &m, &ws);
+    *fallback = true;
+    if (s == CI_ERR_TIMEOUT)
+        return ci_error_set(err, CI_ERR_TIMEOUT, "the sandbox was not built within %d s",
+                            READY_TIMEOUT_MS / 1000);
+    if (s)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died during its setup");
+    if (m.type == MSG_FAILED) {
+        char what[256];
+        if (run->warm && m.step == STEP_OP)
+            m.op = warm_op_index(sb, m.op);
+        describe_failure(sb, &m, what, sizeof(what));
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox could not be set up: %s", what);
+    }
+    if (m.type != MSG_READY || ws < 0) {
+        if (ws >= 0)
+            close(ws);
+        return ci_error_set(err, CI_ERR_INTEGRITY, "the sandbox's init sent a bad message");
+    }
+    *fallback = false;
+    run->ws_fd = ws;
+    if ((s = write_inputs(run, job, err)))
+        return s;
+    if (send_byte(run) != CI_OK)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before the code started");
+    return CI_OK;
+}
+
+/* The task's cgroup exists, with its limits, before any of its processes. */
+ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_job *job,
+                          struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    if (!sb->cgroups)
+        return CI_OK;
+    struct ci_cgroup_limits lim = {.memory_bytes = (uint64_t)job->memory_mb << 20,
+                                   .pids = sb->cfg->local.max_processes,
+                                   .cpus = sb->cfg->local.cpus};
+    struct ci_error cg_err = {{0}};
+    ci_status s = ci_cgroup_new(sb->cgroups, &lim, &run->cg, &cg_err);
+    if (s)
+        return ci_error_set(err, s, "the sandbox could not be set up: %s", cg_err.msg);
+    return CI_OK;
+}
+
+/* Namespace mode: clone init, map ids, wait for READY, inputs, GO. */
+static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_job *job,
+                          struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    run->args.workdir = "/workspace";
+    run->args.envp = sb->envp_ns;
+    ci_status s = new_task_cgroup(run, job, err);
+    if (s)
+        return s;
+
+    pid_t pid = sys_clone(sb->clone_flags | SIGCHLD);
+    if (pid < 0)
+        return ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "clone of the sandbox failed");
+    if (pid == 0)
+        init_main(&run->args);
+    run->pid = pid;
+    run->pidfd = sys_pidfd_open(pid);
+    close_child_ends(run);
+
+    /* Init waits for our first byte before it does anything: inside its
+     * cgroup before it forks, writes a file or mounts a tmpfs. */
+    if (run->cg) {
+        struct ci_error cg_err = {{0}};
+        if ((s = ci_cgroup_attach(run->cg, pid, &cg_err)))
+            return ci_error_set(err, s, "the sandbox could not be set up: %s", cg_err.msg);
+    }
+    /* An unprivileged writer may only map its own id, after denying
+     * setgroups. Root keeps setgroups allowed so init can drop gid 0. */
+    if (!sb->outside_root && (s = write_proc_file(pid, "setgroups", "deny\n", err)))
+        return s;
+    if ((s = write_proc_file(pid, "uid_map", sb->uid_map, err)) ||
+        (s = write_proc_file(pid, "gid_map", sb->gid_map, err)))
+        return s;
+    if (send_byte(run) != CI_OK)
+        return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before its setup");
+    return finish_start(run, job, NULL, err);
+}
+
+/* Bare mode: a private directory, the inputs, then fork and exec. */
+static ci_status start_bare(struct ci_sandbox_run *run, const struct ci_job *job,
+                            struct ci_error *err)
+{
+    const struct ci_sandbox *sb = run->sb;
+    const char *base = getenv("TMPDIR");
+    if (!base || base[0] != '/')
+        base = "/tmp";
+    if (asprintf(&run->bare_dir, "%s/ci-task-XXXXXX", base) < 0) {
+        run->bare_dir = NULL;
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    }
+    if (!mkdtemp(run->bare_dir)) { /* mode 0700 */
+        int e = errno;
+        free(run->bare_dir);
+        run->bare_dir = NULL;
+        return ci_error_errno(err, CI_ERR_IO, e, "cannot create a task directory in %s", base);
+    }
+    run->bare_dir_fd = open(run->bare_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (run->bare_dir_fd < 0 || mkdirat(run->bare_dir_fd, "workspace", 0755) != 0 ||
+        mkdirat(run->bare_dir_fd, "tmp", 0700) != 0)
+        return ci_error_errno(err, CI_ERR_IO, errno, "cannot create the task directory");
+    run->ws_fd = openat(run->bare_dir_fd, "workspace", O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+                                                           O_CLOEXEC);
+    int tmp_fd = openat(run->bare_dir_fd, "tmp", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (run->ws_fd < 0 || tmp_fd < 0) {
+        if (tmp_fd >= 0)
+            close(tmp_fd);
+        return ci_error_errno(err, CI_ERR_IO, errno, "cannot open the task directory");
+    }
+    if (sb->outside_root) {
+        bool ok = fchown(run->bare_dir_fd, sb->outside_uid, sb->outside_gid) == 0 &&
+                  fchown(run->ws_fd, sb->outside_uid, sb->outside_gid) == 0 &&
+                  fchown(tmp_fd, sb->outside_uid, sb->outside_gid) == 0;
+        if (!ok) {
+            int e = errno;
+            close(tmp_fd);
+            return ci_error_errno(err, CI_ERR_IO, e, "cannot hand the task directory over");
+        }
+    }
+    close(tmp_fd);
+    ci_status s = write_inputs(run, job, err);
+    if (s)
+        return s;
+
+    char *ws = NULL, *tmp = NULL;
+    if (asprintf(&ws, "%s/workspace", run->bare_dir) < 0)
+        ws = NULL;
+    run->bare_strs[0] = ws;
+    if (asprintf(&tmp, "%s/tmp", run->bare_dir) < 0)
+        tmp = NULL;
+    run->bare_strs[1] = tmp;
+    if (!ws || !tmp)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    /* plan_env() keeps its strings in the sandbox; for a run we want them in
+     * the run: build them in a throwaway plan and move them over. */
+    struct ci_sandbox scratch = {0};
+    if (plan_env(&scratch, run->bare_env, ws, tmp) != CI_OK) {
+        for (size_t i = 0; i < scratch.n_strs; i++)
+            free(scratch.strs[i]);
+        free(scratch.strs);
+        memset(run->bare_env, 0, sizeof(run->bare_env));
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    }
+    free(scratch.strs); /* the strings now belong to run->bare_env */
+    run->args.workdir = ws;
+    run->args.envp = run->bare_env;
+    run->args.drop_to_sandbox_ids = sb->outside_root;
+
+    pid_t pid = sys_clone(SIGCHLD);
+    if (pid < 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno, "fork");
+    if (pid == 0)
+        bare_main(&run->args);
+    run->pid = pid;
+    run->pidfd = sys_pidfd_open(pid);
+    close_child_ends(run);
+    return CI_OK;
+}
+
+/* Sends what the code socket takes without blocking. Closing it when all
+ * is sent is the driver's EOF; a socket nobody reads any more is closed. */
+void send_code(struct ci_sandbox_run *run)
+{
+    while (run->code_fd >= 0 && run->code_off < run->code_len) {
+        ssize_t w = send(run->code_fd, run->code + run->code_off, run->code_len - run->code_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN)
+            return;
+        if (w <= 0)
+            break;
+        run->code_off += (size_t)w;
+    }
+    close_fd(&run->code_fd);
+}
+
+/* One start, cold or (warm) in a zygote. */
+ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
+                    bool *ret_fallback, struct ci_sandbox_run **ret, struct ci_error *err)
+{
+    struct ci_sandbox_run *run = calloc(1, sizeof(*run));
+    if (!run)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    run->sb = sb;
+    run->pidfd = run->sock = run->code_fd = run->out_fd = run->err_fd = run->rep_fd = -1;
+    run->wake_fd = run->ws_fd = run->bare_dir_fd = -1;
+    for (int i = 0; i < FD_COUNT; i++)
+        run->args.fds[i] = -1;
+    run->args.sb = sb;
+    atomic_init(&run->cancel_requested, false);
+    run->code_len = job->code_len;
+    run->timeout_ms = job->timeout_ms;
+    plan_limits(&run->args, sb, job);
+
+    ci_status s = CI_OK;
+    run->code = malloc(job->code_len + 1);
+    if (!run->code)
+        s = ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    else if (job->code_len)
+        memcpy(run->code, job->code, job->code_len);
+    if (!s)
+        s = digest_inputs(run, job, err);
+    if (!s)
+        s = open_channels(run, err);
+    if (!s)
+        s = !sb->ns ? start_bare(run, job, err)
+            : warm  ? start_warm(run, job, ret_fallback, err)
+                    : start_ns(run, job, err);
+    if (s) {
+        ci_sandbox_run_free(run);
+        return s;
+    }
+    run->t_go = ci_mono_ms();
+    run->deadline = run->t_go + job->timeout_ms;
+    send_code(run); /* usually all of it fits in the socket buffer now */
+    *ret = run;
+    return CI_OK;
+}
+
+ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_job *job,
+                           struct ci_sandbox_run **ret, struct ci_error *err)
+{
+    if (sb->warm) {
+        bool fallback = false;
+        ci_status s = run_start(sb, job, true, &fallback, ret, err);
+        if (!s || !fallback)
+            return s;
+        /* No zygote could build this task's sandbox, and nothing of the task
+         * ran: run it cold. */
+        atomic_fetch_add(&sb->warm_fallbacks, 1);
+    }
+    return run_start(sb, job, false, NULL, ret, err);
+}
+
+void ci_sandbox_cancel(struct ci_sandbox_run *run)
+{
+    /* After wait() the flag is never read again: harmless. */
+    if (!run || atomic_exchange(&run->cancel_requested, true))
+        return;
+    uint64_t one = 1;
+    ssize_t w = write(run->wake_fd, &one, sizeof(one));
+    (void)w; /* the flag alone is enough: the loop also polls with a tick */
+}

@@ -1,0 +1,189 @@
+/* sandbox_int.h - private to src/sandbox: the state of a prepared sandbox
+ * (struct ci_sandbox: the plan, built once and then only read), the limits
+ * several files share, and what one file of the sandbox calls in another.
+ * The API is sandbox.h; sandbox.c says which file holds what. */
+#ifndef CI_SANDBOX_INT_H
+#define CI_SANDBOX_INT_H
+
+#include <linux/filter.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "core/config.h"
+#include "core/job.h"
+#include "core/status.h"
+#include "sandbox/cgroup.h"
+#include "sandbox/child.h"
+#include "sandbox/sandbox.h"
+#include "sandbox/sandbox_proto.h"
+#include "sandbox/zygote.h"
+
+#define NEWROOT "/tmp" /* built in the private mount namespace: the host's /tmp is untouched */
+#define MAX_OPS 64
+#define MAX_ENV 24
+#define READY_TIMEOUT_MS 10000 /* longest wait for a sandbox to be built */
+#define ARTIFACT_MAX_ENTRIES 1000
+
+/* A prepared sandbox: the plan every run of it follows (plan.c, seccomp.c),
+ * built once by ci_sandbox_new() and then only read, from several threads
+ * at once and in the children. */
+struct ci_sandbox {
+    const struct ci_config *cfg;
+    bool ns;             /* false: the no-isolation fallback */
+    bool with_proc;
+    unsigned long clone_flags;
+    bool outside_root;   /* the worker is root: map to cfg->local.sandbox_uid */
+    uid_t outside_uid;   /* the id the sandbox user is outside */
+    gid_t outside_gid;
+    char isolation[128];
+    struct ci_cgroup_root *cgroups; /* per-task cgroups; NULL: rlimits only */
+    struct op ops[MAX_OPS];
+    size_t n_ops;
+    char *uid_map;       /* "1000 65534 1\n" */
+    char *gid_map;
+    char *argv_store[6];
+    char *envp_ns[MAX_ENV]; /* the environment in the sandbox (NULL-terminated) */
+    struct sock_fprog seccomp; /* the task's filter; .filter NULL when not used */
+    /* Warm mode (warm.c): the zygotes; NULL when tasks run cold. */
+    struct ci_zygote_pool *warm;
+    char *zygote_path;
+    char *zygote_argv[2];
+    atomic_ulong warm_fallbacks; /* tasks that ran cold because no zygote took them */
+    int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
+    size_t n_warm_ops;
+    bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
+    /* Every string the plan points to, freed with the sandbox. */
+    char **strs;
+    size_t n_strs, cap_strs;
+};
+
+/* The namespace layers: how each is created and named. */
+struct sandbox_layer {
+    const char *name;   /* as in an isolation string */
+    const char *noun;   /* as in "user namespaces are not available" */
+    unsigned long flag;
+    const char *flag_name;
+    bool required;
+};
+extern const struct sandbox_layer sandbox_layers[CI_LAYER_COUNT];
+
+/* What a sandbox is made of; the probe finds out what this machine allows. */
+struct build_opts {
+    unsigned long clone_flags; /* 0: the no-isolation fallback */
+    bool with_proc;
+    bool with_seccomp;
+    struct ci_cgroup_root *cgroups; /* namespace mode only; the sandbox takes it on success */
+};
+
+/* What one run hands to its child: all prepared before the clone. */
+struct child_args {
+    const struct ci_sandbox *sb;
+    int fds[FD_COUNT];        /* the child's ends, at parent numbers */
+    struct rlimit limits[RLIM_NLIMITS];
+    bool limit_set[RLIM_NLIMITS];
+    const char *workdir;      /* the task's cwd */
+    char *const *envp;
+    bool drop_to_sandbox_ids; /* bare mode as root */
+    bool zygote;              /* init becomes a zygote: FD_CODE holds its program */
+};
+
+/* An input as written, to tell an unchanged input from an artifact. */
+struct input_digest {
+    char *name;
+    char sha256[65];
+};
+
+/* One run of a sandbox, from ci_sandbox_start() (run.c, warm.c) through
+ * ci_sandbox_wait() (io.c) to ci_sandbox_run_free(). */
+struct ci_sandbox_run {
+    struct ci_sandbox *sb;
+    struct child_args args;
+    pid_t pid;          /* init (or the bare task); 0 once reaped */
+    int pidfd;
+    int sock;           /* our end of the control socket */
+    int code_fd;        /* our end of the code socket; -1 once all is written */
+    int out_fd, err_fd, rep_fd;
+    int wake_fd;        /* eventfd written by cancel() */
+    int ws_fd;          /* /workspace */
+    struct ci_cgroup *cg; /* the task's cgroup, removed once everything in it is dead */
+    atomic_bool cancel_requested;
+    char *code;         /* our copy: the job is only borrowed during start */
+    size_t code_len, code_off;
+    int64_t t_go, t_end, deadline;
+    int64_t kill_at;    /* when init gets SIGKILL if it has not stopped by itself */
+    uint32_t timeout_ms;
+    struct input_digest *inputs;
+    size_t n_inputs;
+    /* bare mode */
+    char *bare_dir;     /* the private 0700 directory, removed at the end */
+    int bare_dir_fd;
+    char *bare_env[MAX_ENV];
+    char *bare_strs[2];
+    /* warm mode: init is a child of a zygote, known by its pidfd only */
+    bool warm;
+};
+
+/* Closes *fd if it is open and marks it closed. */
+static inline void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+/* sandbox.c: a sandbox built as o says, whatever the probe found. */
+ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
+                        struct ci_sandbox **ret, struct ci_error *err);
+
+/* plan.c: the root filesystem as steps, the environment, their strings. */
+char *plan_str(struct ci_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+struct op *plan_op(struct ci_sandbox *sb, enum op_kind kind, const char *rel, const char *what);
+ci_status plan_root(struct ci_sandbox *sb);
+ci_status plan_env(struct ci_sandbox *sb, char **envp, const char *home, const char *tmp);
+void plan_font_cache(struct ci_sandbox *sb);
+
+/* seccomp.c: the task's filter into sb->seccomp. */
+ci_status plan_seccomp(struct ci_sandbox *sb);
+
+/* init.c: the child of a run, namespaced or bare. */
+__attribute__((noreturn)) void init_main(const struct child_args *a);
+__attribute__((noreturn)) void bare_main(const struct child_args *a);
+
+/* run.c: a run's start, its processes and channels, its messages, its end. */
+ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
+                    bool *ret_fallback, struct ci_sandbox_run **ret, struct ci_error *err);
+ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_job *job,
+                          struct ci_error *err);
+ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job, bool *ret_fallback,
+                       struct ci_error *err);
+ci_status write_proc_file(pid_t pid, const char *name, const char *text, struct ci_error *err);
+void close_child_ends(struct ci_sandbox_run *run);
+ci_status send_byte(struct ci_sandbox_run *run);
+void send_code(struct ci_sandbox_run *run);
+ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m, int *ret_fd);
+ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd);
+ci_status recv_msg_fds(int sock, int timeout_ms, struct msg *m, int *ret_fds, int n);
+void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out, size_t size);
+void signal_init(struct ci_sandbox_run *run, int sig);
+bool warm_exited(const struct ci_sandbox_run *run, int timeout_ms);
+void run_kill_now(struct ci_sandbox_run *run);
+void run_close_io(struct ci_sandbox_run *run);
+void run_close(struct ci_sandbox_run *run);
+bool plain_name(const char *name);
+
+/* artifacts.c: the artifact walk; a bare run's directory removed. */
+ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
+void remove_tree_at(int dirfd, int depth);
+
+/* warm.c: the zygotes of a sandbox, and a run's start in one. */
+ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error *err);
+ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job, bool *ret_fallback,
+                     struct ci_error *err);
+int warm_op_index(const struct ci_sandbox *sb, int op);
+
+#endif
