@@ -9,6 +9,7 @@
  * Why each, and what to use instead:
  *   sprintf vsprintf       no bound on the output: snprintf, ci_buf_appendf
  *   strcpy strcat strncpy  unbounded, or silently unterminated: snprintf, memcpy
+ *   strncat                its bound is what is left, an easy off-by-one: snprintf
  *   atoi atol atoll atof   no error, undefined on overflow: strtol and friends
  *   strtok                 hidden global state: strtok_r, strcspn
  *   system popen           a shell between us and the command: fork + execve
@@ -29,6 +30,7 @@
 #undef strcpy
 #undef strcat
 #undef strncpy
+#undef strncat
 #undef atoi
 #undef atol
 #undef atoll
@@ -41,7 +43,7 @@
 #undef tempnam
 #undef mktemp
 
-#pragma GCC poison sprintf vsprintf strcpy strcat strncpy
+#pragma GCC poison sprintf vsprintf strcpy strcat strncpy strncat
 #pragma GCC poison atoi atol atoll atof strtok
 #pragma GCC poison system popen gets tmpnam tempnam mktemp
 

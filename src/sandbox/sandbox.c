@@ -120,12 +120,12 @@ ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
     sb->outside_uid = root ? cfg->local.sandbox_uid : geteuid();
     sb->outside_gid = root ? cfg->local.sandbox_gid : getegid();
     isolation_string(o->clone_flags, sb->isolation, sizeof(sb->isolation));
-    if (sb->ns && o->with_seccomp)
-        strncat(sb->isolation, ",seccomp", sizeof(sb->isolation) - strlen(sb->isolation) - 1);
-    if (sb->ns && o->cgroups)
-        strncat(sb->isolation,
-                ci_cgroup_root_version(o->cgroups) == CI_CGROUP_V2 ? ",cgroup" : ",cgroup1",
-                sizeof(sb->isolation) - strlen(sb->isolation) - 1);
+    size_t used = strlen(sb->isolation);
+    if (sb->ns && o->with_seccomp && used < sizeof(sb->isolation))
+        used += (size_t)snprintf(sb->isolation + used, sizeof(sb->isolation) - used, ",seccomp");
+    if (sb->ns && o->cgroups && used < sizeof(sb->isolation))
+        snprintf(sb->isolation + used, sizeof(sb->isolation) - used, "%s",
+                 ci_cgroup_root_version(o->cgroups) == CI_CGROUP_V2 ? ",cgroup" : ",cgroup1");
 
     ci_status s = CI_OK;
     if (sb->ns) {
