@@ -19,7 +19,7 @@
 # legacy global RandomState are already seeded from the OS.
 #
 # Warm mode (local.mode: warm): the same file is loaded once into a zygote
-# (zygote_main.c) as the module `ci_driver`, which calls _warm_prepare() to
+# (src/zygote/main.c) as the module `ci_driver`, which calls _warm_prepare() to
 # import the runtime, then forks one child per task; each child calls
 # _warm_main() in a fresh sandbox with the same fds, cwd and environment as
 # above. The child is forked ahead of its task and runs _warm_up() (our

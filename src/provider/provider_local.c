@@ -1,5 +1,5 @@
 /* provider_local.c - the `local` provider: runs tasks in the namespace
- * sandbox on this machine (sandbox.c) and says what the run means for the
+ * sandbox on this machine (sandbox.h) and says what the run means for the
  * agent: the outcome kind, the exit code, and the error and hint sentences. */
 #include <inttypes.h>
 #include <signal.h>

@@ -793,7 +793,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         end = finish(t, r);
     }
     /* Only now: freeing a warm run waits for its init to be gone, while the
-     * task's memory is torn down (sandbox.c, zygote_main.c). */
+     * task's memory is torn down (sandbox/warm.c, zygote/main.c). */
     ci_provider_release(env->provider, run);
     ci_outcome_release(&o);
     return end;

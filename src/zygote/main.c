@@ -1,4 +1,4 @@
-/* zygote_main.c - ci-zygote: a warm Python runtime that forks one fully
+/* main.c - ci-zygote: a warm Python runtime that forks one fully
  * isolated child per task (local.mode: warm). See zygote.h for the pool
  * that runs it and sandbox_proto.h for what it says to the worker.
  *
