@@ -1772,7 +1772,7 @@ static void t_warm_spare_cpu(void)
     free(c);
 }
 
-/* A warm task process's keeper (zygote_main.c): the one other process in
+/* A warm task process's keeper (src/zygote/main.c): the one other process in
  * the task's namespace but init, sharing the task's memory (same maps) and
  * nothing else - no fd, every signal blocked - and no more privileged than
  * the code: same uid, no capability, no_new_privs, the seccomp filter. All
