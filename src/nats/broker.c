@@ -6,6 +6,7 @@
 
 #include <inttypes.h>
 #include <nats/nats.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,11 @@ struct ci_broker {
     atomic_bool cancel_done; /* the cancel handler has returned for good */
     atomic_uint_fast64_t reconnects;
     atomic_uint_fast64_t disconnects;
+    /* Recreating what an operator deleted (recover): one at a time. */
+    bool may_create;            /* ci_broker_setup(create): a worker's broker */
+    pthread_mutex_t recover_lock;
+    atomic_uint_fast64_t recreated;
+    char problem[512];          /* why what is gone could not be made again; "" */
 };
 
 struct ci_puller {
@@ -193,6 +199,7 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
     if (!b)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     b->cfg = cfg;
+    pthread_mutex_init(&b->recover_lock, NULL);
     ci_status r = open_connection(b, err);
     if (r)
         return r;
@@ -358,6 +365,7 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
 {
     const struct ci_config *c = b->cfg;
     ci_status r;
+    b->may_create = create;
     if (create) {
         if ((r = ensure_streams(b, err)))
             return r;
@@ -375,6 +383,72 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
         .file_storage = c->jetstream.file_storage,
     };
     return ci_objstore_open(b->js, &oo, create, &b->os, err);
+}
+
+/* The results bucket's stream, made again (its handle stays valid: it only
+ * knows the names). */
+static ci_status recreate_kv(struct ci_broker *b, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = c->jetstream.results_bucket;
+    kc.Description = "ci task results";
+    kc.History = 1;
+    kc.TTL = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+    kc.StorageType = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
+    kc.Replicas = (int)c->jetstream.replicas;
+    CI_CLEANUP(kvStore_Destroy) kvStore *kv = NULL;
+    natsStatus s = js_CreateKeyValue(&kv, b->js, &kc);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot create results bucket %s again",
+                            c->jetstream.results_bucket);
+    return CI_OK;
+}
+
+/* After a failure that says one of our streams is gone (an operator deleted
+ * CI_STATUS, or the results bucket): a worker's broker makes the streams,
+ * the consumer and the bucket again with the configured settings, so that
+ * the caller can try once more and the task in hand still ends. When that
+ * is not allowed (a client, or credentials that may not create streams),
+ * ci_broker_problem() says why. One thread at a time; the others wait and
+ * then find everything there. */
+static bool recover(struct ci_broker *b, bool gone)
+{
+    if (!gone || !b->may_create)
+        return false;
+    struct ci_error e = {{0}};
+    pthread_mutex_lock(&b->recover_lock);
+    ci_status r = ensure_streams(b, &e);
+    if (!r)
+        r = ensure_consumer(b, &e);
+    if (!r)
+        r = recreate_kv(b, &e);
+    if (r)
+        snprintf(b->problem, sizeof(b->problem),
+                 "a stream or bucket of the service was deleted and cannot be created again: %.400s",
+                 e.msg);
+    else
+        b->problem[0] = '\0';
+    pthread_mutex_unlock(&b->recover_lock);
+    if (!r)
+        atomic_fetch_add(&b->recreated, 1);
+    return r == CI_OK;
+}
+
+bool ci_broker_problem(struct ci_broker *b, char *why, size_t n)
+{
+    pthread_mutex_lock(&b->recover_lock);
+    bool bad = b->problem[0] != '\0';
+    if (bad)
+        snprintf(why, n, "%s", b->problem);
+    pthread_mutex_unlock(&b->recover_lock);
+    return bad;
+}
+
+uint64_t ci_broker_recreated(const struct ci_broker *b)
+{
+    return atomic_load(&((struct ci_broker *)b)->recreated);
 }
 
 void ci_broker_free(struct ci_broker *b)
@@ -402,6 +476,7 @@ void ci_broker_free(struct ci_broker *b)
         natsConnection_Close(b->nc);
         natsConnection_Destroy(b->nc);
     }
+    pthread_mutex_destroy(&b->recover_lock);
     free(b);
 }
 
@@ -622,6 +697,9 @@ ci_status ci_broker_result_swap(struct ci_broker *b, const char *task_id, const 
     uint64_t got = 0;
     natsStatus s = rev ? kvStore_Update(&got, b->kv, task_id, data, (int)len, rev)
                        : kvStore_Create(&got, b->kv, task_id, data, (int)len);
+    if (s != NATS_OK && recover(b, ci_nats_gone(s, 0)))
+        /* The bucket was deleted, and this record with it: write it anew. */
+        s = kvStore_Create(&got, b->kv, task_id, data, (int)len);
     if (s != NATS_OK && wrong_last_sequence())
         return ci_error_set(err, CI_ERR_CONFLICT,
                             "the result record of task '%s' changed since revision %" PRIu64,
@@ -661,6 +739,10 @@ ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t
     CI_CLEANUP(natsMsg_Destroy) natsMsg *msg = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetLastMsg(&msg, b->js, stream, subj, NULL, &jerr);
+    if (s != NATS_OK && jerr == JSStreamNotFoundErr && recover(b, true))
+        return ci_error_set(err, CI_ERR_NOT_FOUND,
+                            "no result for task '%s' (the results bucket had been deleted)",
+                            task_id);
     if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
         return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", task_id);
     if (s != NATS_OK)
@@ -704,6 +786,12 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
     CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
     if (s == NATS_OK)
         s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
+    if (s != NATS_OK && recover(b, ci_nats_gone(s, jerr))) {
+        jerr = 0;
+        jsPubAck_Destroy(pa);
+        pa = NULL;
+        s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
+    }
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot publish the status event");
     return CI_OK;
@@ -737,7 +825,9 @@ ci_status ci_broker_cancel_requested(struct ci_broker *b, const char *task_id, b
     CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetLastMsg(&m, b->js, b->cfg->jetstream.cancel_stream, subj, NULL, &jerr);
-    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
+    if (s != NATS_OK && jerr == JSStreamNotFoundErr)
+        recover(b, true); /* no cancel can be read from a deleted stream: none */
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr || jerr == JSStreamNotFoundErr) {
         *ret = false;
         return CI_OK;
     }

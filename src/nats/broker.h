@@ -40,6 +40,14 @@ void ci_broker_free(struct ci_broker *b);
  * errors: they never carry credentials. Cut to fit n. */
 void ci_broker_redact_urls(const char *urls, char *out, size_t n);
 
+/* A worker's broker makes a stream, the consumer or the results bucket
+ * again when it finds one gone (an operator deleted it), and tries the
+ * operation once more. When that fails, this says why (true, with why
+ * filled) until a later recovery works. Thread-safe. */
+bool ci_broker_problem(struct ci_broker *b, char *why, size_t n);
+/* How many times it made what was gone again. */
+uint64_t ci_broker_recreated(const struct ci_broker *b);
+
 /* Releases the NATS library's own threads and memory; call once at exit. */
 void ci_broker_library_close(void);
 

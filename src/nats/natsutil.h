@@ -6,6 +6,7 @@
 #define CI_NATSUTIL_H
 
 #include <nats/nats.h>
+#include <stdbool.h>
 
 #include "core/status.h"
 #include "core/util.h"
@@ -15,6 +16,14 @@
  * CI_ERR_NOMEM, anything else CI_ERR_NATS. err may be NULL. */
 ci_status ci_nats_fail(struct ci_error *err, natsStatus ns, jsErrCode jerr, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* Whether a failure means one of our streams (or buckets) is gone, e.g.
+ * deleted by an operator: the server says the stream is not found, or
+ * nobody answers on its subjects. */
+static inline bool ci_nats_gone(natsStatus ns, jsErrCode jerr)
+{
+    return ns == NATS_NO_RESPONDERS || jerr == JSStreamNotFoundErr;
+}
 
 CI_DEFINE_CLEANUP(natsMsg, natsMsg_Destroy)
 CI_DEFINE_CLEANUP(natsOptions, natsOptions_Destroy)

@@ -36,6 +36,8 @@
 
 struct ci_objstore {
     jsCtx *js;
+    struct ci_objstore_opts opts; /* bucket points to our copy */
+    bool create;                  /* may create the stream again when it is gone */
     char *bucket;
     char *stream;       /* OBJ_<bucket> */
     char *meta_prefix;  /* $O.<bucket>.M. */
@@ -614,6 +616,9 @@ ci_status ci_objstore_open(jsCtx *js, const struct ci_objstore_opts *opts, bool 
     os->chunk_prefix = base ? concat(base, ".C.") : NULL;
     if (!os->bucket || !os->stream || !os->meta_prefix || !os->chunk_prefix)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    os->opts = *opts;
+    os->opts.bucket = os->bucket;
+    os->create = create;
     ci_status s = ensure_stream(os, opts, create, err);
     if (s)
         return s;
@@ -621,9 +626,27 @@ ci_status ci_objstore_open(jsCtx *js, const struct ci_objstore_opts *opts, bool 
     return CI_OK;
 }
 
+/* After a failure of NATS: whether the bucket's stream is gone (an operator
+ * deleted it; a direct get then just times out, so the stream itself is
+ * asked), and if so, created again when this store may, so that the caller
+ * can try once more. */
+static bool recreate(struct ci_objstore *os, ci_status failed)
+{
+    if ((failed != CI_ERR_NATS && failed != CI_ERR_TIMEOUT) || !os->create)
+        return false;
+    jsOptions o;
+    api_opts(&o);
+    CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    natsStatus ns = js_GetStreamInfo(&si, os->js, os->stream, &o, &jerr);
+    if (ns != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr)
+        return false; /* there (or unknown): the failure was something else */
+    return ensure_stream(os, &os->opts, true, NULL) == CI_OK;
+}
+
 /* ---- put ------------------------------------------------------------- */
 
-ci_status ci_objstore_put(struct ci_objstore *os, const char *name, const void *data, size_t len,
+static ci_status put_once(struct ci_objstore *os, const char *name, const void *data, size_t len,
                           struct ci_error *err)
 {
     if (!os || (!data && len))
@@ -719,6 +742,15 @@ out:
     return s;
 }
 
+ci_status ci_objstore_put(struct ci_objstore *os, const char *name, const void *data, size_t len,
+                          struct ci_error *err)
+{
+    ci_status s = put_once(os, name, data, len, err);
+    if (s && recreate(os, s))
+        s = put_once(os, name, data, len, err);
+    return s;
+}
+
 /* ---- get ------------------------------------------------------------- */
 
 /* Reads the chunks of m into out (m->size bytes). Sets *ret_missing when a
@@ -800,6 +832,10 @@ static ci_status live_meta(struct ci_objstore *os, const char *name, struct ci_o
     struct ci_objmeta m;
     bool link = false;
     ci_status s = fetch_meta(os, name, &m, &link, NULL, err);
+    if (s && recreate(os, s)) /* the bucket was deleted: so were its objects */
+        return ci_error_set(err, CI_ERR_NOT_FOUND,
+                            "object '%s' not found in bucket '%s' (the bucket had been deleted)",
+                            SHOW(name), os->bucket);
     if (s)
         return s;
     if (m.deleted) {

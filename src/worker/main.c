@@ -47,6 +47,7 @@ struct worker {
     atomic_bool broker_up;           /* env.broker is set: the others may read it */
     uint64_t nats_disconnects_seen;  /* the ticker's last look at the broker's counts */
     uint64_t nats_reconnects_seen;
+    uint64_t nats_recreated_seen;
     uint64_t warm_deaths_seen;       /* the same for the warm pool */
     uint64_t warm_ready_at_death;
     bool warm_replacing;
@@ -176,6 +177,11 @@ static void log_connection_change(struct worker *w)
         ci_log_num(CI_LOG_INFO, "worker.nats_reconnected", "reconnects", (int64_t)back, NULL);
     w->nats_disconnects_seen = gone;
     w->nats_reconnects_seen = back;
+    uint64_t made = ci_broker_recreated(w->env.broker);
+    if (made > w->nats_recreated_seen)
+        ci_log_num(CI_LOG_WARN, "worker.nats_recreated", "times", (int64_t)made, "what",
+                   "a stream or bucket was found deleted and was created again", NULL);
+    w->nats_recreated_seen = made;
 }
 
 /* A warm runtime that dies is replaced by the pool on its own; the
@@ -254,6 +260,8 @@ static bool worker_ready(void *closure, char *why, size_t n)
         snprintf(why, n, "connecting to NATS and setting up JetStream");
     else if (!ci_broker_connected(w->env.broker))
         snprintf(why, n, "not connected to NATS");
+    else if (ci_broker_problem(w->env.broker, why, n))
+        ; /* why says it */
     else if (bound < (int)w->n_slots)
         snprintf(why, n, "%d of %zu slots bound to the task consumer", bound, w->n_slots);
     else
