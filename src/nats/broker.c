@@ -36,6 +36,7 @@ struct ci_broker {
     atomic_bool cancel_done; /* the cancel handler has returned for good */
     atomic_uint_fast64_t reconnects;
     atomic_uint_fast64_t disconnects;
+    atomic_bool closed_cb_done; /* nats.c has run its last callback on this broker */
     /* Recreating what an operator deleted (recover): one at a time. */
     bool may_create;            /* ci_broker_setup(create): a worker's broker */
     pthread_mutex_t recover_lock;
@@ -126,6 +127,15 @@ static void on_disconnected(natsConnection *nc, void *closure)
     atomic_fetch_add(&b->disconnects, 1);
 }
 
+/* nats.c runs the connection's callbacks on a thread of its own, in order:
+ * the closed callback comes after the disconnected one that closing fires,
+ * so once it has run no callback will touch the broker again. */
+static void on_closed(natsConnection *nc, void *closure)
+{
+    struct ci_broker *b = closure;
+    atomic_store(&b->closed_cb_done, true);
+}
+
 /* Connects b->nc with the options of the configuration: servers, name,
  * timeouts, reconnects, credentials and TLS. The options die here: the
  * connection keeps its own copy. */
@@ -149,6 +159,8 @@ static ci_status open_connection(struct ci_broker *b, struct ci_error *err)
         s = natsOptions_SetReconnectedCB(o, on_reconnected, b);
     if (s == NATS_OK)
         s = natsOptions_SetDisconnectedCB(o, on_disconnected, b);
+    if (s == NATS_OK)
+        s = natsOptions_SetClosedCB(o, on_closed, b);
     if (s == NATS_OK && cfg->nats.creds_file && cfg->nats.creds_file[0]) {
         step = "credentials file";
         s = natsOptions_SetUserCredentialsFromFiles(o, cfg->nats.creds_file, NULL);
@@ -474,6 +486,12 @@ void ci_broker_free(struct ci_broker *b)
         /* Flush what is buffered (acks, events) before closing. */
         natsConnection_FlushTimeout(b->nc, 2000);
         natsConnection_Close(b->nc);
+        /* The callbacks hold b: free it only once the last has run (2 s
+         * at most; a connection that never connected has none to run). */
+        for (int i = 0; i < 200 && !atomic_load(&b->closed_cb_done); i++) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
         natsConnection_Destroy(b->nc);
     }
     pthread_mutex_destroy(&b->recover_lock);
