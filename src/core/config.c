@@ -135,6 +135,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("jetstream.max_deliver", jetstream.max_deliver, 5, 1, 100),
     KEY_U32("jetstream.replicas", jetstream.replicas, 1, 1, 5),
     KEY_BOOL("jetstream.file_storage", jetstream.file_storage, true),
+    KEY_U32("jetstream.files_max_mb", jetstream.files_max_mb, 0, 0, 16777216),
 
     KEY_STR("worker.id", worker.id, "", CS_ID),
     KEY_U32("worker.concurrency", worker.concurrency, 0, 0, 1024),

@@ -57,6 +57,7 @@ struct ci_config {
         uint32_t max_deliver;        /* 5 */
         uint32_t replicas;           /* 1 */
         bool file_storage;           /* true */
+        uint32_t files_max_mb;       /* 0: the files bucket has no size limit of its own */
     } jetstream;
     struct {
         char *id;             /* "" = hostname-pid */

@@ -22,6 +22,7 @@ const char *ci_status_str(ci_status s)
     case CI_ERR_UNSUPPORTED: return "unsupported";
     case CI_ERR_INTEGRITY: return "integrity error";
     case CI_ERR_CONFLICT: return "conflict";
+    case CI_ERR_FULL: return "store full";
     }
     return "unknown status";
 }

@@ -20,6 +20,7 @@ typedef enum {
     CI_ERR_UNSUPPORTED, /* this machine or build cannot do it */
     CI_ERR_INTEGRITY,   /* data does not match its digest or framing */
     CI_ERR_CONFLICT,    /* a newer write got there first (a revision check failed) */
+    CI_ERR_FULL,        /* a store has no room left (JetStream's, or a stream's byte limit) */
 } ci_status;
 
 /* A fixed-size sentence that explains a failure. Filled where the failure is

@@ -391,6 +391,7 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
     struct ci_objstore_opts oo = {
         .bucket = c->jetstream.files_bucket,
         .max_age_s = c->jetstream.max_age_s,
+        .max_bytes = (int64_t)c->jetstream.files_max_mb * 1024 * 1024,
         .replicas = (int)c->jetstream.replicas,
         .file_storage = c->jetstream.file_storage,
     };

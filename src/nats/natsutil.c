@@ -5,9 +5,25 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The server's store (or a stream's byte limit) is full: trying again
+ * will not help until something expires. nats.c gives the JetStream code
+ * for plain publishes only, so KV and object writes are known by text. */
+static bool store_full(natsStatus ns, jsErrCode jerr, const char *why)
+{
+    if (jerr == JSStorageResourcesExceededErr || jerr == JSInsufficientResourcesErr)
+        return true;
+    return ns != NATS_OK && why &&
+           (strstr(why, "insufficient storage") || strstr(why, "insufficient resources") ||
+            strstr(why, "maximum bytes exceeded"));
+}
+
 ci_status ci_nats_fail(struct ci_error *err, natsStatus ns, jsErrCode jerr, const char *fmt, ...)
 {
-    ci_status s = ns == NATS_TIMEOUT     ? CI_ERR_TIMEOUT
+    natsStatus last_ns = NATS_OK;
+    const char *last_text = nats_GetLastError(&last_ns);
+    bool full = store_full(ns, jerr, last_ns == ns ? last_text : NULL);
+    ci_status s = full                   ? CI_ERR_FULL
+                  : ns == NATS_TIMEOUT   ? CI_ERR_TIMEOUT
                   : ns == NATS_NO_MEMORY ? CI_ERR_NOMEM
                                          : CI_ERR_NATS;
     if (!err)
@@ -35,6 +51,10 @@ ci_status ci_nats_fail(struct ci_error *err, natsStatus ns, jsErrCode jerr, cons
     if (jerr) {
         used = strlen(err->msg);
         snprintf(err->msg + used, sizeof(err->msg) - used, " (JetStream error %d)", (int)jerr);
+    }
+    if (full) {
+        used = strlen(err->msg);
+        snprintf(err->msg + used, sizeof(err->msg) - used, ": the JetStream store is full");
     }
     return s;
 }

@@ -12,7 +12,8 @@
 #include "core/util.h"
 
 /* Records "<what>: <nats.c's text>[: <its last error>][ (JetStream error N)]"
- * and maps the status: NATS_TIMEOUT is CI_ERR_TIMEOUT, NATS_NO_MEMORY
+ * and maps the status: a full store (the server's, or a stream's byte
+ * limit) is CI_ERR_FULL, NATS_TIMEOUT is CI_ERR_TIMEOUT, NATS_NO_MEMORY
  * CI_ERR_NOMEM, anything else CI_ERR_NATS. err may be NULL. */
 ci_status ci_nats_fail(struct ci_error *err, natsStatus ns, jsErrCode jerr, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

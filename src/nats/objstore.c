@@ -481,7 +481,8 @@ static ci_status reconcile(struct ci_objstore *os, jsStreamConfig *cur, const js
 {
     bool subj_ok = has_subject(cur, want->Subjects[0]) && has_subject(cur, want->Subjects[1]);
     if (subj_ok && cur->Discard == want->Discard && cur->AllowRollup && cur->AllowDirect &&
-        cur->MaxAge == want->MaxAge && cur->Replicas == want->Replicas)
+        cur->MaxAge == want->MaxAge && cur->Replicas == want->Replicas &&
+        cur->MaxBytes == want->MaxBytes)
         return CI_OK;
     /* Keep every other setting: update the config the server gave us. */
     CI_AUTOFREE const char **subjects = NULL;
@@ -505,6 +506,7 @@ static ci_status reconcile(struct ci_objstore *os, jsStreamConfig *cur, const js
     cur->AllowDirect = true;
     cur->MaxAge = want->MaxAge;
     cur->Replicas = want->Replicas;
+    cur->MaxBytes = want->MaxBytes;
     jsOptions o;
     api_opts(&o);
     jsErrCode jerr = 0;
@@ -536,6 +538,7 @@ static ci_status ensure_stream(struct ci_objstore *os, const struct ci_objstore_
     want.AllowRollup = true;
     want.AllowDirect = true;
     want.MaxAge = opts->max_age_s * 1000000000LL;
+    want.MaxBytes = opts->max_bytes > 0 ? opts->max_bytes : -1;
     want.Replicas = opts->replicas > 0 ? opts->replicas : 1;
     want.Storage = opts->file_storage ? js_FileStorage : js_MemoryStorage;
 

@@ -19,6 +19,7 @@
 struct ci_objstore_opts {
     const char *bucket;
     int64_t max_age_s; /* TTL of every object; 0 = forever */
+    int64_t max_bytes; /* the bucket's size limit; 0 = none (the server's store is the limit) */
     int replicas;      /* 1 */
     bool file_storage; /* true: file, false: memory */
 };

@@ -448,6 +448,9 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
     if (!r->arts || !r->art_ptrs || !r->art_objects)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     r->msg.artifacts = r->art_ptrs;
+    size_t full = 0; /* artifacts the full store could not take */
+    uint64_t full_bytes = 0;
+    char full_why[256] = "";
     for (size_t i = 0; i < o->n_artifacts; i++) {
         struct ci_artifact *a = &o->artifacts[i];
         size_t n = strlen(t->id) + 1 + strlen(a->name) + 1;
@@ -458,6 +461,12 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
         r->art_objects[i] = obj;
         r->n_art_objects = i + 1;
         ci_status s = ci_objstore_put(ci_broker_objstore(t->env->broker), obj, a->data, a->len, err);
+        if (s == CI_ERR_FULL) {
+            full++;
+            full_bytes += a->len;
+            snprintf(full_why, sizeof(full_why), "%.250s", err->msg);
+            continue;
+        }
         if (s == CI_ERR_INVALID || s == CI_ERR_LIMIT) {
             /* This artifact can never be stored (e.g. a path longer than an
              * object name may be): say so and keep the others, rather than
@@ -481,6 +490,18 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
         pa->object = obj;
         r->art_ptrs[k] = pa;
         r->msg.n_artifacts = k + 1;
+    }
+    if (full) {
+        /* What the code made is lost: the agent must not take it for a
+         * success. Nothing else is retried: the store stays full until
+         * objects expire. */
+        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
+        char prev[CI_RESULT_TEXT_MAX];
+        snprintf(prev, sizeof(prev), "%s", r->text.error);
+        snprintf(r->text.error, sizeof(r->text.error),
+                 "the object store is full: %zu artifact%s of %.1f MiB not kept (%.300s)%s%.400s",
+                 full, full == 1 ? "" : "s", (double)full_bytes / MIB, full_why,
+                 prev[0] ? "; " : "", prev);
     }
     return CI_OK;
 }
@@ -635,7 +656,25 @@ static enum ci_task_end finish(struct task *t, struct result *r)
 {
     struct ci_error e = {{0}};
     t->final_started = true;
+    uint64_t rev = t->rev;
     ci_status s = store_final(t, r, &e);
+    if (s == CI_ERR_FULL && t->rev == rev) { /* the record itself, not its event */
+        /* A full store may still take a few hundred bytes: a small FAILED
+         * result that says what was lost beats a task left RUNNING. */
+        char prev[CI_RESULT_TEXT_MAX];
+        snprintf(prev, sizeof(prev), "%s", r->text.error);
+        snprintf(r->text.error, sizeof(r->text.error),
+                 "the result could not be stored whole (%.300s): its output, artifact list and "
+                 "labels are not kept%s%.500s",
+                 e.msg, prev[0] ? "; " : "", prev);
+        r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
+        r->msg.stdout = r->msg.stderr = (char *)"";
+        r->msg.stdout_truncated = r->msg.stdout_total_bytes > 0;
+        r->msg.stderr_truncated = r->msg.stderr_total_bytes > 0;
+        r->msg.n_artifacts = 0;
+        r->msg.n_labels = 0;
+        s = store_final(t, r, &e);
+    }
     if (s == CI_ERR_CONFLICT)
         return superseded(t, r);
     if (s)

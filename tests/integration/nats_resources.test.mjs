@@ -78,3 +78,32 @@ describe("deleted streams and buckets come back", () => {
     assert.equal(m.attempt, 1, "a missing input is the request's problem, said at once");
   });
 });
+
+// The files bucket full (jetstream.files_max_mb below the server's store, as
+// the config advises): before, such a task was retried five times and stayed
+// RUNNING until its record expired.
+describe("a full files bucket: a terminal result all the same", () => {
+  let stack;
+  before(async () => {
+    stack = await startStack({ workers: 1, worker: { jetstream: { files_max_mb: 8 } }, jetstreamConfig: "max_file_store: 64MB" });
+  });
+  after(async () => {
+    await stack?.stop();
+  });
+
+  test("artifacts the store cannot take: FAILED at once, saying what was not kept and why; the next task runs", async () => {
+    const code = "import os\nopen('big.csv', 'wb').write(b'a,b\\n' + os.urandom(16 << 20).hex().encode()[: 16 << 20] + b'\\n')\nprint('made')";
+    const { result: r, taskId } = await runTask(stack.client, { code }, { timeoutMs: 120000 });
+    assert.equal(r.status, "TASK_STATUS_FAILED", show(r));
+    assert.equal(r.attempt, 1, "not retried: the store stays full");
+    assert.match(r.error, /the object store is full: 1 artifact of 16\.0 MiB not kept/);
+    assert.match(r.error, /JetStream store is full|insufficient/);
+    assert.equal(r.stdout, "made\n");
+    assert.equal(r.artifacts.length, 0);
+    const evs = await stack.client.events(taskId);
+    assert.equal(evs.filter((e) => e.event.status === "TASK_STATUS_FAILED").length, 1, "and its terminal event");
+    const { result: next } = await runTask(stack.client, { code: "print('next')" });
+    assert.equal(next.status, "TASK_STATUS_SUCCEEDED", show(next));
+  });
+});
+

@@ -9,6 +9,7 @@
 // Options:
 //   config     extra nats-server config text appended to the generated file
 //   jetstream  false to run without JetStream (default true)
+//   jetstreamConfig  extra text inside the jetstream { } block (e.g. "max_file_store: 8MB")
 //   monitor    true to open the HTTP monitor on a free port (srv.monitorUrl)
 //   timeoutMs  how long to wait for the server to accept (default 15000)
 //   bin        the nats-server binary (default $NATS_SERVER or "nats-server")
@@ -63,7 +64,7 @@ export async function startNatsServer(opts = {}) {
     "listen: 127.0.0.1:-1",
     `ports_file_dir: ${JSON.stringify(dir)}`,
     monitor ? "http: 127.0.0.1:-1" : "",
-    jetstream ? `jetstream { store_dir: ${JSON.stringify(join(dir, "js"))} }` : "",
+    jetstream ? `jetstream {\n  store_dir: ${JSON.stringify(join(dir, "js"))}\n  ${opts.jetstreamConfig ?? ""}\n}` : "",
     config,
   ];
   writeFileSync(conf, lines.filter(Boolean).join("\n") + "\n");

@@ -13,8 +13,8 @@ import { connectClient } from "./client.mjs";
 
 export const SERVER_CONFIG = "max_payload: 8MB";
 
-export async function startStack({ workers = 1, worker = {}, serverConfig = SERVER_CONFIG } = {}) {
-  const server = await startNatsServer({ config: serverConfig });
+export async function startStack({ workers = 1, worker = {}, serverConfig = SERVER_CONFIG, jetstreamConfig } = {}) {
+  const server = await startNatsServer({ config: serverConfig, jetstreamConfig });
   const stack = {
     server,
     workers: [],
