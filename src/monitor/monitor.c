@@ -113,17 +113,27 @@ static ci_status listen_on(const char *addr, bool any_port_if_taken, int *ret_fd
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (sa.ss_family == AF_INET6)
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    /* Taken shows at bind() or, when another process bound it a moment
+     * before us (SO_REUSEADDR), at listen(). */
     int r = bind(fd, (struct sockaddr *)&sa, len);
+    if (r == 0)
+        r = listen(fd, 32);
     if (r < 0 && errno == EADDRINUSE && any_port_if_taken) {
+        close(fd);
+        fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            return ci_error_errno(err, CI_ERR_SYS, errno, "metrics address %s: socket", addr);
+        if (sa.ss_family == AF_INET6)
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
         if (sa.ss_family == AF_INET)
             ((struct sockaddr_in *)&sa)->sin_port = 0;
         else
             ((struct sockaddr_in6 *)&sa)->sin6_port = 0;
         r = bind(fd, (struct sockaddr *)&sa, len);
+        if (r == 0)
+            r = listen(fd, 32);
     }
     if (r < 0)
-        return ci_error_errno(err, CI_ERR_SYS, errno, "cannot listen on metrics address %s", addr);
-    if (listen(fd, 32) < 0)
         return ci_error_errno(err, CI_ERR_SYS, errno, "cannot listen on metrics address %s", addr);
     struct sockaddr_storage got;
     socklen_t glen = sizeof(got);

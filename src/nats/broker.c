@@ -41,6 +41,7 @@ struct ci_broker {
     bool may_create;            /* ci_broker_setup(create): a worker's broker */
     pthread_mutex_t recover_lock;
     atomic_uint_fast64_t recreated;
+    pthread_mutex_t problem_lock; /* only for problem: /readyz must never wait on a recovery */
     char problem[512];          /* why what is gone could not be made again; "" */
 };
 
@@ -177,6 +178,11 @@ static ci_status open_connection(struct ci_broker *b, struct ci_error *err)
         s = natsOptions_SetToken(o, cfg->nats.token);
     if (s == NATS_OK && cfg->nats.user && cfg->nats.user[0])
         s = natsOptions_SetUserInfo(o, cfg->nats.user, cfg->nats.password);
+    /* nats.c takes tls:// for nats://: a tls:// URL must not connect in clear. */
+    if (s == NATS_OK && strstr(cfg->nats.url, "tls://")) {
+        step = "TLS";
+        s = natsOptions_SetSecure(o, true);
+    }
     if (s == NATS_OK && cfg->nats.tls_ca && cfg->nats.tls_ca[0]) {
         step = "TLS CA file";
         s = natsOptions_SetSecure(o, true);
@@ -212,6 +218,7 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     b->cfg = cfg;
     pthread_mutex_init(&b->recover_lock, NULL);
+    pthread_mutex_init(&b->problem_lock, NULL);
     ci_status r = open_connection(b, err);
     if (r)
         return r;
@@ -399,7 +406,7 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
 }
 
 /* The results bucket's stream, made again (its handle stays valid: it only
- * knows the names). */
+ * knows the names). One made meanwhile by another worker is fine. */
 static ci_status recreate_kv(struct ci_broker *b, struct ci_error *err)
 {
     const struct ci_config *c = b->cfg;
@@ -414,48 +421,87 @@ static ci_status recreate_kv(struct ci_broker *b, struct ci_error *err)
     CI_CLEANUP(kvStore_Destroy) kvStore *kv = NULL;
     natsStatus s = js_CreateKeyValue(&kv, b->js, &kc);
     if (s != NATS_OK)
+        s = js_KeyValue(&kv, b->js, c->jetstream.results_bucket);
+    if (s != NATS_OK)
         return ci_nats_fail(err, s, 0, "cannot create results bucket %s again",
                             c->jetstream.results_bucket);
     return CI_OK;
 }
 
-/* After a failure that says one of our streams is gone (an operator deleted
- * CI_STATUS, or the results bucket): a worker's broker makes the streams,
- * the consumer and the bucket again with the configured settings, so that
- * the caller can try once more and the task in hand still ends. When that
- * is not allowed (a client, or credentials that may not create streams),
- * ci_broker_problem() says why. One thread at a time; the others wait and
- * then find everything there. */
-static bool recover(struct ci_broker *b, bool gone)
+/* Whether the stream named is gone: only the server's "not found" says so
+ * (no responders also happen while a replicated stream elects a leader). */
+static bool stream_missing(struct ci_broker *b, const char *name)
 {
-    if (!gone || !b->may_create)
+    CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetStreamInfo(&si, b->js, name, NULL, &jerr);
+    return s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr;
+}
+
+static void set_problem(struct ci_broker *b, const char *why)
+{
+    pthread_mutex_lock(&b->problem_lock);
+    snprintf(b->problem, sizeof(b->problem), "%s", why);
+    pthread_mutex_unlock(&b->problem_lock);
+}
+
+/* After a failure that may mean one of our streams is gone (an operator
+ * deleted CI_STATUS, CI_CANCEL, CI_TASKS or the results bucket): a worker's
+ * broker makes whatever is missing again with the configured settings (the
+ * streams, the consumer, the bucket), so that the caller can try once more
+ * and the task in hand still ends. True when something was made again.
+ * When that is not allowed (a client, or credentials that may not create
+ * streams), ci_broker_problem() says why. One thread at a time; one that
+ * waited finds everything there and tries again as well. */
+static bool recover(struct ci_broker *b, bool maybe_gone)
+{
+    if (!maybe_gone || !b->may_create)
         return false;
-    struct ci_error e = {{0}};
+    const struct ci_config *c = b->cfg;
+    char kv_stream[SUBJECT_MAX];
+    snprintf(kv_stream, sizeof(kv_stream), "KV_%s", c->jetstream.results_bucket);
+    uint64_t before = atomic_load(&b->recreated);
     pthread_mutex_lock(&b->recover_lock);
-    ci_status r = ensure_streams(b, &e);
-    if (!r)
-        r = ensure_consumer(b, &e);
-    if (!r)
+    if (atomic_load(&b->recreated) != before) { /* another thread just did it */
+        pthread_mutex_unlock(&b->recover_lock);
+        return true;
+    }
+    bool streams = stream_missing(b, c->jetstream.tasks_stream) ||
+                   stream_missing(b, c->jetstream.status_stream) ||
+                   stream_missing(b, c->jetstream.cancel_stream);
+    bool kv = stream_missing(b, kv_stream);
+    struct ci_error e = {{0}};
+    ci_status r = CI_OK;
+    if (streams) {
+        r = ensure_streams(b, &e);
+        if (!r)
+            r = ensure_consumer(b, &e);
+    }
+    if (!r && kv)
         r = recreate_kv(b, &e);
-    if (r)
-        snprintf(b->problem, sizeof(b->problem),
-                 "a stream or bucket of the service was deleted and cannot be created again: %.400s",
+    if (r) {
+        char why[sizeof(b->problem)];
+        snprintf(why, sizeof(why),
+                 "a stream or bucket of the service was deleted and cannot be created again: "
+                 "%.400s",
                  e.msg);
-    else
-        b->problem[0] = '\0';
+        set_problem(b, why);
+    } else {
+        set_problem(b, ""); /* all there again, whoever made it */
+        if (streams || kv)
+            atomic_fetch_add(&b->recreated, 1);
+    }
     pthread_mutex_unlock(&b->recover_lock);
-    if (!r)
-        atomic_fetch_add(&b->recreated, 1);
-    return r == CI_OK;
+    return !r && (streams || kv);
 }
 
 bool ci_broker_problem(struct ci_broker *b, char *why, size_t n)
 {
-    pthread_mutex_lock(&b->recover_lock);
+    pthread_mutex_lock(&b->problem_lock);
     bool bad = b->problem[0] != '\0';
     if (bad)
         snprintf(why, n, "%s", b->problem);
-    pthread_mutex_unlock(&b->recover_lock);
+    pthread_mutex_unlock(&b->problem_lock);
     return bad;
 }
 
@@ -496,6 +542,7 @@ void ci_broker_free(struct ci_broker *b)
         natsConnection_Destroy(b->nc);
     }
     pthread_mutex_destroy(&b->recover_lock);
+    pthread_mutex_destroy(&b->problem_lock);
     free(b);
 }
 
@@ -703,30 +750,40 @@ void ci_delivery_free(struct ci_delivery *d)
 
 /* --- results, events, cancel --- */
 
-/* nats.c reports a failed revision check only through the server's text. */
-static bool wrong_last_sequence(void)
-{
-    const char *last = nats_GetLastError(NULL);
-    return last && strstr(last, "wrong last sequence");
-}
-
 ci_status ci_broker_result_swap(struct ci_broker *b, const char *task_id, const void *data,
                                 size_t len, uint64_t rev, uint64_t *ret_rev, struct ci_error *err)
 {
-    uint64_t got = 0;
-    natsStatus s = rev ? kvStore_Update(&got, b->kv, task_id, data, (int)len, rev)
-                       : kvStore_Create(&got, b->kv, task_id, data, (int)len);
-    if (s != NATS_OK && recover(b, ci_nats_gone(s, 0)))
+    /* A publish on the key's subject with the server checking the subject's
+     * last sequence: what kvStore_Update/Create do, with the JetStream error
+     * code kept (a full store, a wrong revision) and "none" said exactly. */
+    char subj[SUBJECT_MAX];
+    int k = snprintf(subj, sizeof(subj), "$KV.%s.%s", b->cfg->jetstream.results_bucket, task_id);
+    if (k < 0 || (size_t)k >= sizeof(subj))
+        return ci_error_set(err, CI_ERR_INVALID, "task id too long for a results key");
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    if (rev)
+        po.ExpectLastSubjectSeq = rev;
+    else
+        po.ExpectNoMessage = true;
+    CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_Publish(&pa, b->js, subj, data, (int)len, &po, &jerr);
+    if (s != NATS_OK && recover(b, ci_nats_gone(s, jerr))) {
         /* The bucket was deleted, and this record with it: write it anew. */
-        s = kvStore_Create(&got, b->kv, task_id, data, (int)len);
-    if (s != NATS_OK && wrong_last_sequence())
+        jsPubOptions_Init(&po);
+        po.ExpectNoMessage = true;
+        jerr = 0;
+        s = js_Publish(&pa, b->js, subj, data, (int)len, &po, &jerr);
+    }
+    if (s != NATS_OK && jerr == JSStreamWrongLastSequenceErr)
         return ci_error_set(err, CI_ERR_CONFLICT,
                             "the result record of task '%s' changed since revision %" PRIu64,
                             task_id, rev);
     if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot write the result to the results bucket");
+        return ci_nats_fail(err, s, jerr, "cannot write the result to the results bucket");
     if (ret_rev)
-        *ret_rev = got;
+        *ret_rev = pa ? pa->Sequence : 0;
     return CI_OK;
 }
 

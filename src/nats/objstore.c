@@ -629,10 +629,10 @@ ci_status ci_objstore_open(jsCtx *js, const struct ci_objstore_opts *opts, bool 
     return CI_OK;
 }
 
-/* After a failure of NATS: whether the bucket's stream is gone (an operator
- * deleted it; a direct get then just times out, so the stream itself is
- * asked), and if so, created again when this store may, so that the caller
- * can try once more. */
+/* After a failure of NATS: whether to try once more. Yes when the bucket's
+ * stream is gone (an operator deleted it; a direct get then just times out,
+ * so the stream itself is asked) and this store may create it again, and
+ * when it is there (another thread may just have made it again). */
 static bool recreate(struct ci_objstore *os, ci_status failed)
 {
     if ((failed != CI_ERR_NATS && failed != CI_ERR_TIMEOUT) || !os->create)
@@ -642,8 +642,10 @@ static bool recreate(struct ci_objstore *os, ci_status failed)
     CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus ns = js_GetStreamInfo(&si, os->js, os->stream, &o, &jerr);
+    if (ns == NATS_OK) /* there: made again by another thread a moment ago, maybe */
+        return true;
     if (ns != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr)
-        return false; /* there (or unknown): the failure was something else */
+        return false; /* unknown: the failure was something else */
     return ensure_stream(os, &os->opts, true, NULL) == CI_OK;
 }
 
@@ -835,10 +837,8 @@ static ci_status live_meta(struct ci_objstore *os, const char *name, struct ci_o
     struct ci_objmeta m;
     bool link = false;
     ci_status s = fetch_meta(os, name, &m, &link, NULL, err);
-    if (s && recreate(os, s)) /* the bucket was deleted: so were its objects */
-        return ci_error_set(err, CI_ERR_NOT_FOUND,
-                            "object '%s' not found in bucket '%s' (the bucket had been deleted)",
-                            SHOW(name), os->bucket);
+    if (s && recreate(os, s)) /* a bucket made again is empty: not found, then */
+        s = fetch_meta(os, name, &m, &link, NULL, err);
     if (s)
         return s;
     if (m.deleted) {

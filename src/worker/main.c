@@ -332,7 +332,10 @@ static ci_status setup_broker(struct ci_broker *b, struct ci_error *err)
     int64_t pause_ms = 250;
     for (;;) {
         ci_status s = ci_broker_setup(b, true, err);
-        if ((s != CI_ERR_NATS && s != CI_ERR_TIMEOUT) || ci_mono_ms() + pause_ms > deadline)
+        /* CI_ERR_FULL too: a cluster still starting may have no peers to
+         * place a stream or the consumer on ("insufficient resources"). */
+        if ((s != CI_ERR_NATS && s != CI_ERR_TIMEOUT && s != CI_ERR_FULL) ||
+            ci_mono_ms() + pause_ms > deadline)
             return s;
         ci_log(CI_LOG_WARN, "worker.nats_setup_retry", "error", err->msg, NULL);
         for (int64_t slept = 0; slept < pause_ms && !g_stop; slept += 50) {
@@ -362,6 +365,7 @@ static ci_status connect_broker(const struct ci_config *cfg, struct ci_broker **
         ci_status s = ci_broker_connect(cfg, ret, err);
         if (s != CI_ERR_NATS && s != CI_ERR_TIMEOUT)
             return s;
+        /* The first try and nats.max_reconnects more, as after a lost connection. */
         if (cfg->nats.max_reconnects >= 0 && attempt > (uint64_t)cfg->nats.max_reconnects)
             return s;
         int64_t now = ci_mono_ms();
@@ -462,6 +466,10 @@ static int run_worker(const struct ci_config *cfg)
         goto out;
     }
     if (cs || setup_broker(w.env.broker, &e)) {
+        if (g_stop) { /* SIGTERM while it waited: a clean stop */
+            rc = 0;
+            goto out;
+        }
         ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
         goto out;
     }

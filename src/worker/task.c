@@ -44,6 +44,7 @@ struct task {
      * record - it is superseded, and says so. */
     uint64_t rev;
     bool final_started;      /* this attempt began to store its terminal result */
+    bool final_stored;       /* ... and stored it (its event may still have failed) */
 };
 
 static void task_release(struct task *t)
@@ -249,6 +250,8 @@ static ci_status store_result(struct task *t, struct result *r, struct ci_error 
     free(buf);
     if (s)
         return s;
+    if (ci_task_status_terminal(r->msg.status))
+        t->final_stored = true;
     const char *msg = r->text.error[0] ? r->text.error : NULL;
     return publish_event(t, r->msg.status, msg, &r->msg, err);
 }
@@ -259,7 +262,11 @@ static Ci__V1__ExecutionResult *existing_result(struct task *t)
 {
     uint8_t *buf = NULL;
     size_t len = 0;
-    if (ci_broker_result_get(t->env->broker, t->id, &buf, &len, &t->rev, NULL))
+    uint64_t rev = 0;
+    ci_status s = ci_broker_result_get(t->env->broker, t->id, &buf, &len, &rev, NULL);
+    if (s == CI_OK || s == CI_ERR_NOT_FOUND) /* not when unreadable: keep what we knew */
+        t->rev = rev;
+    if (s)
         return NULL;
     ProtobufCMessage *m = NULL;
     /* A client may have written the QUEUED record in the other encoding. */
@@ -290,6 +297,50 @@ static ci_status store_final(struct task *t, struct result *r, struct ci_error *
             return s;
     }
     return s;
+}
+
+/* What a write that found the record changed since this attempt looked
+ * must do, by what the record is now. */
+enum fence {
+    FENCE_WRITE_AGAIN, /* gone, expired, QUEUED, or an earlier attempt's: write over it */
+    FENCE_ENDED,       /* a terminal result is stored (maybe ours, its ack lost) */
+    FENCE_SUPERSEDED,  /* a later attempt has it */
+};
+
+static enum fence after_conflict(struct task *t)
+{
+    Ci__V1__ExecutionResult *now = existing_result(t); /* t->rev: the record's now */
+    if (!now)
+        return FENCE_WRITE_AGAIN;
+    uint32_t mine = ci_delivery_attempt(t->d);
+    bool ours = now->worker && strcmp(now->worker, t->env->worker_id) == 0;
+    enum fence f = ci_task_status_terminal(now->status)      ? FENCE_ENDED
+                   : now->attempt > mine                      ? FENCE_SUPERSEDED
+                   : now->attempt == mine && !ours && mine > 0 ? FENCE_SUPERSEDED
+                                                              : FENCE_WRITE_AGAIN;
+    ci_message_free(&now->base);
+    return f;
+}
+
+/* store_result (or store_final, when final) fenced: a write that finds the
+ * record changed looks at what it is now and writes again over a record
+ * that is not a later attempt's - a deleted or expired one, the client's
+ * QUEUED one, an earlier attempt's, or its own whose ack was lost.
+ * CI_ERR_CONFLICT with *ret_fence ENDED or SUPERSEDED otherwise. */
+static ci_status write_fenced(struct task *t, struct result *r, bool final,
+                              enum fence *ret_fence, struct ci_error *err)
+{
+    *ret_fence = FENCE_WRITE_AGAIN;
+    for (int i = 0; i < 4; i++) {
+        ci_status s = final ? store_final(t, r, err) : store_result(t, r, err);
+        if (s != CI_ERR_CONFLICT)
+            return s;
+        *ret_fence = after_conflict(t);
+        if (*ret_fence != FENCE_WRITE_AGAIN)
+            return s;
+    }
+    *ret_fence = FENCE_SUPERSEDED; /* the record keeps changing under us: others are at it */
+    return CI_ERR_CONFLICT;
 }
 
 /* Whether an earlier attempt left the task RUNNING without a word: the
@@ -368,6 +419,22 @@ void ci_slot_cancel(const struct ci_worker_env *env, struct ci_slot *slot, const
             ci_provider_cancel(env->provider, slot->run);
     }
     pthread_mutex_unlock(&slot->lock);
+}
+
+/* Whether this attempt still holds the task: checked before each artifact
+ * is stored, since object names are the task's and a later attempt's must
+ * not be replaced. A record changed by an earlier attempt (or gone) is
+ * still ours to write over; t->rev follows it. */
+static enum fence still_ours(struct task *t)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t now = 0;
+    ci_status s = ci_broker_result_get(t->env->broker, t->id, &buf, &len, &now, NULL);
+    free(buf);
+    if ((s != CI_OK && s != CI_ERR_NOT_FOUND) || now == t->rev)
+        return FENCE_WRITE_AGAIN; /* unreadable: the result write will tell */
+    return after_conflict(t);
 }
 
 /* Fetches the inputs. A failure of the request's making fills r->text.error;
@@ -453,6 +520,11 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
     char full_why[256] = "";
     for (size_t i = 0; i < o->n_artifacts; i++) {
         struct ci_artifact *a = &o->artifacts[i];
+        /* Object names are the task's: a later attempt's must not be
+         * replaced by this one's (checked before each, the window is one
+         * upload). */
+        if (still_ours(t) != FENCE_WRITE_AGAIN)
+            return ci_error_set(err, CI_ERR_CONFLICT, "the task was taken over or ended meanwhile");
         size_t n = strlen(t->id) + 1 + strlen(a->name) + 1;
         char *obj = malloc(n);
         if (!obj)
@@ -604,21 +676,40 @@ static enum ci_task_end superseded(struct task *t, const struct result *r)
     };
     ci_log_fields(CI_LOG_WARN, "task.superseded", f, sizeof(f) / sizeof(f[0]));
     slot_detach(t->slot);
+    /* No delivery comes after the last: left alone it would stay in the
+     * work queue for good. */
+    if (ci_delivery_last_attempt(t->d))
+        ci_delivery_term(t->d);
     return CI_TASK_END_SUPERSEDED;
 }
 
-/* Whether the record is still at the revision this attempt wrote: checked
- * before artifacts are stored, since their object names are the task's and
- * a superseded attempt must not replace a newer attempt's artifacts. */
-static bool still_current(struct task *t)
+/* The task's terminal result was stored meanwhile (by an attempt that
+ * ended first, or by this one with its ack lost): make sure its event is
+ * out, and ack. With dropped, the result this attempt had is not stored:
+ * it is superseded; without, this attempt had not run the code yet. */
+static enum ci_task_end ended_meanwhile(struct task *t, const struct result *dropped)
 {
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    uint64_t now = 0;
-    ci_status s = ci_broker_result_get(t->env->broker, t->id, &buf, &len, &now, NULL);
-    free(buf);
-    return s != CI_OK || now == t->rev; /* unreadable: the result write will tell */
+    Ci__V1__ExecutionResult *now = existing_result(t);
+    bool ours = now && now->attempt == ci_delivery_attempt(t->d) && now->worker &&
+                strcmp(now->worker, t->env->worker_id) == 0;
+    if (now && ci_task_status_terminal(now->status))
+        ensure_terminal_event(t, now);
+    ci_message_free(now ? &now->base : NULL);
+    slot_detach(t->slot);
+    ci_delivery_ack(t->d);
+    if (dropped && !ours) {
+        const struct ci_log_field f[] = {
+            CI_LOG_S("task_id", t->id),
+            CI_LOG_N("attempt", ci_delivery_attempt(t->d)),
+            CI_LOG_S("dropped_status", ci_task_status_short(dropped->msg.status)),
+        };
+        ci_log_fields(CI_LOG_WARN, "task.superseded", f, sizeof(f) / sizeof(f[0]));
+        return CI_TASK_END_SUPERSEDED;
+    }
+    ci_log(CI_LOG_INFO, "task.duplicate", "task_id", t->id, NULL);
+    return CI_TASK_END_DUPLICATE;
 }
+
 
 /* Disposes of a message whose processing met an infrastructure failure:
  * a later try may succeed, unless this was the last one. */
@@ -635,14 +726,28 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
         ci_delivery_nak(t->d, 2000);
         return CI_TASK_END_RETRY;
     }
+    /* Last try, and the result is stored: only its event failed. The
+     * record stands as it is (a FAILED over it could disagree with an
+     * event whose ack alone was lost); the event is tried once more. */
+    if (t->final_stored) {
+        Ci__V1__ExecutionResult *now = existing_result(t);
+        if (now)
+            ensure_terminal_event(t, now);
+        ci_message_free(now ? &now->base : NULL);
+        slot_detach(t->slot);
+        ci_delivery_term(t->d);
+        task_ended(t, r);
+        return CI_TASK_END_DONE;
+    }
     /* Last try: end it FAILED rather than leave it RUNNING forever. */
     r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
     result_fail(r, "the worker could not %s after %u attempts: %s", what,
                 ci_delivery_attempt(t->d), e->msg);
     struct ci_error e2 = {{0}};
-    ci_status s = store_final(t, r, &e2);
+    enum fence fence;
+    ci_status s = write_fenced(t, r, true, &fence, &e2);
     if (s == CI_ERR_CONFLICT)
-        return superseded(t, r);
+        return fence == FENCE_ENDED ? ended_meanwhile(t, r) : superseded(t, r);
     if (s)
         ci_log(CI_LOG_ERROR, "task.store_failed", "task_id", t->id, "error", e2.msg, NULL);
     slot_detach(t->slot);
@@ -656,9 +761,9 @@ static enum ci_task_end finish(struct task *t, struct result *r)
 {
     struct ci_error e = {{0}};
     t->final_started = true;
-    uint64_t rev = t->rev;
-    ci_status s = store_final(t, r, &e);
-    if (s == CI_ERR_FULL && t->rev == rev) { /* the record itself, not its event */
+    enum fence fence;
+    ci_status s = write_fenced(t, r, true, &fence, &e);
+    if (s == CI_ERR_FULL && !t->final_stored) { /* the record itself, not its event */
         /* A full store may still take a few hundred bytes: a small FAILED
          * result that says what was lost beats a task left RUNNING. */
         char prev[CI_RESULT_TEXT_MAX];
@@ -673,10 +778,10 @@ static enum ci_task_end finish(struct task *t, struct result *r)
         r->msg.stderr_truncated = r->msg.stderr_total_bytes > 0;
         r->msg.n_artifacts = 0;
         r->msg.n_labels = 0;
-        s = store_final(t, r, &e);
+        s = write_fenced(t, r, true, &fence, &e);
     }
     if (s == CI_ERR_CONFLICT)
-        return superseded(t, r);
+        return fence == FENCE_ENDED ? ended_meanwhile(t, r) : superseded(t, r);
     if (s)
         return give_up_or_retry(t, r, "store the result", &e);
     slot_detach(t->slot);
@@ -748,27 +853,14 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     struct result running;
     result_init(&running, t, CI__V1__TASK_STATUS__TASK_STATUS_RUNNING);
     running.msg.runtime = r->msg.runtime;
-    ci_status s = store_result(t, &running, &e);
-    if (s == CI_ERR_CONFLICT) {
-        /* Written since we looked: by an attempt that has just ended (then
-         * this one is a duplicate), or one still going (take over from it,
-         * as a redelivery does). */
-        Ci__V1__ExecutionResult *now = existing_result(t);
-        if (now && ci_task_status_terminal(now->status)) {
-            ensure_terminal_event(t, now);
-            ci_message_free(&now->base);
-            result_release(&running);
-            slot_detach(t->slot);
-            ci_delivery_ack(t->d);
-            ci_log(CI_LOG_INFO, "task.duplicate", "task_id", t->id, NULL);
-            return CI_TASK_END_DUPLICATE;
-        }
-        ci_message_free(now ? &now->base : NULL);
-        s = store_result(t, &running, &e);
-    }
+    /* Written since we looked: over an earlier attempt's record this one
+     * takes over, as a redelivery does; a later attempt's or a terminal
+     * result wins. */
+    enum fence fence;
+    ci_status s = write_fenced(t, &running, false, &fence, &e);
     result_release(&running);
     if (s == CI_ERR_CONFLICT)
-        return superseded(t, r);
+        return fence == FENCE_ENDED ? ended_meanwhile(t, NULL) : superseded(t, r);
     if (s)
         return give_up_or_retry(t, r, "record the task as running", &e);
     t->running_stored = true;
@@ -823,9 +915,17 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     (void)ci_result_set_outcome(&r->msg, &r->usage, &r->text, &o,
                                 env->cfg->limits.max_output_bytes);
     enum ci_task_end end;
-    if (!still_current(t)) {
+    fence = FENCE_WRITE_AGAIN;
+    s = upload_artifacts(t, r, &o, &e);
+    if (s == CI_ERR_CONFLICT || s == CI_OK)
+        fence = still_ours(t);
+    if (s == CI_ERR_CONFLICT && fence == FENCE_WRITE_AGAIN)
+        fence = FENCE_SUPERSEDED; /* it was not ours a moment ago */
+    if (fence == FENCE_ENDED) {
+        end = ended_meanwhile(t, r);
+    } else if (fence == FENCE_SUPERSEDED) {
         end = superseded(t, r);
-    } else if (upload_artifacts(t, r, &o, &e)) {
+    } else if (s) {
         r->msg.n_artifacts = 0;
         end = give_up_or_retry(t, r, "store the artifacts", &e);
     } else {

@@ -156,10 +156,14 @@ describe("worker robustness: a failed artifact upload", () => {
     });
     await c.waitStatus(taskId, "TASK_STATUS_RUNNING");
     await waitProcessWith(marker, 30000); // the code runs, its artifacts written
-    await c.jsm.streams.delete("OBJ_ci-files"); // the files bucket is gone
+    // The files bucket stops taking anything (its stream listens elsewhere;
+    // a deleted one would be made again: nats_resources).
+    const { config } = await c.jsm.streams.info("OBJ_ci-files");
+    await c.jsm.streams.update("OBJ_ci-files", { ...config, subjects: ["$O.ci-filesx.>"] });
     // Both deliveries go on to their upload, which fails.
     const releasing = setInterval(() => releaseMarker(marker), 50);
-    const { result: r } = await c.waitResult(taskId, 40000).finally(() => clearInterval(releasing));
+    const { result: r } = await c.waitResult(taskId, 60000).finally(() => clearInterval(releasing));
+    await c.jsm.streams.update("OBJ_ci-files", { ...config, subjects: config.subjects });
     assert.equal(r.status, "TASK_STATUS_FAILED", show(r));
     assert.deepEqual(r.artifacts, []);
     const infra = w.lines().find((l) => l.task_id === taskId && l.event === "task.infra_error");
