@@ -495,6 +495,11 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
     return !r && (streams || kv);
 }
 
+bool ci_broker_check(struct ci_broker *b)
+{
+    return recover(b, true);
+}
+
 bool ci_broker_problem(struct ci_broker *b, char *why, size_t n)
 {
     pthread_mutex_lock(&b->problem_lock);

@@ -45,6 +45,10 @@ void ci_broker_redact_urls(const char *urls, char *out, size_t n);
  * operation once more. When that fails, this says why (true, with why
  * filled) until a later recovery works. Thread-safe. */
 bool ci_broker_problem(struct ci_broker *b, char *why, size_t n);
+/* Looks for what may have gone without any write failing (a deleted
+ * CI_TASKS: idle fetches only time out) and makes it again; true when it
+ * did. A few JetStream requests: call it now and then, not per task. */
+bool ci_broker_check(struct ci_broker *b);
 /* How many times it made what was gone again. */
 uint64_t ci_broker_recreated(const struct ci_broker *b);
 

@@ -27,6 +27,7 @@
 #define CI_WORKER_VERSION "0.1.0"
 #define FETCH_WAIT_MS 1000
 #define TICK_MS 250
+#define STREAM_CHECK_MS 15000 /* how often the streams are looked for (main loop) */
 
 static volatile sig_atomic_t g_stop; /* set by the signal handler only */
 
@@ -517,9 +518,16 @@ static int run_worker(const struct ci_config *cfg)
                    ci_provider_name(w.env.provider), "nats", urls, "metrics_addr",
                    ci_monitor_address(w.monitor), NULL);
 
+    /* Now and then, what no failing write would reveal: a deleted CI_TASKS
+     * (idle fetches just time out) is made again with its consumer. */
+    int64_t next_check = ci_mono_ms() + STREAM_CHECK_MS;
     while (!g_stop) {
         struct timespec ts = {0, 100 * 1000000L};
         nanosleep(&ts, NULL);
+        if (ci_mono_ms() >= next_check) {
+            ci_broker_check(w.env.broker);
+            next_check = ci_mono_ms() + STREAM_CHECK_MS;
+        }
     }
     ci_log(CI_LOG_INFO, "worker.draining", NULL);
     /* Running tasks finish within their own limits; past the drain timeout

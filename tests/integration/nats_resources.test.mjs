@@ -60,6 +60,23 @@ describe("deleted streams and buckets come back", () => {
     assert.equal(si.config.max_msgs_per_subject, 1);
   });
 
+  test("CI_TASKS deleted with its consumer: the worker makes both again, and takes tasks again", async () => {
+    const c = stack.client;
+    await c.jsm.streams.delete("CI_TASKS");
+    // Idle fetches only time out: the worker looks for its streams now and then.
+    for (const deadline = Date.now() + 60000; ; ) {
+      const si = await c.jsm.streams.info("CI_TASKS").catch(() => null);
+      if (si) {
+        assert.equal(si.config.retention, "workqueue");
+        break;
+      }
+      assert.ok(Date.now() < deadline, "CI_TASKS made again within 60 s");
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    await c.jsm.consumers.info("CI_TASKS", "ci-workers");
+    await tasksEndWell(3, "notasks");
+  });
+
   test("the files bucket deleted: artifacts are stored again; an input that was in it is reported missing", async () => {
     const c = stack.client;
     // An input object, then the bucket goes.
