@@ -80,12 +80,16 @@ export async function runSoak({ tasks = 1000, concurrency = 2, warmup = 100, win
       else if (n < poolWanted) problems.push(`the warm pool stayed at ${n} of ${poolWanted} for 30 s`);
     };
     // Idle: no task queued or running, the warm pool full. The lowest of a
-    // few readings, so that a sandbox still being torn down does not count.
-    const idleSample = async (done) => {
+    // few readings, so that a sandbox still being torn down does not count;
+    // with a reading to compare with (fdsWanted), readings go on until the
+    // fds are down to it, for at most 30 s: on a loaded machine a teardown
+    // or a spare in the making holds its fds for a while, a leak for good.
+    const idleSample = async (done, fdsWanted = null) => {
       await poolFull();
       await sleep(500);
       let best = null;
-      for (let k = 0; k < 5; k++) {
+      const deadline = Date.now() + 30000;
+      for (let k = 0; k < 5 || (fdsWanted !== null && best.fds > fdsWanted && Date.now() < deadline); k++) {
         const s = { done, rss_kb: rssKb(w.pid), fds: fdCount(w.pid), at_ms: Date.now() - t0 };
         if (!best || s.fds < best.fds || (s.fds === best.fds && s.rss_kb < best.rss_kb)) best = s;
         await sleep(200);
@@ -124,7 +128,7 @@ export async function runSoak({ tasks = 1000, concurrency = 2, warmup = 100, win
     const warm = await idleSample(done);
     log(`warm (idle after ${done} tasks): RSS ${warm.rss_kb} kB, ${warm.fds} fds`);
     await phase(done, tasks);
-    const end = await idleSample(tasks);
+    const end = await idleSample(tasks, warm.fds);
     const elapsed = Date.now() - t0;
     log(`end (idle after ${tasks} tasks): RSS ${end.rss_kb} kB, ${end.fds} fds (${Math.round((tasks / elapsed) * 10000) / 10} tasks/s)`);
     if (wrong.length) problems.push(`${wrong.length} tasks ended unexpectedly: ${wrong.slice(0, 5).join("; ")}`);
