@@ -431,7 +431,9 @@ describe("cloudrun provider", () => {
       assert.equal(r.status, 503);
       assert.match((await r.json()).error, /shutting down/);
       assert.deepEqual(await exit, { code: 0, signal: null }, ex2.logText().slice(-4000));
-      assert.ok(Date.now() - t0 < 5000, "drained within its drain time");
+      // The drain (1 s) cut the task short: it would have run 30 s. Not a
+      // tighter bound: a loaded machine takes seconds to tear a sandbox down.
+      assert.ok(Date.now() - t0 < 25000, `stopped the task at its drain time, not its end (${Date.now() - t0} ms)`);
     } finally {
       await ex2.cleanup();
     }
