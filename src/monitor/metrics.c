@@ -228,8 +228,10 @@ ci_status ci_metrics_render(struct ci_metrics *m, struct ci_buf *b)
         s = header(b, "ci_task_deliveries_total", "counter",
                    "Messages taken from the work queue, by how they were disposed of: done "
                    "(terminal result, acked), duplicate (had a result already), dropped (no "
-                   "valid task id), retry (nak'ed after an infrastructure failure), stale "
-                   "(waited in the worker past half the ack wait: left for redelivery).");
+                   "valid task id), retry (nak'ed after an infrastructure failure), "
+                   "superseded (a later attempt took the task over: this result dropped), "
+                   "stale (waited in the worker past half the ack wait: left for "
+                   "redelivery).");
     for (size_t i = 0; i < CI_METRICS_N_OUTCOMES && !s; i++)
         s = ci_buf_appendf(b, "ci_task_deliveries_total{outcome=\"%s\"} %" PRIu64 "\n",
                            outcome_names[i], (uint64_t)atomic_load(&m->deliveries[i]));

@@ -58,8 +58,14 @@ describe("fencing: a superseded attempt never overwrites a newer one", () => {
     const line = await w.waitLog((l) => l.event === "task.superseded" && l.task_id === taskId, 120000);
     assert.equal(line.level, "warn");
     assert.equal(line.attempt, 1);
-    const m = await (await fetch(`${w.monitorUrl}/metrics`)).text();
-    assert.match(m, /^ci_task_deliveries_total\{outcome="superseded"\} [1-9]/m);
+    // Counted once the slot is back from the task, just after the log line.
+    const counted = /^ci_task_deliveries_total\{outcome="superseded"\} [1-9]/m;
+    let m = "";
+    for (const deadline = Date.now() + 30000; !counted.test(m); ) {
+      assert.ok(Date.now() < deadline, `superseded counted in /metrics:\n${m}`);
+      m = await (await fetch(`${w.monitorUrl}/metrics`)).text();
+      if (!counted.test(m)) await sleep(100);
+    }
   }
 
   for (const late of [false, true]) {
