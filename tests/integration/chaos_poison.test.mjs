@@ -58,7 +58,12 @@ describe("poison messages", () => {
     assert.equal(result.exitCode, 7);
     assert.match(result.error, /exited with code 7/);
     await expectAllSucceeded(c, others);
-    const after = await c.jsm.consumers.info("CI_TASKS", "ci-workers");
+    // A worker acks just after it stores the result: wait for the acks.
+    let after = await c.jsm.consumers.info("CI_TASKS", "ci-workers");
+    for (const deadline = Date.now() + 30000; after.num_ack_pending > 0 && Date.now() < deadline; ) {
+      await new Promise((r) => setTimeout(r, 100));
+      after = await c.jsm.consumers.info("CI_TASKS", "ci-workers");
+    }
     assert.equal(after.num_redelivered, before.num_redelivered, "nothing was redelivered");
     assert.equal(after.num_ack_pending, 0);
   });
