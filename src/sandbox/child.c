@@ -199,3 +199,19 @@ void child_add_rusage(struct msg *m, const struct rusage *ru)
     if (ru->ru_maxrss > m->maxrss_kb)
         m->maxrss_kb = ru->ru_maxrss;
 }
+
+void child_ready_then_go(int sock)
+{
+    int ws = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (ws < 0)
+        child_fail(sock, STEP_WORKSPACE, 0, errno);
+    struct msg ready = {.type = MSG_READY};
+    if (child_send_with_fd(sock, &ready, ws) != 0)
+        _exit(1);
+    close(ws);
+    enum step failed = child_drop_privileges();
+    if (failed)
+        child_fail(sock, failed, 0, errno);
+    if (!child_wait_byte(sock)) /* GO: the inputs are in place */
+        _exit(1);
+}

@@ -71,6 +71,11 @@ int child_run_op(const struct op *op);
  * uid) cannot ptrace init or read its /proc entries. Returns the step that
  * failed (errno set), or STEP_NONE. */
 enum step child_drop_privileges(void);
+/* The end of an init's setup, cold or warm alike: READY with a /workspace
+ * fd (the parent writes the inputs through it, reads the artifacts later),
+ * every privilege dropped, then wait for GO. Returns only on GO; any
+ * failure is reported on sock (or ends the process). */
+void child_ready_then_go(int sock);
 
 /* Adds what one reaped process used to a DONE message. */
 void child_add_rusage(struct msg *m, const struct rusage *ru);

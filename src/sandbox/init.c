@@ -188,21 +188,7 @@ __attribute__((noreturn)) void init_main(const struct child_args *a)
     if (a->zygote)
         zygote_exec(a);
 
-    /* READY, with /workspace: the parent writes the inputs through it now
-     * and reads the artifacts through it after everything here is dead. */
-    int ws = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (ws < 0)
-        child_fail(FD_SOCK, STEP_WORKSPACE, 0, errno);
-    struct msg ready = {.type = MSG_READY};
-    if (child_send_with_fd(FD_SOCK, &ready, ws) != 0)
-        _exit(1);
-    close(ws);
-
-    failed = child_drop_privileges();
-    if (failed)
-        child_fail(FD_SOCK, failed, 0, errno);
-    if (!child_wait_byte(FD_SOCK)) /* GO: the inputs are in place */
-        _exit(1);
+    child_ready_then_go(FD_SOCK);
 
     pid_t task = sys_clone(SIGCHLD);
     if (task < 0)

@@ -641,18 +641,7 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
     if (sethostname("sandbox", 7) != 0 || setdomainname("sandbox", 7) != 0)
         child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
 
-    int ws = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (ws < 0)
-        child_fail(FD_SOCK, STEP_WORKSPACE, 0, errno);
-    struct msg ready = {.type = MSG_READY};
-    if (child_send_with_fd(FD_SOCK, &ready, ws) != 0)
-        _exit(1);
-    close(ws);
-    failed = child_drop_privileges();
-    if (failed)
-        child_fail(FD_SOCK, failed, 0, errno);
-    if (!child_wait_byte(FD_SOCK)) /* GO: the inputs are in place */
-        _exit(1);
+    child_ready_then_go(FD_SOCK);
 
     /* The task process takes it from here, with the task's fds and limits. */
     static const int all[FD_COUNT] = {0, 1, 2, 3, 4};
