@@ -165,9 +165,13 @@ static ci_status interpret(const struct local *l, const struct ci_run *run,
         o->has_exit_code = true;
         o->exit_code = sig ? 128 + sig : WEXITSTATUS(st);
         /* With a cgroup its OOM killer says it (whichever process it took);
-         * without one, a deadly signal near the limit is the best guess. */
+         * without one, a deadly signal near the limit is the best guess.
+         * The report is the code's to write (its fd is in the code's
+         * process): it may name a MemoryError only for a run that failed,
+         * never turn a clean exit into a failure. */
         bool near_limit = (uint64_t)o->memory_mb * 2 >= run->memory_mb;
-        bool memory = (rep.kind && strcmp(rep.kind, "memory") == 0) || res->oom_killed ||
+        bool reported = rep.kind && strcmp(rep.kind, "memory") == 0 && o->exit_code != 0;
+        bool memory = reported || res->oom_killed ||
                       (!res->cgroup && memory_signal(sig) && near_limit);
         if (memory) {
             o->kind = CI_OUTCOME_MEMORY;

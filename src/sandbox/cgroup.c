@@ -573,6 +573,15 @@ void ci_cgroup_stats(const struct ci_cgroup *cg, struct ci_cgroup_stats *ret)
         keyed_value(buf, "oom_kill", &st.oom_kills);
     if (!cg_read(m, v2 ? "memory.peak" : "memory.max_usage_in_bytes", buf, sizeof(buf)))
         st.has_peak = parse_u64(buf, &st.peak_bytes);
+    if (v2) {
+        if (!cg_read(m, "cpu.stat", buf, sizeof(buf)))
+            st.has_cpu = keyed_value(buf, "usage_usec", &st.cpu_usec);
+    } else if (cg->made[CI_CG_CPU] &&
+               !cg_read(cg->dir[CI_CG_CPU], "cpuacct.usage", buf, sizeof(buf)) &&
+               parse_u64(buf, &st.cpu_usec)) {
+        st.has_cpu = true;
+        st.cpu_usec /= 1000; /* nanoseconds */
+    }
     *ret = st;
 }
 

@@ -85,9 +85,11 @@ struct ci_cgroup_stats {
     bool has_peak;       /* the kernel reports a peak (v2 memory.peak, v1 max_usage) */
     uint64_t peak_bytes; /* highest memory use: processes, tmpfs pages, page cache */
     uint64_t oom_kills;  /* processes the OOM killer killed because of memory.max */
+    bool has_cpu;
+    uint64_t cpu_usec;   /* CPU time of every process that ran in it */
 };
 
-/* Reads the memory statistics; call once the processes are gone. Fields it
+/* Reads the memory and CPU statistics; call once the processes are gone. Fields it
  * cannot read stay 0/false. */
 void ci_cgroup_stats(const struct ci_cgroup *cg, struct ci_cgroup_stats *ret);
 

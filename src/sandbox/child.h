@@ -12,6 +12,7 @@
 #define CI_SANDBOX_CHILD_H
 
 #include <stdbool.h>
+#include <signal.h>
 #include <stddef.h>
 #include <sys/resource.h>
 
@@ -76,6 +77,15 @@ enum step child_drop_privileges(void);
  * every privilege dropped, then wait for GO. Returns only on GO; any
  * failure is reported on sock (or ends the process). */
 void child_ready_then_go(int sock);
+
+/* Is si (from sigwaitinfo) the worker's stop request? Sent from outside
+ * the namespace (si_pid 0) by kill() or pidfd_send_signal() (SI_USER). A
+ * process of the sandbox can queue SIG_STOP with any si_pid through
+ * rt_sigqueueinfo(), but the kernel refuses it si_code SI_USER. */
+static inline bool child_is_stop_request(int sig, const siginfo_t *si)
+{
+    return sig == SIG_STOP && si->si_code == SI_USER && si->si_pid == 0;
+}
 
 /* Adds what one reaped process used to a DONE message. */
 void child_add_rusage(struct msg *m, const struct rusage *ru);

@@ -239,9 +239,7 @@ __attribute__((noreturn)) static void reap_all(pid_t task)
         }
         siginfo_t si;
         int sig = sigwaitinfo(&waited, &si);
-        /* si_pid is 0 for a sender outside the namespace: the parent. A
-         * process of the sandbox cannot stop init this way. */
-        if (sig == SIG_STOP && si.si_pid == 0)
+        if (child_is_stop_request(sig, &si))
             stopping = true;
     }
 report:

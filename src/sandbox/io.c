@@ -316,6 +316,16 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
             r.cgroup_peak = true;
             r.outcome.memory_mb = (uint32_t)((cs.peak_bytes + (1 << 20) - 1) >> 20);
         }
+        /* The cgroup's OOM killer took init (code that lowered its own OOM
+         * score and kept its memory out of its own RSS, in a tmpfs): the
+         * report is lost with it, but what happened is known - the task
+         * went over its memory limit - and so is its CPU time. */
+        if (end == CI_SANDBOX_EXITED && !r.has_status && !news.broken && cs.oom_kills > 0) {
+            r.has_status = true;
+            r.status = SIGKILL; /* a wait status: killed by SIGKILL */
+            if (cs.has_cpu)
+                r.outcome.cpu_ms = cs.cpu_usec / 1000;
+        }
     }
     if (end == CI_SANDBOX_EXITED && !r.has_status && !news.broken) {
         news.broken = true;
