@@ -200,15 +200,15 @@ void child_add_rusage(struct msg *m, const struct rusage *ru)
         m->maxrss_kb = ru->ru_maxrss;
 }
 
-void child_ready_then_go(int sock)
+void child_ready_then_go(int sock, int task_pidfd)
 {
-    int ws = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (ws < 0)
+    int fds[2] = {open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC), task_pidfd};
+    if (fds[0] < 0)
         child_fail(sock, STEP_WORKSPACE, 0, errno);
     struct msg ready = {.type = MSG_READY};
-    if (child_send_with_fd(sock, &ready, ws) != 0)
+    if (child_send_fds(sock, &ready, sizeof(ready), fds, task_pidfd >= 0 ? 2 : 1) != 0)
         _exit(1);
-    close(ws);
+    close(fds[0]);
     enum step failed = child_drop_privileges();
     if (failed)
         child_fail(sock, failed, 0, errno);

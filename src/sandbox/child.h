@@ -73,10 +73,12 @@ int child_run_op(const struct op *op);
  * failed (errno set), or STEP_NONE. */
 enum step child_drop_privileges(void);
 /* The end of an init's setup, cold or warm alike: READY with a /workspace
- * fd (the parent writes the inputs through it, reads the artifacts later),
- * every privilege dropped, then wait for GO. Returns only on GO; any
- * failure is reported on sock (or ends the process). */
-void child_ready_then_go(int sock);
+ * fd (the parent writes the inputs through it, reads the artifacts later)
+ * and, from a cold init, a pidfd of its task process (task_pidfd, or -1:
+ * the worker sets its OOM score), every privilege dropped, then wait for
+ * GO. Returns only on GO; any failure is reported on sock (or ends the
+ * process). */
+void child_ready_then_go(int sock, int task_pidfd);
 
 /* Is si (from sigwaitinfo) the worker's stop request? Sent from outside
  * the namespace (si_pid 0) by kill() or pidfd_send_signal() (SI_USER). A

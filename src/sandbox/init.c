@@ -188,13 +188,39 @@ __attribute__((noreturn)) void init_main(const struct child_args *a)
     if (a->zygote)
         zygote_exec(a);
 
-    child_ready_then_go(FD_SOCK);
-
+    /* The task process is forked before READY, so that the worker can set
+     * its OOM score with privilege (pin_oom_score) before any code runs; it
+     * waits for our word after GO. */
+    int go[2];
+    if (pipe2(go, O_CLOEXEC) != 0)
+        child_fail(FD_SOCK, STEP_FORK, 0, errno);
     pid_t task = sys_clone(SIGCHLD);
     if (task < 0)
         child_fail(FD_SOCK, STEP_FORK, 0, errno);
-    if (task == 0)
+    if (task == 0) {
+        close(go[1]);
+        char c;
+        ssize_t r;
+        do
+            r = read(go[0], &c, 1);
+        while (r < 0 && errno == EINTR);
+        if (r != 1) /* init is gone */
+            _exit(1);
+        close(go[0]);
+        /* Forked before init dropped its privileges: drop them here. */
+        enum step dropped = child_drop_privileges();
+        if (dropped)
+            child_fail(FD_SOCK, dropped, 0, errno);
         task_exec(a);
+    }
+    close(go[0]);
+    int task_pidfd = sys_pidfd_open(task);
+    child_ready_then_go(FD_SOCK, task_pidfd);
+    if (task_pidfd >= 0)
+        close(task_pidfd);
+    if (write(go[1], "g", 1) != 1)
+        child_fail(FD_SOCK, STEP_FORK, 0, errno);
+    close(go[1]);
     /* Only the task holds the pipes now: the parent sees EOF when the
      * task and everything it started are gone. */
     for (int fd = 0; fd < FD_SOCK; fd++)

@@ -299,6 +299,46 @@ ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m,
     return recv_msg_on(run->sock, timeout_ms, m, ret_fd);
 }
 
+/* The host pid behind a pidfd (its fdinfo), or -1. */
+pid_t pidfd_pid(int pidfd)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", pidfd);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    const char *p = strstr(buf, "\nPid:");
+    long pid = -1;
+    if (p)
+        pid = strtol(p + 5, NULL, 10);
+    return pid > 0 ? (pid_t)pid : -1;
+}
+
+/* The task process's OOM score: 1000, the first process its cgroup's OOM
+ * killer takes. Written here, by a worker with CAP_SYS_RESOURCE, it is also
+ * the lowest the code may set (the kernel's oom_score_adj_min, inherited by
+ * its children): code cannot lower it to have init taken instead. Without
+ * that capability the task raises its own score, and could lower it back:
+ * best effort, as an OOM kill of init is still reported as what it is. */
+void pin_oom_score(const struct ci_sandbox *sb, pid_t task)
+{
+    if (!sb->pin_oom || task <= 0)
+        return;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/oom_score_adj", (int)task);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t w = write(fd, "1000", 4);
+    (void)w;
+    close(fd);
+}
+
 /* Turns a MSG_FAILED into one sentence. */
 void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out,
                       size_t size)
@@ -383,8 +423,14 @@ ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job,
     bool dummy;
     bool *fallback = ret_fallback ? ret_fallback : &dummy;
     struct msg m;
-    int ws = -1;
-    ci_status s = recv_msg(run, READY_TIMEOUT_MS, &m, &ws);
+    int fds[2]; /* the /workspace; a cold init's task process (a pidfd) */
+    ci_status s = recv_msg_fds(run->sock, READY_TIMEOUT_MS, &m, fds, 2);
+    int ws = fds[0];
+    if (fds[1] >= 0) {
+        if (!run->warm && m.type == MSG_READY)
+            pin_oom_score(sb, pidfd_pid(fds[1]));
+        close(fds[1]);
+    }
     *fallback = true;
     if (s == CI_ERR_TIMEOUT)
         return ci_error_set(err, CI_ERR_TIMEOUT, "the sandbox was not built within %d s",

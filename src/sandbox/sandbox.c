@@ -47,6 +47,7 @@
 
 #include "core/util.h"
 #include "sandbox/sandbox_int.h"
+#include "sandbox/sys.h"
 
 const struct sandbox_layer sandbox_layers[CI_LAYER_COUNT] = {
     [CI_LAYER_USER] = {"user", "user", CLONE_NEWUSER, "CLONE_NEWUSER", true},
@@ -116,6 +117,7 @@ ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
     sb->with_proc = o->with_proc;
     sb->clone_flags = o->clone_flags;
     sb->outside_root = root;
+    sb->pin_oom = sys_has_cap(CAP_SYS_RESOURCE);
     /* Unprivileged, the only id we may map is our own. */
     sb->outside_uid = root ? cfg->local.sandbox_uid : geteuid();
     sb->outside_gid = root ? cfg->local.sandbox_gid : getegid();

@@ -38,6 +38,7 @@ struct ci_sandbox {
     bool with_proc;
     unsigned long clone_flags;
     bool outside_root;   /* the worker is root: map to cfg->local.sandbox_uid */
+    bool pin_oom;        /* we have CAP_SYS_RESOURCE: pin_oom_score() holds */
     uid_t outside_uid;   /* the id the sandbox user is outside */
     gid_t outside_gid;
     char isolation[128];
@@ -162,6 +163,8 @@ ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_job *job,
 ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job, bool *ret_fallback,
                        struct ci_error *err);
 ci_status write_proc_file(pid_t pid, const char *name, const char *text, struct ci_error *err);
+pid_t pidfd_pid(int pidfd);
+void pin_oom_score(const struct ci_sandbox *sb, pid_t task);
 void close_child_ends(struct ci_sandbox_run *run);
 ci_status send_byte(struct ci_sandbox_run *run);
 void send_code(struct ci_sandbox_run *run);

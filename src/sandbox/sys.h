@@ -72,6 +72,17 @@ static inline int sys_capset_zero(void)
     return (int)syscall(SYS_capset, &hdr, data);
 }
 
+/* Is cap (CAP_*) in the calling thread's effective set? */
+static inline bool sys_has_cap(int cap)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    if (cap < 0 || cap >= 64 || syscall(SYS_capget, &hdr, data) != 0)
+        return false;
+    return (data[cap / 32].effective >> (cap % 32)) & 1u;
+}
+
 /* Loads the filter in the calling process (no_new_privs must be set). */
 static inline int load_seccomp(const struct sock_fprog *prog)
 {

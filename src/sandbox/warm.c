@@ -274,26 +274,6 @@ ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error 
     return s;
 }
 
-/* The host pid behind a pidfd (its fdinfo), or -1. */
-static pid_t pidfd_pid(int pidfd)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", pidfd);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    const char *p = strstr(buf, "\nPid:");
-    long pid = -1;
-    if (p)
-        pid = strtol(p + 5, NULL, 10);
-    return pid > 0 ? (pid_t)pid : -1;
-}
-
 /* Warm mode: a zygote hands the task to a spare init (cloned ahead, its
  * task process forked and waiting), which says HELLO with pidfds of both;
  * we put both in the task's cgroup, then init builds its mounts like a cold
@@ -367,6 +347,7 @@ ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
             return ci_error_set(err, CI_ERR_SYS, "the task's init ended before its setup");
         }
     }
+    pin_oom_score(sb, task_pid);
     /* Its warm-up ran at SCHED_IDLE: the task runs at the normal policy. */
     struct sched_param normal = {.sched_priority = 0};
     if (sb->warm_idle && sched_setscheduler(task_pid, SCHED_OTHER, &normal) != 0) {

@@ -680,7 +680,7 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
     if (sethostname("sandbox", 7) != 0 || setdomainname("sandbox", 7) != 0)
         child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
 
-    child_ready_then_go(FD_SOCK);
+    child_ready_then_go(FD_SOCK, -1); /* HELLO had the pidfds */
 
     /* The task process takes it from here, with the task's fds and limits. */
     static const int all[FD_COUNT] = {0, 1, 2, 3, 4};
