@@ -15,6 +15,8 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -122,6 +124,16 @@ __attribute__((noreturn)) static void reap_all(pid_t task);
  * execve. */
 __attribute__((noreturn)) static void zygote_exec(const struct child_args *a)
 {
+    /* The zygote's own /workspace and /dev/shm would lie beneath every
+     * task's: a task's mount namespace is a copy the kernel locks (no
+     * unmount there may show what a mount covers), so they go now; the
+     * zygote writes to neither. /tmp stays (matplotlib reads its font list
+     * there at import, made before any task), and so does /proc (the
+     * zygote reads it): SECURITY.md. */
+    static const char *const own[] = {"/workspace", "/dev/shm"};
+    for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
+        if (umount2(own[i], MNT_DETACH) != 0)
+            child_fail(FD_SOCK, STEP_ZYGOTE_MOUNTS, 0, errno);
     enum step failed = child_drop_privileges();
     if (failed)
         child_fail(FD_SOCK, failed, 0, errno);
@@ -129,6 +141,35 @@ __attribute__((noreturn)) static void zygote_exec(const struct child_args *a)
     child_send(FD_SOCK, &ready);
     syscall(SYS_execveat, FD_CODE, "", a->sb->zygote_argv, a->envp, AT_EMPTY_PATH);
     child_fail(FD_SOCK, STEP_EXEC, 0, errno);
+}
+
+/* /proc/1/cmdline is anyone's to read, and a cold init's arguments are the
+ * worker's (its program and config paths, a copy in our memory): zero
+ * them where the kernel reads them (arg_start..arg_end, fields 48-49 of
+ * /proc/self/stat, counted after the last ')'). Best effort. */
+static void blank_cmdline(void)
+{
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    unsigned long long at[2] = {0, 0};
+    for (int field = 3; p && *p && field <= 49; field++) { /* from field - 1 to field */
+        while (*p && *p != ' ')
+            p++;
+        while (*p == ' ')
+            p++;
+        if (field >= 48)
+            at[field - 48] = strtoull(p, NULL, 10);
+    }
+    if (at[0] && at[1] > at[0] && at[1] - at[0] < (1u << 20))
+        memset((void *)(uintptr_t)at[0], 0, (size_t)(at[1] - at[0]));
 }
 
 /* pid 1 of the sandbox: builds it, starts the task, reaps, reports. */
@@ -148,6 +189,7 @@ __attribute__((noreturn)) void init_main(const struct child_args *a)
     sigprocmask(SIG_BLOCK, &waited, NULL);
     if (child_move_fds(a->fds, -1) != 0)
         child_fail(a->fds[FD_SOCK], STEP_FDS, 0, errno);
+    blank_cmdline();
     if (!child_wait_byte(FD_SOCK))
         _exit(1);
     /* Init is a copy of the worker's memory (its config, its credentials):

@@ -62,6 +62,7 @@ enum step {
     STEP_MAPS,           /* the task's init writes its own uid and gid maps */
     STEP_HELLO,          /* the task's init sends pidfds of itself and the task */
     STEP_PYTHON,         /* the task could not call the driver */
+    STEP_ZYGOTE_MOUNTS,  /* a zygote's init detaches its own /workspace and /dev/shm */
     STEP_COUNT,
 };
 
@@ -92,6 +93,7 @@ static const char *const step_names[STEP_COUNT] = {
     [STEP_MAPS] = "write the task's uid and gid maps",
     [STEP_HELLO] = "report the task's processes to the worker",
     [STEP_PYTHON] = "start the driver in the warm runtime",
+    [STEP_ZYGOTE_MOUNTS] = "detach the warm runtime's own /workspace and /dev/shm",
 };
 
 enum msg_type { MSG_READY = 1, MSG_FAILED, MSG_DONE, MSG_HELLO };

@@ -117,6 +117,19 @@ report()
     assert.equal(rep.score.value, "'1000'");
   }, { skip: canPin ? undefined : "the worker lacks CAP_SYS_RESOURCE here, so it cannot pin the task's OOM score (an OOM kill of init is still reported as a memory failure: the case above)" });
 
+  b.attack("init's command line shows nothing of the worker; the warm runtime's own /workspace and /dev/shm are not beneath the task's", async () => {
+    const code = `
+cmd = open("/proc/1/cmdline", "rb").read().replace(b"\\0", b" ").decode("utf-8", "replace").strip()
+points = [line.split()[4] for line in open("/proc/self/mountinfo")]
+report(cmd=cmd, mounts={p: points.count(p) for p in ("/workspace", "/dev/shm", "/tmp", "/proc")})
+`;
+    const { result: r, report: rep } = await b.run(code);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.doesNotMatch(rep.cmd, /ci-worker|\.ya?ml|--config|build/, `init's command line: ${JSON.stringify(rep.cmd)}`);
+    assert.equal(rep.mounts["/workspace"], 1, `mounts at /workspace: ${show(r)}`);
+    assert.equal(rep.mounts["/dev/shm"], 1, `mounts at /dev/shm: ${show(r)}`);
+  });
+
   b.attack("a keeper that shares the code's memory, patched and woken, has its CPU time counted", async () => {
     // Warm mode: a keeper process shares the task's memory and sleeps in
     // ppoll() (through libc's syscall()). Turning that syscall instruction
