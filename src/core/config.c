@@ -159,6 +159,8 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_STR("local.python", local.python, "/usr/bin/python3", CS_ABSPATH),
     KEY_U32("local.sandbox_uid", local.sandbox_uid, 65534, 1, 4294967294u),
     KEY_U32("local.sandbox_gid", local.sandbox_gid, 65534, 1, 4294967294u),
+    KEY_U32("local.task_uid_first", local.task_uid_first, 60000, 1, 4294967294u),
+    KEY_U32("local.task_uid_count", local.task_uid_count, 5000, 0, 1u << 24),
     KEY_U32("local.workspace_mb", local.workspace_mb, 256, 1, 65536),
     KEY_U32("local.tmp_mb", local.tmp_mb, 64, 1, 65536),
     KEY_U32("local.max_processes", local.max_processes, 64, 1, 65536),
@@ -1007,6 +1009,32 @@ static ci_status check_rules(struct parser *p)
     return CI_OK;
 }
 
+/* The task uids are a range of their own: not past the last uid, and
+ * without the uid init runs as (local.sandbox_uid). */
+static ci_status check_task_uids(struct parser *p)
+{
+    const struct ci_config *c = p->cfg;
+    uint64_t first = c->local.task_uid_first, count = c->local.task_uid_count;
+    if (!count)
+        return CI_OK;
+    size_t i = 0;
+    find_key("local.task_uid_count", &i);
+    size_t line = p->key_line[i];
+    find_key("local.task_uid_first", &i);
+    if (p->key_line[i] > line)
+        line = p->key_line[i];
+    if (first + count - 1 > 4294967294u)
+        return fail(p, line, "local.task_uid_count",
+                    "%" PRIu64 " uids from %" PRIu64 " go past the last uid (4294967294)", count,
+                    first);
+    if (c->local.sandbox_uid >= first && c->local.sandbox_uid < first + count)
+        return fail(p, line, "local.task_uid_first",
+                    "the range %" PRIu64 "-%" PRIu64 " holds local.sandbox_uid (%u), the "
+                    "sandbox's init: the tasks' uids must be others",
+                    first, first + count - 1, c->local.sandbox_uid);
+    return CI_OK;
+}
+
 /* CI_NATS_URL, when set and not empty, replaces nats.url. */
 static ci_status apply_env(struct ci_config *cfg, struct ci_error *err)
 {
@@ -1068,6 +1096,8 @@ ci_status ci_config_parse(const char *name, const uint8_t *data, size_t len,
     }
     if (!s)
         s = check_rules(&p);
+    if (!s)
+        s = check_task_uids(&p);
     if (!s)
         s = apply_env(p.cfg, err);
     if (s) {

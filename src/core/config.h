@@ -83,6 +83,11 @@ struct ci_config {
         char *python;          /* /usr/bin/python3 */
         uint32_t sandbox_uid;  /* outside uid the sandbox maps to when the worker is root: 65534 */
         uint32_t sandbox_gid;  /* 65534 */
+        /* A worker that is root runs each task's code as a uid of its own
+         * from this range (the kernel counts some resources per user), and
+         * the sandbox's init as sandbox_uid. 0: every task as sandbox_uid. */
+        uint32_t task_uid_first; /* 60000 */
+        uint32_t task_uid_count; /* 5000 */
         uint32_t workspace_mb; /* 256: tmpfs size of /workspace */
         uint32_t tmp_mb;       /* 64: tmpfs size of /tmp */
         uint32_t max_processes; /* 64 */

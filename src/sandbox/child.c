@@ -178,14 +178,17 @@ int child_run_op(const struct op *op)
     return -1;
 }
 
-enum step child_drop_privileges(void)
+enum step child_drop_privileges(uint64_t keep)
 {
     for (int cap = 0; cap < 64; cap++)
-        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
+        if (!((keep >> cap) & 1) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
             return STEP_DROP_CAPS;
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-    if (sys_capset_zero() != 0)
+    if ((keep ? sys_capset_keep(keep) : sys_capset_zero()) != 0)
         return STEP_DROP_CAPS;
+    for (int cap = 0; cap < 64; cap++)
+        if (((keep >> cap) & 1) && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0) != 0)
+            return STEP_DROP_CAPS;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         return STEP_NO_NEW_PRIVS;
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -200,7 +203,7 @@ void child_add_rusage(struct msg *m, const struct rusage *ru)
         m->maxrss_kb = ru->ru_maxrss;
 }
 
-void child_ready_then_go(int sock, int task_pidfd)
+void child_ready_then_go(int sock, int task_pidfd, uint64_t keep)
 {
     int fds[2] = {open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC), task_pidfd};
     if (fds[0] < 0)
@@ -209,9 +212,17 @@ void child_ready_then_go(int sock, int task_pidfd)
     if (child_send_fds(sock, &ready, sizeof(ready), fds, task_pidfd >= 0 ? 2 : 1) != 0)
         _exit(1);
     close(fds[0]);
-    enum step failed = child_drop_privileges();
+    enum step failed = child_drop_privileges(keep);
     if (failed)
         child_fail(sock, failed, 0, errno);
     if (!child_wait_byte(sock)) /* GO: the inputs are in place */
         _exit(1);
+}
+
+int child_limit_inotify(const char *instances, const char *watches)
+{
+    if (child_write_file("/proc/sys/user/max_inotify_instances", instances, strlen(instances),
+                         0) != 0)
+        return -1;
+    return child_write_file("/proc/sys/user/max_inotify_watches", watches, strlen(watches), 0);
 }

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <signal.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/resource.h>
 
 #include "sandbox/sandbox_proto.h"
@@ -67,18 +68,19 @@ int child_write_file(const char *path, const char *data, size_t len, int flags);
 /* Runs one step of the plan; -1 with errno on failure. */
 int child_run_op(const struct op *op);
 
-/* Drops every capability for good: bounding set, ambient, effective,
- * permitted, inheritable; then no_new_privs. Not dumpable: the task (same
- * uid) cannot ptrace init or read its /proc entries. Returns the step that
- * failed (errno set), or STEP_NONE. */
-enum step child_drop_privileges(void);
+/* Drops every capability for good but those in keep (bit CAP_*), which
+ * stay permitted, effective and ambient (across an exec): bounding set,
+ * ambient, effective, permitted, inheritable; then no_new_privs. Not
+ * dumpable: the task cannot ptrace init or read its /proc entries. Returns
+ * the step that failed (errno set), or STEP_NONE. */
+enum step child_drop_privileges(uint64_t keep);
 /* The end of an init's setup, cold or warm alike: READY with a /workspace
  * fd (the parent writes the inputs through it, reads the artifacts later)
  * and, from a cold init, a pidfd of its task process (task_pidfd, or -1:
  * the worker sets its OOM score), every privilege dropped, then wait for
- * GO. Returns only on GO; any failure is reported on sock (or ends the
- * process). */
-void child_ready_then_go(int sock, int task_pidfd);
+ * GO; keep: the capabilities child_drop_privileges() keeps. Returns only
+ * on GO; any failure is reported on sock (or ends the process). */
+void child_ready_then_go(int sock, int task_pidfd, uint64_t keep);
 
 /* Is si (from sigwaitinfo) the worker's stop request? Sent from outside
  * the namespace (si_pid 0) by kill() or pidfd_send_signal() (SI_USER). A
@@ -88,6 +90,10 @@ static inline bool child_is_stop_request(int sig, const siginfo_t *si)
 {
     return sig == SIG_STOP && si->si_code == SI_USER && si->si_pid == 0;
 }
+
+/* Sets the sandbox's own inotify quota (its user namespace's sysctls,
+ * under a mounted /proc; the caller still has its capabilities). */
+int child_limit_inotify(const char *instances, const char *watches);
 
 /* Adds what one reaped process used to a DONE message. */
 void child_add_rusage(struct msg *m, const struct rusage *ru);

@@ -13,6 +13,7 @@
  * executes ci-zygote instead of forking a task. */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -134,7 +135,11 @@ __attribute__((noreturn)) static void zygote_exec(const struct child_args *a)
     for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
         if (umount2(own[i], MNT_DETACH) != 0)
             child_fail(FD_SOCK, STEP_ZYGOTE_MOUNTS, 0, errno);
-    enum step failed = child_drop_privileges();
+    /* With task uids the zygote writes its spares' uid maps, which needs
+     * CAP_SETUID and CAP_SETGID in its namespace (ambient: they survive the
+     * exec). Its namespace maps only the sandbox's ids. */
+    uint64_t keep = a->task_uids ? (1ull << CAP_SETUID) | (1ull << CAP_SETGID) : 0;
+    enum step failed = child_drop_privileges(keep);
     if (failed)
         child_fail(FD_SOCK, failed, 0, errno);
     struct msg ready = {.type = MSG_READY};
@@ -229,6 +234,9 @@ __attribute__((noreturn)) void init_main(const struct child_args *a)
         child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
     if (a->zygote)
         zygote_exec(a);
+    if (sb->inotify_instances &&
+        child_limit_inotify(sb->inotify_instances, sb->inotify_watches) != 0)
+        child_fail(FD_SOCK, STEP_INOTIFY, 0, errno);
 
     /* The task process is forked before READY, so that the worker can set
      * its OOM score with privilege (pin_oom_score) before any code runs; it
@@ -250,14 +258,24 @@ __attribute__((noreturn)) void init_main(const struct child_args *a)
             _exit(1);
         close(go[0]);
         /* Forked before init dropped its privileges: drop them here. */
-        enum step dropped = child_drop_privileges();
+        enum step dropped = child_drop_privileges(0);
         if (dropped)
             child_fail(FD_SOCK, dropped, 0, errno);
         task_exec(a);
     }
     close(go[0]);
+    /* With task uids, the code is uid 1000 and init another (mapped to
+     * local.sandbox_uid outside): the code can then neither signal,
+     * prlimit nor renice init. Init keeps CAP_KILL, for kill(-1). */
+    uint64_t keep = 0;
+    if (a->task_uids) {
+        if (sys_setresuid(INIT_ID) != 0)
+            child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0); /* cleared by the id change */
+        keep = 1ull << CAP_KILL;
+    }
     int task_pidfd = sys_pidfd_open(task);
-    child_ready_then_go(FD_SOCK, task_pidfd);
+    child_ready_then_go(FD_SOCK, task_pidfd, keep);
     if (task_pidfd >= 0)
         close(task_pidfd);
     if (write(go[1], "g", 1) != 1)
@@ -274,8 +292,8 @@ __attribute__((noreturn)) void init_main(const struct child_args *a)
  * until the parent asks to stop (timeout, cancel); then kills what is
  * left (orphans included), reaps it too and reports the task's status with
  * the CPU time and peak memory of everything it reaped. Killing init
- * instead would lose that accounting. Every sandbox process has init's uid
- * and no capability, so kill(-1) reaches them all. */
+ * instead would lose that accounting. kill(-1) reaches every process of
+ * the namespace: they have init's uid, or init kept CAP_KILL (task uids). */
 __attribute__((noreturn)) static void reap_all(pid_t task)
 {
     sigset_t waited;

@@ -101,6 +101,7 @@ void ci_sandbox_run_free(struct ci_sandbox_run *run)
         return;
     run_kill_now(run);
     run_close(run);
+    uids_give_cold(&run->sb->uids, run->uid_slot); /* every process of the run is dead */
     close_fd(&run->wake_fd);
     for (size_t i = 0; i < sizeof(run->bare_strs) / sizeof(run->bare_strs[0]); i++)
         free(run->bare_strs[i]);
@@ -176,7 +177,7 @@ static ci_status write_inputs(struct ci_sandbox_run *run, const struct ci_job *j
     bool switch_fs = sb->outside_root;
     if (switch_fs) {
         sys_setfsgid(sb->outside_gid);
-        sys_setfsuid(sb->outside_uid);
+        sys_setfsuid(run->task_uid);
     }
     ci_status s = CI_OK;
     for (size_t i = 0; i < job->n_files && !s; i++) {
@@ -317,6 +318,34 @@ pid_t pidfd_pid(int pidfd)
     if (p)
         pid = strtol(p + 5, NULL, 10);
     return pid > 0 ? (pid_t)pid : -1;
+}
+
+/* The uid that inside uid `inside` of pid's user namespace is here, read
+ * from its uid_map (which shows the outside ids as the reader sees them),
+ * or (uid_t)-1. */
+uid_t outside_uid_of(pid_t pid, uid_t inside)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/uid_map", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return (uid_t)-1;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return (uid_t)-1;
+    buf[n] = '\0';
+    for (char *line = buf; *line;) {
+        unsigned long first, lower, count;
+        if (sscanf(line, "%lu %lu %lu", &first, &lower, &count) == 3 && inside >= first &&
+            inside - first < count)
+            return (uid_t)(lower + (inside - first));
+        char *nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        line = nl + 1;
+    }
+    return (uid_t)-1;
 }
 
 /* The task process's OOM score: 1000, the first process its cgroup's OOM
@@ -485,6 +514,17 @@ static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_job *job,
     ci_status s = new_task_cgroup(run, job, err);
     if (s)
         return s;
+    const char *uid_map = sb->uid_map;
+    if (sb->uids.on) {
+        if (uids_take_cold(&run->sb->uids, &run->uid_slot) != CI_OK)
+            return ci_error_set(err, CI_ERR_LIMIT, "every task uid of the cold runs is taken "
+                                "(more runs at once than task slots)");
+        run->task_uid = sb->uids.first + run->uid_slot;
+        snprintf(run->uid_map, sizeof(run->uid_map), "%d %u 1\n%d %u 1\n", SANDBOX_ID,
+                 (unsigned)run->task_uid, INIT_ID, (unsigned)sb->outside_uid);
+        uid_map = run->uid_map;
+        run->args.task_uids = true;
+    }
 
     pid_t pid = sys_clone(sb->clone_flags | SIGCHLD);
     if (pid < 0)
@@ -506,7 +546,7 @@ static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_job *job,
      * setgroups. Root keeps setgroups allowed so init can drop gid 0. */
     if (!sb->outside_root && (s = write_proc_file(pid, "setgroups", "deny\n", err)))
         return s;
-    if ((s = write_proc_file(pid, "uid_map", sb->uid_map, err)) ||
+    if ((s = write_proc_file(pid, "uid_map", uid_map, err)) ||
         (s = write_proc_file(pid, "gid_map", sb->gid_map, err)))
         return s;
     if (send_byte(run) != CI_OK)
@@ -620,6 +660,8 @@ ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
     if (!run)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     run->sb = sb;
+    run->uid_slot = UINT32_MAX;
+    run->task_uid = sb->outside_uid;
     run->pidfd = run->sock = run->code_fd = run->out_fd = run->err_fd = run->rep_fd = -1;
     run->wake_fd = run->ws_fd = run->bare_dir_fd = -1;
     for (int i = 0; i < FD_COUNT; i++)

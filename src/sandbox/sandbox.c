@@ -20,7 +20,8 @@
  *   probe.c      what this machine allows, and the mode it gets;
  *   warm.c       warm mode: the zygotes' setup and launch, a run's start
  *                in one (the pool is zygote.c, a zygote src/zygote/main.c);
- *   cgroup.c     the task's cgroup.
+ *   cgroup.c     the task's cgroup;
+ *   uids.c       the task uids: a uid of its own for each task's code.
  * sandbox_int.h holds what they share, sandbox_proto.h what the worker and
  * the processes of a sandbox say to each other.
  *
@@ -64,6 +65,7 @@ void ci_sandbox_free(struct ci_sandbox *sb)
     if (!sb)
         return;
     ci_zygote_pool_free(sb->warm); /* first: its zygotes use the plan */
+    uids_release(&sb->uids);
     free(sb->seccomp.filter);
     ci_cgroup_root_free(sb->cgroups);
     for (size_t i = 0; i < sb->n_strs; i++)
@@ -73,6 +75,25 @@ void ci_sandbox_free(struct ci_sandbox *sb)
 }
 
 const char *ci_sandbox_isolation(const struct ci_sandbox *sb) { return sb->isolation; }
+
+/* A task's share of an inotify limit the kernel counts per user for the
+ * owner of every sandbox's namespace (us, and our uid's other processes):
+ * half of it split between the task slots, so that no task can take what
+ * another task, or the host, needs. */
+static uint32_t inotify_share(const char *path, uint32_t slots)
+{
+    char buf[32];
+    unsigned long v = 0;
+    FILE *f = fopen(path, "re");
+    if (f && fgets(buf, sizeof(buf), f))
+        v = strtoul(buf, NULL, 10);
+    if (f)
+        fclose(f);
+    if (v == 0 || v > 1u << 30)
+        v = 128; /* the kernel's default for instances: a safe guess for both */
+    unsigned long share = v / 2 / (slots ? slots : 1);
+    return share ? (uint32_t)share : 1;
+}
 
 static void isolation_string(unsigned long flags, char *out, size_t size)
 {
@@ -131,6 +152,21 @@ ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
 
     ci_status s = CI_OK;
     if (sb->ns) {
+        s = uids_init(&sb->uids, cfg, root, cfg->local.mode == CI_MODE_WARM, err);
+        if (s) {
+            struct ci_sandbox *tmp = CI_STEAL(&sb);
+            ci_sandbox_free(tmp);
+            return s;
+        }
+        if (o->with_proc) {
+            uint32_t slots = ci_config_slots(cfg);
+            sb->inotify_instances = plan_str(
+                sb, "%u", inotify_share("/proc/sys/user/max_inotify_instances", slots));
+            sb->inotify_watches = plan_str(
+                sb, "%u", inotify_share("/proc/sys/user/max_inotify_watches", slots));
+            if (!sb->inotify_instances || !sb->inotify_watches)
+                s = CI_ERR_NOMEM;
+        }
         sb->uid_map = plan_str(sb, "%d %u 1\n", SANDBOX_ID, (unsigned)sb->outside_uid);
         sb->gid_map = plan_str(sb, "%d %u 1\n", SANDBOX_ID, (unsigned)sb->outside_gid);
         if (!sb->uid_map || !sb->gid_map)

@@ -6,6 +6,7 @@
 #define CI_SANDBOX_INT_H
 
 #include <linux/filter.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,11 +24,24 @@
 #include "sandbox/sandbox_proto.h"
 #include "sandbox/zygote.h"
 
+#define UIDS_MAX_BLOCKS 128
 #define NEWROOT "/tmp" /* built in the private mount namespace: the host's /tmp is untouched */
 #define MAX_OPS 64
 #define MAX_ENV 24
 #define READY_TIMEOUT_MS 10000 /* longest wait for a sandbox to be built */
 #define ARTIFACT_MAX_ENTRIES 1000
+
+/* The task uids (uids.c). */
+struct task_uids {
+    bool on;               /* the worker is root and local.task_uid_count > 0 */
+    uint32_t first, count; /* the range */
+    uint32_t cold;         /* its first `cold` uids: one per cold run at a time */
+    uint32_t block;        /* then blocks of `block`: one per zygote */
+    uint32_t blocks;
+    pthread_mutex_t lock;  /* cold_used */
+    uint8_t *cold_used;
+    int block_pidfd[UIDS_MAX_BLOCKS]; /* the zygote holding a block; -1 free (pool thread only) */
+};
 
 /* A prepared sandbox: the plan every run of it follows (plan.c, seccomp.c),
  * built once by ci_sandbox_new() and then only read, from several threads
@@ -39,7 +53,12 @@ struct ci_sandbox {
     unsigned long clone_flags;
     bool outside_root;   /* the worker is root: map to cfg->local.sandbox_uid */
     bool pin_oom;        /* we have CAP_SYS_RESOURCE: pin_oom_score() holds */
-    uid_t outside_uid;   /* the id the sandbox user is outside */
+    uid_t outside_uid;   /* the id the sandbox user is outside (init's, with task uids) */
+    struct task_uids uids;
+    /* Each sandbox's own inotify quota (its user namespace's sysctls), a
+     * share of the limit the kernel counts for the namespace's owner (us)
+     * across all of them: "" when not set (no /proc). */
+    char *inotify_instances, *inotify_watches;
     gid_t outside_gid;
     char isolation[128];
     struct ci_cgroup_root *cgroups; /* per-task cgroups; NULL: rlimits only */
@@ -91,6 +110,8 @@ struct child_args {
     char *const *envp;
     bool drop_to_sandbox_ids; /* bare mode as root */
     bool zygote;              /* init becomes a zygote: FD_CODE holds its program */
+    bool task_uids;           /* the code has a uid of its own: init becomes INIT_ID (cold),
+                               * or the zygote maps its spares' uids (warm) */
 };
 
 /* An input as written, to tell an unchanged input from an artifact. */
@@ -127,6 +148,11 @@ struct ci_sandbox_run {
     char *bare_strs[2];
     /* warm mode: init is a child of a zygote, known by its pidfd only */
     bool warm;
+    /* task uids: the cold slot this run holds (UINT32_MAX: none), the
+     * code's uid outside (inputs are written as it), the maps of a cold run */
+    uint32_t uid_slot;
+    uid_t task_uid;
+    char uid_map[80];
 };
 
 /* Closes *fd if it is open and marks it closed. */
@@ -164,6 +190,7 @@ ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job, boo
                        struct ci_error *err);
 ci_status write_proc_file(pid_t pid, const char *name, const char *text, struct ci_error *err);
 pid_t pidfd_pid(int pidfd);
+uid_t outside_uid_of(pid_t pid, uid_t inside);
 void pin_oom_score(const struct ci_sandbox *sb, pid_t task);
 void close_child_ends(struct ci_sandbox_run *run);
 ci_status send_byte(struct ci_sandbox_run *run);
@@ -182,6 +209,15 @@ bool plain_name(const char *name);
 /* artifacts.c: the artifact walk; a bare run's directory removed. */
 ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
 void remove_tree_at(int dirfd, int depth);
+
+/* uids.c: the task uids. */
+ci_status uids_init(struct task_uids *u, const struct ci_config *cfg, bool root, bool warm,
+                    struct ci_error *err);
+void uids_release(struct task_uids *u);
+ci_status uids_take_cold(struct task_uids *u, uint32_t *ret_slot); /* CI_ERR_LIMIT: none free */
+void uids_give_cold(struct task_uids *u, uint32_t slot);
+int uids_take_block(struct task_uids *u); /* the pool's thread; -1: none free */
+void uids_block_held_by(struct task_uids *u, int block, int pidfd);
 
 /* warm.c: the zygotes of a sandbox, and a run's start in one. */
 ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error *err);

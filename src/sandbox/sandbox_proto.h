@@ -28,6 +28,8 @@
 #include <sys/resource.h>
 
 #define SANDBOX_ID 1000  /* the sandbox's uid and gid, inside */
+#define INIT_ID 999      /* init's uid, inside, when tasks have uids of their own */
+#define TASK_IDS_INSIDE 100000 /* where a zygote's block of task uids starts, inside it */
 #define SIG_STOP SIGUSR1 /* worker -> init: kill everything, reap, report */
 
 /* fd numbers in a sandbox's init (and a zygote's children). */
@@ -63,6 +65,7 @@ enum step {
     STEP_HELLO,          /* the task's init sends pidfds of itself and the task */
     STEP_PYTHON,         /* the task could not call the driver */
     STEP_ZYGOTE_MOUNTS,  /* a zygote's init detaches its own /workspace and /dev/shm */
+    STEP_INOTIFY,        /* init sets the sandbox's inotify quota */
     STEP_COUNT,
 };
 
@@ -94,6 +97,7 @@ static const char *const step_names[STEP_COUNT] = {
     [STEP_HELLO] = "report the task's processes to the worker",
     [STEP_PYTHON] = "start the driver in the warm runtime",
     [STEP_ZYGOTE_MOUNTS] = "detach the warm runtime's own /workspace and /dev/shm",
+    [STEP_INOTIFY] = "set the sandbox's inotify quota in /proc/sys/user",
 };
 
 enum msg_type { MSG_READY = 1, MSG_FAILED, MSG_DONE, MSG_HELLO };
@@ -139,6 +143,8 @@ struct zmsg_setup {
 };
 
 #define ZSETUP_CGROUPNS 1u /* each task's init unshares its cgroup namespace once placed */
+#define ZSETUP_TASK_UIDS 4u /* the zygote maps each spare's uid 1000 to one of its block (at
+                            * TASK_IDS_INSIDE, uid_block of them) and INIT_ID to its own uid */
 #define ZSETUP_IDLE_WARMUP 2u /* spare task processes warm up at SCHED_IDLE; the worker
                                * resets each to SCHED_OTHER when it places it (HELLO) */
 
@@ -149,7 +155,8 @@ struct zsetup_head {
     uint32_t filter_len;
     uint32_t python_len;
     uint32_t spares; /* sandboxes kept made ahead of the next tasks, 1..ZYGOTE_MAX_SPARES */
-    uint32_t pad;
+    uint32_t uid_block; /* ZSETUP_TASK_UIDS: task uids the zygote's namespace maps */
+    uint32_t inotify_instances, inotify_watches; /* each task's quota; 0: not set */
 };
 
 /* READY or FAILED from the zygote: text is one sentence ("" for READY). */

@@ -72,6 +72,19 @@ static inline int sys_capset_zero(void)
     return (int)syscall(SYS_capset, &hdr, data);
 }
 
+/* Keeps only the capabilities in keep (bit CAP_* set): permitted,
+ * effective and inheritable (which PR_CAP_AMBIENT_RAISE needs). */
+static inline int sys_capset_keep(uint64_t keep)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    for (int i = 0; i < 2; i++)
+        data[i].permitted = data[i].effective = data[i].inheritable =
+            (uint32_t)(keep >> (32 * i));
+    return (int)syscall(SYS_capset, &hdr, data);
+}
+
 /* Is cap (CAP_*) in the calling thread's effective set? */
 static inline bool sys_has_cap(int cap)
 {

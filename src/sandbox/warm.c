@@ -94,6 +94,14 @@ static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
     sb->warm_idle = can_renice();
     if (sb->warm_idle)
         h.flags |= ZSETUP_IDLE_WARMUP;
+    if (sb->uids.on) {
+        h.flags |= ZSETUP_TASK_UIDS;
+        h.uid_block = sb->uids.block;
+    }
+    if (sb->inotify_instances) {
+        h.inotify_instances = (uint32_t)strtoul(sb->inotify_instances, NULL, 10);
+        h.inotify_watches = (uint32_t)strtoul(sb->inotify_watches, NULL, 10);
+    }
     sb->n_warm_ops = 0;
     for (size_t i = 0; i < sb->n_ops; i++)
         if (op_per_task(&sb->ops[i])) {
@@ -139,6 +147,24 @@ static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_
     int sv[2] = {-1, -1}, errp[2] = {-1, -1}, null = -1, pidfd = -1;
     pid_t pid = -1;
     ci_status s = CI_OK;
+    /* Task uids: the zygote's namespace maps its own 1000 to init's uid
+     * outside and a block of the range at TASK_IDS_INSIDE, which it hands
+     * to its spares (uids.c). */
+    const char *uid_map = sb->uid_map;
+    char block_map[96];
+    int block = -1;
+    if (sb->uids.on) {
+        block = uids_take_block(&sb->uids);
+        if (block < 0)
+            return ci_error_set(err, CI_ERR_LIMIT, "no block of task uids is free for another "
+                                "zygote (local.task_uid_count)");
+        snprintf(block_map, sizeof(block_map), "%d %u 1\n%d %u %u\n", SANDBOX_ID,
+                 (unsigned)sb->outside_uid, TASK_IDS_INSIDE,
+                 sb->uids.first + sb->uids.cold + (unsigned)block * sb->uids.block,
+                 sb->uids.block);
+        uid_map = block_map;
+        a.task_uids = true;
+    }
     int prog = open(sb->zygote_path, O_PATH | O_CLOEXEC);
     if (prog < 0) {
         s = ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "cannot open the zygote program %s",
@@ -174,7 +200,7 @@ static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_
         goto out;
     }
     if ((!sb->outside_root && (s = write_proc_file(pid, "setgroups", "deny\n", err))) ||
-        (s = write_proc_file(pid, "uid_map", sb->uid_map, err)) ||
+        (s = write_proc_file(pid, "uid_map", uid_map, err)) ||
         (s = write_proc_file(pid, "gid_map", sb->gid_map, err)))
         goto out;
     char go = 1;
@@ -197,8 +223,10 @@ static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_
     ret->pidfd = pidfd;
     ret->sock = sv[0];
     ret->err_fd = errp[0];
+    uids_block_held_by(&sb->uids, block, pidfd);
     return CI_OK;
 out:
+    uids_block_held_by(&sb->uids, block, -1);
     if (pid > 0) {
         kill(pid, SIGKILL);
         while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
@@ -348,6 +376,11 @@ ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
         }
     }
     pin_oom_score(sb, task_pid);
+    /* The zygote chose the code's uid: the inputs are written as it. */
+    if (sb->uids.on && (run->task_uid = outside_uid_of(run->pid, SANDBOX_ID)) == (uid_t)-1) {
+        close(pfd[1]);
+        return ci_error_set(err, CI_ERR_SYS, "the task's uid could not be read from its init");
+    }
     /* Its warm-up ran at SCHED_IDLE: the task runs at the normal policy. */
     struct sched_param normal = {.sched_priority = 0};
     if (sb->warm_idle && sched_setscheduler(task_pid, SCHED_OTHER, &normal) != 0) {

@@ -112,6 +112,11 @@ struct task_note {
 
 #define KEEPER_STACK 16384
 
+#define MAX_UID_BLOCK 4096
+/* With task uids: the spare init (later the task's init) holding each uid
+ * of our block, 0 if none; freed when we reap it (its tasks are dead). */
+static pid_t uid_holder[MAX_UID_BLOCK];
+
 /* 1 while the task process's keeper sets itself up, then 0 (start_keeper). */
 static pid_t keeper_setting_up;
 
@@ -122,6 +127,8 @@ static struct {
     bool cgroupns;
     bool idle_warmup;
     uint32_t spares;          /* spares kept made ahead */
+    uint32_t uid_block;       /* ZSETUP_TASK_UIDS: task uids at TASK_IDS_INSIDE; 0: none */
+    char inotify[2][16];      /* each task's inotify quota (instances, watches); "": none */
     struct op ops[ZYGOTE_MAX_OPS];
     size_t n_ops;
     struct sock_fprog filter; /* .filter NULL: no filter */
@@ -290,7 +297,7 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, str
         child_fail(FD_SOCK, STEP_SETGID, 0, errno);
     if (sys_setresuid(SANDBOX_ID) != 0)
         child_fail(FD_SOCK, STEP_SETUID, 0, errno);
-    enum step failed = child_drop_privileges();
+    enum step failed = child_drop_privileges(0);
     if (failed)
         child_fail(FD_SOCK, failed, 0, errno);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
@@ -552,6 +559,28 @@ static int write_own_maps(void)
     return rc;
 }
 
+/* With task uids, the maps of a spare's namespace, written by us (which
+ * takes CAP_SETUID and CAP_SETGID here): its uid 1000 is `uid` of our
+ * block, one no other spare or task of ours has; INIT_ID is our own uid,
+ * for its init. Its gid is ours, and setgroups stays denied. */
+static int write_spare_maps(pid_t pid, uint32_t uid)
+{
+    char path[48], map[64];
+    int n = snprintf(map, sizeof(map), "%d %u 1\n%d %d 1\n", SANDBOX_ID, uid, INIT_ID,
+                     SANDBOX_ID);
+    if (n <= 0 || (size_t)n >= sizeof(map))
+        return -1;
+    snprintf(path, sizeof(path), "/proc/%d/setgroups", (int)pid);
+    if (child_write_file(path, "deny\n", 5, 0) != 0)
+        return -1;
+    snprintf(path, sizeof(path), "/proc/%d/uid_map", (int)pid);
+    if (child_write_file(path, map, (size_t)n, 0) != 0)
+        return -1;
+    n = snprintf(map, sizeof(map), "%d %d 1\n", SANDBOX_ID, SANDBOX_ID);
+    snprintf(path, sizeof(path), "/proc/%d/gid_map", (int)pid);
+    return child_write_file(path, map, (size_t)n, 0);
+}
+
 /* Is our child task gone (not reaped: its pid stays ours)? */
 static bool task_gone(pid_t task)
 {
@@ -591,7 +620,13 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
     enum step failed = STEP_NONE;
     int failed_err = 0, chan = -1;
     pid_t task = -1;
-    if (write_own_maps() != 0) {
+    if (z.uid_block) {
+        /* The zygote writes our maps (spare_make): a byte says done. We
+         * are INIT_ID from then on, as the zygote is, outside. */
+        if (!child_wait_byte(SPARE_FD))
+            _exit(1);
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    } else if (write_own_maps() != 0) {
         failed = STEP_MAPS;
         failed_err = errno;
     }
@@ -668,7 +703,10 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
         (void)unshare(CLONE_NEWCGROUP); /* a view only, as in init.c */
     if (sys_setresgid(SANDBOX_ID) != 0)
         child_fail(FD_SOCK, STEP_SETGID, 0, errno);
-    if (sys_setresuid(SANDBOX_ID) != 0)
+    /* What we create below is the code's (1000); with task uids we stay
+     * INIT_ID otherwise, out of the code's reach, as a cold init does. */
+    if ((z.uid_block ? syscall(SYS_setresuid, INIT_ID, SANDBOX_ID, INIT_ID)
+                     : sys_setresuid(SANDBOX_ID)) != 0)
         child_fail(FD_SOCK, STEP_SETUID, 0, errno);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
 
@@ -679,8 +717,17 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
             child_fail(FD_SOCK, STEP_OP, (int)i, errno);
     if (sethostname("sandbox", 7) != 0 || setdomainname("sandbox", 7) != 0)
         child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
+    if (z.inotify[0][0] && child_limit_inotify(z.inotify[0], z.inotify[1]) != 0)
+        child_fail(FD_SOCK, STEP_INOTIFY, 0, errno);
+    uint64_t keep = 0;
+    if (z.uid_block) {
+        if (sys_setresuid(INIT_ID) != 0)
+            child_fail(FD_SOCK, STEP_SETUID, 0, errno);
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        keep = 1ull << CAP_KILL; /* kill(-1) must reach the code's uid */
+    }
 
-    child_ready_then_go(FD_SOCK, -1); /* HELLO had the pidfds */
+    child_ready_then_go(FD_SOCK, -1, keep); /* HELLO had the pidfds */
 
     /* The task process takes it from here, with the task's fds and limits. */
     static const int all[FD_COUNT] = {0, 1, 2, 3, 4};
@@ -801,6 +848,21 @@ static void read_setup(void)
     z.clone_flags = (unsigned long)h.clone_flags;
     z.cgroupns = (h.flags & ZSETUP_CGROUPNS) != 0;
     z.idle_warmup = (h.flags & ZSETUP_IDLE_WARMUP) != 0;
+    if (h.inotify_instances && h.inotify_watches) {
+        snprintf(z.inotify[0], sizeof(z.inotify[0]), "%u", h.inotify_instances);
+        snprintf(z.inotify[1], sizeof(z.inotify[1]), "%u", h.inotify_watches);
+    }
+    if (h.flags & ZSETUP_TASK_UIDS) {
+        if (h.uid_block < 1 || h.uid_block > MAX_UID_BLOCK)
+            fail(EPROTO, "a block of %u task uids, 1 to %d", h.uid_block, MAX_UID_BLOCK);
+        struct __user_cap_header_struct ch = {.version = _LINUX_CAPABILITY_VERSION_3};
+        struct __user_cap_data_struct cd[2];
+        memset(cd, 0, sizeof(cd));
+        if (syscall(SYS_capget, &ch, cd) != 0 || !(cd[0].effective >> CAP_SETUID & 1) ||
+            !(cd[0].effective >> CAP_SETGID & 1))
+            fail(EPERM, "task uids need CAP_SETUID and CAP_SETGID in the zygote's namespace");
+        z.uid_block = h.uid_block;
+    }
     if (h.spares < 1 || h.spares > ZYGOTE_MAX_SPARES)
         fail(EPROTO, "%u spares, 1 to %d", h.spares, ZYGOTE_MAX_SPARES);
     z.spares = h.spares;
@@ -984,13 +1046,28 @@ static enum step spare_make(unsigned long *children)
         errno = EBUSY;
         return STEP_ZYGOTE_THREADS;
     }
+    uint32_t uid = 0;
+    if (z.uid_block) {
+        while (uid < z.uid_block && uid_holder[uid])
+            uid++;
+        if (uid == z.uid_block) {
+            errno = EAGAIN;
+            return STEP_MAPS;
+        }
+    }
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) != 0)
         return STEP_ZYGOTE_CLONE;
+    /* Dumpable for the clone, so that the child's /proc files are ours to
+     * write its maps to (it turns itself back once they are written). */
+    if (z.uid_block)
+        prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     pid_t pid = sys_clone(z.clone_flags | SIGCHLD);
     if (pid == 0)
         spare_init_main(sp[1]);
     int e = errno;
+    if (z.uid_block)
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     close(sp[1]);
     if (pid < 0) {
         close(sp[0]);
@@ -998,6 +1075,17 @@ static enum step spare_make(unsigned long *children)
         return STEP_ZYGOTE_CLONE;
     }
     (*children)++;
+    if (z.uid_block) {
+        uid_holder[uid] = pid; /* until we reap it, whatever happens now */
+        if (write_spare_maps(pid, TASK_IDS_INSIDE + uid) != 0 ||
+            send(sp[0], "m", 1, MSG_NOSIGNAL) != 1) {
+            e = errno;
+            kill(pid, SIGKILL);
+            close(sp[0]);
+            errno = e;
+            return STEP_MAPS;
+        }
+    }
     spares[n_spares++] = (struct spare){.pid = pid, .sock = sp[0]};
     return STEP_NONE;
 }
@@ -1062,6 +1150,9 @@ __attribute__((noreturn)) static void serve(void)
         while ((pid = waitpid(-1, NULL, WNOHANG | __WALL)) > 0) {
             if (children)
                 children--;
+            for (uint32_t u = 0; u < z.uid_block; u++)
+                if (uid_holder[u] == pid)
+                    uid_holder[u] = 0; /* its namespace, and every process in it, is gone */
             for (uint32_t i = 0; i < n_spares; i++)
                 if (spares[i].pid == pid) {
                     spare_drop(i); /* the next task makes another */

@@ -51,7 +51,10 @@ report()
     const { result: r, report: rep } = await b.run(code, { limits: { timeoutMs: 20000 } });
     assert.equal(r.status, "TASK_STATUS_SUCCEEDED", `init took the forged signal for the worker's: ${show(r)}`);
     assert.match(r.stdout, /still here/);
-    assert.equal(rep.forge.ok, true, `the forged signal must reach init for this case to mean anything: ${show(r)}`);
+    // With task uids (a root worker) init has a uid the code has not, and
+    // the signal does not even reach it (task_uids.test.mjs); else it must
+    // reach init for this case to mean anything.
+    assert.ok(rep.forge.ok || rep.forge.errno === 1, `the forged signal neither reached init nor was refused: ${show(r)}`);
   });
 
   b.attack("a 'memory' report written on the report fd does not turn a clean exit into a failure", async () => {
