@@ -112,7 +112,8 @@ ci_status ci_text_escape(struct ci_buf *out, const char *s, size_t len, bool kee
     for (size_t i = 0; i < len && !st;) {
         uint32_t cp = 0;
         size_t n = ci_text_utf8_decode(p + i, len - i, &cp);
-        bool escape = n == 0 || (ci_text_cp_unsafe(cp) && !(keep_lines && (cp == '\n' || cp == '\t')));
+        bool line = cp == '\n' || cp == '\t';
+        bool escape = n == 0 || (ci_text_cp_unsafe(cp) && !(keep_lines && line));
         if (!escape) {
             i += n;
             continue;

@@ -319,26 +319,48 @@ describe("ci command-line client", () => {
     // Shown, escaped, where they were.
     assert.ok(shown.includes("out:\\x1b[2J\\x1b]52;c;ZWNobyBwd25lZA==\\x07\\u009b1A\\u202eevil\\x0dover\\x7f\ttab\\u200b\n"), visible(shown));
     assert.ok(shown.includes("err:\\x1b]0;title\\x07\\x1b[31mred\n"), visible(shown));
-    assert.match(shown, /ci: failed: FileNotFoundError: \\x1b\[8mhidden\\u202eline\n/, visible(shown));
+    assert.match(shown, /ci: failed: FileNotFoundError: \\x1b\[8mhidden\\u202eline[;\n]/, visible(shown));
     assert.match(shown, /ci: hint: the files in \/workspace are: \\x1b\[1mHINT\\u009b2J\.txt\n/, visible(shown));
     // ci get and ci watch quote the same result.
     const get = onlyText(await ciOnTerminal(["get", id], { cwd, url }), "ci get");
-    assert.match(get, /error: +FileNotFoundError: \\x1b\[8mhidden\\u202eline\n/, visible(get));
+    assert.match(get, /error: +FileNotFoundError: \\x1b\[8mhidden\\u202eline[;\n]/, visible(get));
     assert.match(get, /--- stdout ---\nout:\\x1b\[2J/, visible(get));
     const watch = onlyText(await ciOnTerminal(["watch", id], { cwd, url }), "ci watch");
-    assert.match(watch, /failed \S+ FileNotFoundError: \\x1b\[8mhidden\\u202eline\n/, visible(watch));
+    assert.match(watch, /failed \S+ FileNotFoundError: \\x1b\[8mhidden\\u202eline[;\n]/, visible(watch));
 
     // Through pipes the same task's output is what the code wrote, byte for byte.
     const piped = await ci(["run", "esc.py", "--no-save"], { cwd, url });
     assert.equal(piped.code, 1, piped.stderr);
     assert.equal(piped.stdout, "out:\x1b[2J\x1b]52;c;ZWNobyBwd25lZA==\x07\u009b1A\u202eevil\rover\x7f\ttab\u200b\n");
     assert.ok(piped.stderr.startsWith("err:\x1b]0;title\x07\x1b[31mred\n"), visible(piped.stderr));
-    assert.ok(piped.stderr.includes("ci: failed: FileNotFoundError: \x1b[8mhidden\u202eline\n"), visible(piped.stderr));
+    assert.ok(piped.stderr.includes("ci: failed: FileNotFoundError: \x1b[8mhidden\u202eline"), visible(piped.stderr));
     // --json on a terminal stays JSON (its own escapes, for a machine).
     const json = await ciOnTerminal(["run", "esc.py", "--no-save", "--json"], { cwd, url });
     const line = json.tty.toString("utf8").split("\r\n").find((l) => l.startsWith("{"));
     assert.ok(line, visible(json.tty.toString("utf8")));
     assert.equal(JSON.parse(line).stdout, "out:\x1b[2J\x1b]52;c;ZWNobyBwd25lZA==\x07\u009b1A\u202eevil\rover\x7f\ttab\u200b\n");
+  });
+
+  test("ci run does not save an artifact whose name holds a bidi override or a zero-width character", async () => {
+    // The worker never lists such a name; a result from elsewhere (a
+    // forged KV record) must not put "x\u202egnp.csv" into the user's folder
+    // either, where it would show as "xvsc.png".
+    const cwd = fresh("bidi");
+    writeFileSync(join(cwd, "slow.py"), "import time\ntime.sleep(60)\n");
+    const id = newTaskId("bidi");
+    const run = ci(["run", "slow.py", "--id", id, "--wait-ms", "30000"], { cwd, url, timeoutMs: 40000 });
+    await stack.client.waitStatus(id, "TASK_STATUS_RUNNING", 30000);
+    await stack.client.putObject(`${id}/plain.csv`, "a,b\n1,2\n");
+    const artifact = (name) => ({ name, mimeType: "text/csv", size: "8", sha256: sha256hex(Buffer.from("a,b\n1,2\n")), object: `${id}/plain.csv` });
+    const kv = await stack.client.kvBucket();
+    await kv.put(id, JSON.stringify({ taskId: id, status: "TASK_STATUS_SUCCEEDED", worker: "w9", exitCode: 0, artifacts: [artifact("x\u202egnp.csv"), artifact("a\u200b.csv"), artifact("ok.csv")] }));
+    // ci run reads the stored result when no terminal event comes.
+    const res = await run;
+    await ci(["cancel", id], { cwd, url });
+    assert.equal(res.code, 3, `exit code; stderr: ${visible(res.stderr)}`);
+    assert.deepEqual(readdirSync(cwd).sort(), ["ok.csv", "slow.py"], visible(res.stderr));
+    assert.match(res.stderr, /not saving artifact 'x\u202egnp\.csv' here: its name is unsafe/, visible(res.stderr));
+    assert.match(res.stderr, /not saving artifact 'a\u200b\.csv' here/, visible(res.stderr));
   });
 
   test("ci watch ends on the stored result when the terminal event never came", async () => {
