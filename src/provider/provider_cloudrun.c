@@ -37,6 +37,7 @@
 #include "provider/http.h"
 #include "provider/idtoken.h"
 #include "provider/provider_cloudrun.h"
+#include "core/text.h"
 #include "core/util.h"
 
 #define CANCEL_GRACE_MS 1000   /* wait this long for the executor's CANCELLED answer */
@@ -255,19 +256,15 @@ static ci_status set_error(struct ci_outcome *o, char *text)
 }
 
 /* An artifact name from a remote peer: a relative path of UTF-8 without
- * control characters, "..", "." or empty components; it becomes part of an
- * object name. */
+ * control or format characters (the rule of the local walk, core/text.h),
+ * backslashes, "..", "." or empty components; it becomes part of an object
+ * name. */
 static bool artifact_name_ok(const char *name)
 {
     size_t len = strlen(name);
     if (len == 0 || len > 1024 || name[0] == '/' || name[len - 1] == '/')
         return false;
-    size_t clean_len = 0;
-    char *clean = ci_utf8_sanitize((const uint8_t *)name, len, &clean_len);
-    bool ok = clean && clean_len == len && memcmp(clean, name, len) == 0;
-    free(clean);
-    for (size_t i = 0; ok && i < len; i++)
-        ok = (unsigned char)name[i] >= 0x20 && name[i] != 0x7f && name[i] != '\\';
+    bool ok = ci_text_name_check(name, len, NULL) == CI_TEXT_OK && !strchr(name, '\\');
     for (const char *seg = name; ok && seg;) {
         const char *slash = strchr(seg, '/');
         size_t n = slash ? (size_t)(slash - seg) : strlen(seg);

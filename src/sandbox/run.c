@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/text.h"
 #include "core/util.h"
 #include "sandbox/sandbox_int.h"
 #include "sandbox/sys.h"
@@ -158,11 +159,13 @@ static void plan_limits(struct child_args *a, const struct ci_sandbox *sb,
     set_limit(a, RLIMIT_STACK, 8 * MiB, 8 * MiB);
 }
 
+/* A single path component the sandbox may write under: not '.' or '..', no
+ * '/', and UTF-8 without control or format characters (core/text.h). */
 bool plain_name(const char *name)
 {
     size_t len = strlen(name);
     return len > 0 && len < 256 && !strchr(name, '/') && strcmp(name, ".") != 0 &&
-           strcmp(name, "..") != 0;
+           strcmp(name, "..") != 0 && ci_text_name_check(name, len, NULL) == CI_TEXT_OK;
 }
 
 /* Writes the inputs into the workspace through its fd. The files are
