@@ -182,7 +182,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_STR("cloudrun.token_file", cloudrun.token_file, "", CS_ANY),
     KEY_U32("cloudrun.token_refresh_margin_s", cloudrun.token_refresh_margin_s, 300, 0, 3600),
     KEY_U32("cloudrun.timeout_margin_ms", cloudrun.timeout_margin_ms, 30000, 0, 600000),
-    KEY_U32("cloudrun.max_attempts", cloudrun.max_attempts, 5, 1, 100),
+    KEY_U32("cloudrun.max_attempts", cloudrun.max_attempts, 0, 0, 1000),
     KEY_U32("cloudrun.backoff_initial_ms", cloudrun.backoff_initial_ms, 200, 1, 60000),
     KEY_U32("cloudrun.backoff_max_ms", cloudrun.backoff_max_ms, 5000, 1, 600000),
     KEY_STR("cloudrun.ca_file", cloudrun.ca_file, "", CS_ANY),

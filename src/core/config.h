@@ -103,7 +103,7 @@ struct ci_config {
         char *token_file;     /* "" = metadata server; else a file holding the ID token */
         uint32_t token_refresh_margin_s; /* 300: refresh this long before the token expires */
         uint32_t timeout_margin_ms;      /* 30000: HTTP time beyond the task's limit */
-        uint32_t max_attempts;           /* 5 */
+        uint32_t max_attempts;           /* 0 = no cap: tries until the deadline */
         uint32_t backoff_initial_ms;     /* 200 */
         uint32_t backoff_max_ms;         /* 5000 */
         char *ca_file;        /* "" = the system's CA bundle; else a PEM file (checked at load) */

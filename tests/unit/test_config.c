@@ -138,7 +138,7 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK_STR(c->cloudrun.token_file, "");
     CHECK(c->cloudrun.token_refresh_margin_s == 300);
     CHECK(c->cloudrun.timeout_margin_ms == 30000);
-    CHECK(c->cloudrun.max_attempts == 5);
+    CHECK(c->cloudrun.max_attempts == 0);
     CHECK(c->cloudrun.backoff_initial_ms == 200);
     CHECK(c->cloudrun.backoff_max_ms == 5000);
     CHECK_STR(c->cloudrun.ca_file, "");

@@ -2,17 +2,21 @@
 //
 //   const ex = await startExecutor({ limits: { max_input_bytes: 1048576 } });
 //   ex.url, ex.lines(), await ex.healthz(), await ex.stop()
-//       a real ci-executor on a free port (it binds port 0 and logs the port);
+//       a real ci-executor on a free port (it binds port 0 and logs the
+//       port), or on opts.port (an executor started again where it was);
 //   const md = await startMetadataServer({ lifetimeS: 3600 });
 //   md.url (the identity endpoint), md.hits, md.tokens, md.lifetimeS = 4
 //       a stand-in for the GCE metadata server: GET ...?audience=A&format=full
 //       with Metadata-Flavor: Google answers a JWT-shaped token whose payload
-//       has aud = A and exp = now + lifetimeS, and a random signature;
+//       has aud = A and exp = now + lifetimeS, and a random signature; with
+//       failStatus (e.g. 500) it answers that status instead (md.failed counts);
 //   const px = await startProxy(ex.url, { fault: (n, req) => ... });
 //   px.url, px.count("/execute"), px.auths
 //       an HTTP proxy in front of the executor that counts requests, keeps
 //       their Authorization headers, and can answer instead of forwarding
-//       (fault returns { status, body } or null to forward).
+//       (fault returns { status, body }, or { destroy: true } to close the
+//       connection without an answer once the request is read, or null to
+//       forward).
 //
 // Every child still running when the test process exits is SIGKILLed.
 import { spawn } from "node:child_process";
@@ -43,14 +47,14 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // A ci-executor with the given config sections (worker.yaml format: limits,
 // local, worker), listening on 127.0.0.1 and a free port.
 export async function startExecutor(opts = {}) {
-  const { env = {}, readyTimeoutMs = 30000, bin = EXECUTOR_BIN } = opts;
+  const { env = {}, readyTimeoutMs = 30000, bin = EXECUTOR_BIN, port = 0 } = opts;
   if (!existsSync(bin)) throw new Error(`startExecutor: ${bin} does not exist: build it first`);
   const dir = mkdtempSync(join(tmpdir(), "ci-executor-"));
   const configPath = join(dir, "executor.yaml");
   const logPath = join(dir, "executor.log");
   writeFileSync(configPath, workerYaml({ worker: { ...opts.worker }, limits: { ...opts.limits }, local: { ...opts.local } }));
   const logFd = openSync(logPath, "a");
-  const child = spawn(bin, ["--config", configPath, "--listen", "127.0.0.1", "--port", "0"], {
+  const child = spawn(bin, ["--config", configPath, "--listen", "127.0.0.1", "--port", String(port)], {
     stdio: ["ignore", logFd, logFd],
     env: { ...process.env, ...env },
   });
@@ -115,9 +119,11 @@ export async function startExecutor(opts = {}) {
 
 const b64url = (x) => Buffer.from(x).toString("base64url");
 
-export async function startMetadataServer({ lifetimeS = 3600 } = {}) {
+export async function startMetadataServer({ lifetimeS = 3600, failStatus = 0 } = {}) {
   const md = {
     lifetimeS,
+    failStatus,
+    failed: 0,
     hits: 0,
     tokens: [], // every token issued, in order
     issuedAt: [], // Date.now() of each
@@ -134,6 +140,11 @@ export async function startMetadataServer({ lifetimeS = 3600 } = {}) {
     if (req.headers["metadata-flavor"] !== "Google") {
       md.refused++;
       res.writeHead(403).end("Missing Metadata-Flavor:Google header");
+      return;
+    }
+    if (md.failStatus) {
+      md.failed++;
+      res.writeHead(md.failStatus, { "Content-Type": "text/plain" }).end("injected metadata server failure");
       return;
     }
     md.hits++;
@@ -173,6 +184,10 @@ export async function startProxy(target, { fault = () => null } = {}) {
       px.counts.set(path, n);
       if (path === "/execute") px.auths.push(req.headers.authorization ?? null);
       const f = fault(n, { method: req.method, path, headers: req.headers });
+      if (f?.destroy) {
+        req.socket.destroy();
+        return;
+      }
       if (f) {
         res.writeHead(f.status, { "Content-Type": "application/json", ...(f.headers ?? {}) }).end(f.body ?? "");
         return;
