@@ -6,7 +6,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -14,7 +14,7 @@ import { startStack } from "./lib/stack.mjs";
 import { WORKER_BIN } from "./lib/worker.mjs";
 import { newTaskId } from "./lib/client.mjs";
 import { checkEvents, checkResultBasics, PNG_MAGIC, sha256hex, show, waitProcessWith } from "./lib/checks.mjs";
-import { closedPort, cloudrunYaml, startExecutor, startMetadataServer, startProxy } from "./lib/executor.mjs";
+import { closedPort, cloudrunYaml, selfSignedCert, startExecutor, startMetadataServer, startProxy } from "./lib/executor.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -343,6 +343,39 @@ describe("cloudrun provider", () => {
     assert.equal(px.count("/execute"), 0, "no request without a token");
     assert.ok(Date.now() - t0 < 1000 + 2000 + 5000, `FAILED ${Date.now() - t0} ms after submit: within the deadline`);
     await w.stop();
+  });
+
+  test("TLS: cloudrun.ca_file vouches for the service; a certificate it does not vouch for fails at once, not retried", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "ci-crtls-"));
+    try {
+      const mk = (name) => {
+        const d = join(dir, name);
+        mkdirSync(d);
+        return selfSignedCert(d);
+      };
+      const service = mk("service");
+      const other = mk("other");
+      const px = await startProxy(executor.url, { tls: service });
+      others.push(px);
+      const w = await cloudrunWorker({ service_url: px.url, ca_file: service.certPath });
+      const r = await run({ code: "print('over TLS')" });
+      assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+      assert.equal(r.result.stdout, "over TLS\n");
+      assert.equal(px.count("/execute"), 1);
+      await w.stop();
+
+      // A CA that does not vouch for it: no retry can fix that.
+      const w2 = await cloudrunWorker({ service_url: px.url, ca_file: other.certPath, backoff_initial_ms: 1000, backoff_max_ms: 1000 });
+      const t0 = Date.now();
+      const r2 = await run({ code: "print('never runs')", limits: { timeoutMs: 5000 } });
+      assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
+      assert.match(r2.result.error, /^the executor service at https:\/\/127\.0\.0\.1:\d+ failed: POST https:\/\/127\.0\.0\.1:\d+\/execute cannot be sent: .*certificate/i, show(r2.result));
+      assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not after retries`);
+      assert.equal(px.count("/execute"), 1, "nothing reached the service");
+      await w2.stop();
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test("ci-worker --check-config refuses a clear-text service URL off loopback and a CA bundle that cannot be used", () => {

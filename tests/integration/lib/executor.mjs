@@ -16,13 +16,16 @@
 //       their Authorization headers, and can answer instead of forwarding
 //       (fault returns { status, body }, or { destroy: true } to close the
 //       connection without an answer once the request is read, or null to
-//       forward).
+//       forward); with tls: { key, cert } it speaks HTTPS (px.url https://);
+//   const c = selfSignedCert(dir)
+//       c.key, c.cert (PEM) and c.certPath for 127.0.0.1, from the openssl CLI.
 //
 // Every child still running when the test process exits is SIGKILLed.
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, request } from "node:http";
+import { createServer as createTlsServer } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -167,7 +170,7 @@ export async function startMetadataServer({ lifetimeS = 3600, failStatus = 0 } =
 // fault(n, info) is called for every request (n counts per path from 1,
 // info = { method, path, headers }); it returns null to forward the request
 // or { status, body, headers } to answer it instead.
-export async function startProxy(target, { fault = () => null } = {}) {
+export async function startProxy(target, { fault = () => null, tls = null } = {}) {
   const t = new URL(target);
   const px = {
     counts: new Map(),
@@ -175,7 +178,7 @@ export async function startProxy(target, { fault = () => null } = {}) {
     url: null,
     count: (path) => px.counts.get(path) ?? 0,
   };
-  const server = createServer((req, res) => {
+  const handler = (req, res) => {
     const chunks = [];
     req.on("data", (c) => chunks.push(c));
     req.on("end", () => {
@@ -217,15 +220,26 @@ export async function startProxy(target, { fault = () => null } = {}) {
       });
       up.end(body);
     });
-  });
+  };
+  const server = tls ? createTlsServer({ key: tls.key, cert: tls.cert }, handler) : createServer(handler);
   await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
-  px.url = `http://127.0.0.1:${server.address().port}`;
+  px.url = `${tls ? "https" : "http"}://127.0.0.1:${server.address().port}`;
   px.close = () =>
     new Promise((resolve) => {
       server.closeAllConnections?.();
       server.close(() => resolve());
     });
   return px;
+}
+
+// A self-signed certificate for 127.0.0.1 (P-256, one day) in dir.
+export function selfSignedCert(dir) {
+  const keyPath = join(dir, "key.pem");
+  const certPath = join(dir, "cert.pem");
+  const r = spawnSync("openssl", ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+    "-keyout", keyPath, "-out", certPath, "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], { encoding: "utf8" });
+  if (r.status !== 0) throw new Error(`openssl req failed: ${r.error ?? r.stderr}`);
+  return { key: readFileSync(keyPath), cert: readFileSync(certPath), certPath };
 }
 
 // A loopback port where nothing listens (bound, then released).
