@@ -96,16 +96,17 @@ struct ci_config {
         char *zygote;           /* "" = ci-zygote beside the running program */
     } local;
     struct {
-        char *service_url;    /* "" = not set; the executor's base URL (https://...run.app) */
+        char *service_url;    /* "" = not set; the executor's base URL (https://...run.app;
+                                 http:// only to a loopback host) */
         char *audience;       /* "" = service_url: the ID token's audience */
         char *metadata_url;   /* the metadata server's identity endpoint */
         char *token_file;     /* "" = metadata server; else a file holding the ID token */
         uint32_t token_refresh_margin_s; /* 300: refresh this long before the token expires */
         uint32_t timeout_margin_ms;      /* 30000: HTTP time beyond the task's limit */
-        uint32_t max_attempts;           /* 5 */
+        uint32_t max_attempts;           /* 0 = no cap: tries until the deadline */
         uint32_t backoff_initial_ms;     /* 200 */
         uint32_t backoff_max_ms;         /* 5000 */
-        char *ca_file;        /* "" = the system's CA bundle */
+        char *ca_file;        /* "" = the system's CA bundle; else a PEM file (checked at load) */
         uint32_t connect_timeout_ms;     /* 5000 */
     } cloudrun;
     /* Bit i: the table's key i was set in the file (ci_config_was_set). */

@@ -5,11 +5,16 @@
 // requests or injects failures. Nothing of ours is mocked.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 
 import { startStack } from "./lib/stack.mjs";
+import { WORKER_BIN } from "./lib/worker.mjs";
 import { newTaskId } from "./lib/client.mjs";
 import { checkEvents, checkResultBasics, PNG_MAGIC, sha256hex, show, waitProcessWith } from "./lib/checks.mjs";
-import { closedPort, cloudrunYaml, startExecutor, startMetadataServer, startProxy } from "./lib/executor.mjs";
+import { closedPort, cloudrunYaml, selfSignedCert, startExecutor, startMetadataServer, startProxy } from "./lib/executor.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -221,9 +226,10 @@ describe("cloudrun provider", () => {
     await w2.stop();
   });
 
-  test("500 twice, then 200: the task succeeds on the third request", async () => {
+  test("503 then 502, then 200: the task succeeds on the third request", async () => {
     const px = await startProxy(executor.url, {
-      fault: (n, req) => (req.path === "/execute" && n <= 2 ? { status: 500, body: '{"error":"injected failure"}' } : null),
+      fault: (n, req) =>
+        req.path === "/execute" && n <= 2 ? { status: n === 1 ? 503 : 502, body: '{"error":"injected failure"}' } : null,
     });
     others.push(px);
     const before = await executor.healthz();
@@ -231,7 +237,7 @@ describe("cloudrun provider", () => {
     const r = await run({ code: "print('third time lucky')" });
     assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
     assert.equal(r.result.stdout, "third time lucky\n");
-    assert.equal(px.count("/execute"), 3, "two 500s and one 200");
+    assert.equal(px.count("/execute"), 3, "a 503, a 502 and a 200");
     const after = await executor.healthz();
     assert.equal(after.started - before.started, 1, "the code ran once");
     await w.stop();
@@ -247,6 +253,156 @@ describe("cloudrun provider", () => {
     assert.equal(r2.result.error, "the executor refused the task (HTTP 400): injected: bad request");
     assert.equal(px2.count("/execute"), 3);
     await w2.stop();
+  });
+
+  // ci-executor does not recognise a task it has already run (a second
+  // /execute of the same task id runs the code again), so a request that
+  // may have reached it is never sent twice.
+  test("a request that may have run is not sent again: 500, 504, a connection broken after sending", async () => {
+    for (const status of [500, 504]) {
+      const px = await startProxy(executor.url, {
+        fault: (n, req) => (req.path === "/execute" ? { status, body: '{"error":"injected: crashed while running"}' } : null),
+      });
+      others.push(px);
+      const w = await cloudrunWorker({ service_url: px.url });
+      const r = await run({ code: "print(1)" });
+      assert.equal(r.result.status, "TASK_STATUS_FAILED", show(r.result));
+      assert.match(
+        r.result.error,
+        new RegExp(`^the executor service at http://127\\.0\\.0\\.1:\\d+ answered HTTP ${status} \\(injected: crashed while running\\); the code may have run, so the task is not sent again$`),
+        show(r.result),
+      );
+      assert.equal(px.count("/execute"), 1, `HTTP ${status}: one request, not retried`);
+      await w.stop();
+    }
+
+    // The proxy reads the whole request, then closes the connection.
+    const px = await startProxy(executor.url, { fault: (n, req) => (req.path === "/execute" ? { destroy: true } : null) });
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url });
+    const r = await run({ code: "print(2)" });
+    assert.equal(r.result.status, "TASK_STATUS_FAILED", show(r.result));
+    assert.match(r.result.error, /^the connection to the executor service at http:\/\/127\.0\.0\.1:\d+ broke after the task was sent \(.+\); the code may have run/, show(r.result));
+    assert.match(r.result.error, /submit the task again if running it twice is safe$/);
+    assert.equal(r.result.exitCode, undefined);
+    assert.equal(px.count("/execute"), 1, "sent once: neither the worker nor libcurl sent it again");
+    await w.stop();
+  });
+
+  test("an executor that restarts while a task waits: tried until the task's deadline, then the task succeeds", async () => {
+    const ex = await startExecutor({ limits: EXECUTOR_LIMITS });
+    const port = ex.port;
+    // Default tries (no cap), short backoff; deadline = 15 s + 10 s.
+    const w = await cloudrunWorker({ service_url: ex.url, backoff_initial_ms: 100, backoff_max_ms: 1000 });
+    assert.deepEqual(await ex.stop(), { code: 0, signal: null });
+    let ex2 = null;
+    try {
+      const c = stack.client;
+      const taskId = newTaskId("cr-restart");
+      taskIds.push(taskId);
+      const t0 = Date.now();
+      await c.submit({ taskId, language: "python", code: "print('after the restart')", limits: { timeoutMs: 15000 } });
+      await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
+      // A restarted executor takes ~6 s to come back (a chosen duration, not
+      // a wait for something): the worker must still be trying by then.
+      await sleep(6000);
+      const mid = await c.getResult(taskId);
+      assert.ok(!mid || mid.result.status === "TASK_STATUS_RUNNING", `still running while the executor was down: ${show(mid?.result)}`);
+      ex2 = await startExecutor({ limits: EXECUTOR_LIMITS, port });
+      assert.equal(ex2.port, port, "the executor came back where it was");
+      const { result: res } = await c.waitResult(taskId, 30000);
+      checkResultBasics(res, { taskId });
+      assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
+      assert.equal(res.stdout, "after the restart\n");
+      assert.ok(Date.now() - t0 >= 6000, "the task waited across the restart");
+      assert.equal((await ex2.healthz()).started, 1, "the code ran once, on the restarted executor");
+      await w.stop();
+    } finally {
+      await ex2?.cleanup();
+      await ex.cleanup();
+    }
+  });
+
+  test("a metadata server that answers 500: retried, then FAILED naming the token source, not the executor", async () => {
+    const mdf = await startMetadataServer({ failStatus: 500 });
+    others.push(mdf);
+    const px = await startProxy(executor.url);
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url, metadata_url: mdf.url, timeout_margin_ms: 2000, backoff_initial_ms: 100, backoff_max_ms: 400 });
+    const t0 = Date.now();
+    const r = await run({ code: "print('never runs')", limits: { timeoutMs: 1000 } }, { timeoutMs: 30000 });
+    const res = r.result;
+    assert.equal(res.status, "TASK_STATUS_FAILED", show(res));
+    assert.match(
+      res.error,
+      /^could not get an ID token from the metadata server at http:\/\/127\.0\.0\.1:\d+\/computeMetadata\/v1\/instance\/service-accounts\/default\/identity: it answered HTTP 500 \(\d+ tries in [\d.]+ s, until the task's deadline; the executor service was not called\)$/,
+      show(res),
+    );
+    assert.doesNotMatch(res.error, /could not be reached/, "the executor is not blamed");
+    assert.ok(mdf.failed >= 2, `the token request was tried again (${mdf.failed} requests)`);
+    assert.equal(px.count("/execute"), 0, "no request without a token");
+    assert.ok(Date.now() - t0 < 1000 + 2000 + 5000, `FAILED ${Date.now() - t0} ms after submit: within the deadline`);
+    await w.stop();
+  });
+
+  test("TLS: cloudrun.ca_file vouches for the service; a certificate it does not vouch for fails at once, not retried", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "ci-crtls-"));
+    try {
+      const mk = (name) => {
+        const d = join(dir, name);
+        mkdirSync(d);
+        return selfSignedCert(d);
+      };
+      const service = mk("service");
+      const other = mk("other");
+      const px = await startProxy(executor.url, { tls: service });
+      others.push(px);
+      const w = await cloudrunWorker({ service_url: px.url, ca_file: service.certPath });
+      const r = await run({ code: "print('over TLS')" });
+      assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+      assert.equal(r.result.stdout, "over TLS\n");
+      assert.equal(px.count("/execute"), 1);
+      await w.stop();
+
+      // A CA that does not vouch for it: no retry can fix that.
+      const w2 = await cloudrunWorker({ service_url: px.url, ca_file: other.certPath, backoff_initial_ms: 1000, backoff_max_ms: 1000 });
+      const t0 = Date.now();
+      const r2 = await run({ code: "print('never runs')", limits: { timeoutMs: 5000 } });
+      assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
+      assert.match(r2.result.error, /^the executor service at https:\/\/127\.0\.0\.1:\d+ failed: POST https:\/\/127\.0\.0\.1:\d+\/execute cannot be sent: .*certificate/i, show(r2.result));
+      assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not after retries`);
+      assert.equal(px.count("/execute"), 1, "nothing reached the service");
+      await w2.stop();
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("ci-worker --check-config refuses a clear-text service URL off loopback and a CA bundle that cannot be used", () => {
+    const dir = mkdtempSync(join(tmpdir(), "ci-crcheck-"));
+    try {
+      const check = (cloudrun) => {
+        const path = join(dir, "worker.yaml");
+        writeFileSync(path, `worker:\n  provider: cloudrun\ncloudrun:\n${Object.entries(cloudrun).map(([k, v]) => `  ${k}: "${v}"\n`).join("")}`);
+        const env = { ...process.env };
+        delete env.CI_NATS_URL;
+        return spawnSync(WORKER_BIN, ["--check-config", "--config", path], { encoding: "utf8", env });
+      };
+      let r = check({ service_url: "http://10.1.2.3:8080" });
+      assert.equal(r.status, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, /^worker\.yaml:4: key 'cloudrun\.service_url': http:\/\/ would send the worker's ID token unencrypted; it is allowed only to a loopback host/);
+      r = check({ service_url: "https://x.a.run.app", ca_file: join(dir, "nope.pem") });
+      assert.equal(r.status, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, /^worker\.yaml:5: key 'cloudrun\.ca_file': cannot read the CA bundle '.*nope\.pem': No such file or directory/);
+      writeFileSync(join(dir, "ca.pem"), "not a certificate\n");
+      r = check({ service_url: "https://x.a.run.app", ca_file: join(dir, "ca.pem") });
+      assert.equal(r.status, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, /ca\.pem' holds no PEM certificate/);
+      r = check({ service_url: "http://127.0.0.1:8080" });
+      assert.equal(r.status, 0, r.stderr);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test("401 once: the worker drops its token, fetches a fresh one and tries again", async () => {

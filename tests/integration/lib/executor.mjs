@@ -2,23 +2,30 @@
 //
 //   const ex = await startExecutor({ limits: { max_input_bytes: 1048576 } });
 //   ex.url, ex.lines(), await ex.healthz(), await ex.stop()
-//       a real ci-executor on a free port (it binds port 0 and logs the port);
+//       a real ci-executor on a free port (it binds port 0 and logs the
+//       port), or on opts.port (an executor started again where it was);
 //   const md = await startMetadataServer({ lifetimeS: 3600 });
 //   md.url (the identity endpoint), md.hits, md.tokens, md.lifetimeS = 4
 //       a stand-in for the GCE metadata server: GET ...?audience=A&format=full
 //       with Metadata-Flavor: Google answers a JWT-shaped token whose payload
-//       has aud = A and exp = now + lifetimeS, and a random signature;
+//       has aud = A and exp = now + lifetimeS, and a random signature; with
+//       failStatus (e.g. 500) it answers that status instead (md.failed counts);
 //   const px = await startProxy(ex.url, { fault: (n, req) => ... });
 //   px.url, px.count("/execute"), px.auths
 //       an HTTP proxy in front of the executor that counts requests, keeps
 //       their Authorization headers, and can answer instead of forwarding
-//       (fault returns { status, body } or null to forward).
+//       (fault returns { status, body }, or { destroy: true } to close the
+//       connection without an answer once the request is read, or null to
+//       forward); with tls: { key, cert } it speaks HTTPS (px.url https://);
+//   const c = selfSignedCert(dir)
+//       c.key, c.cert (PEM) and c.certPath for 127.0.0.1, from the openssl CLI.
 //
 // Every child still running when the test process exits is SIGKILLed.
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, request } from "node:http";
+import { createServer as createTlsServer } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -43,14 +50,14 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // A ci-executor with the given config sections (worker.yaml format: limits,
 // local, worker), listening on 127.0.0.1 and a free port.
 export async function startExecutor(opts = {}) {
-  const { env = {}, readyTimeoutMs = 30000, bin = EXECUTOR_BIN } = opts;
+  const { env = {}, readyTimeoutMs = 30000, bin = EXECUTOR_BIN, port = 0 } = opts;
   if (!existsSync(bin)) throw new Error(`startExecutor: ${bin} does not exist: build it first`);
   const dir = mkdtempSync(join(tmpdir(), "ci-executor-"));
   const configPath = join(dir, "executor.yaml");
   const logPath = join(dir, "executor.log");
   writeFileSync(configPath, workerYaml({ worker: { ...opts.worker }, limits: { ...opts.limits }, local: { ...opts.local } }));
   const logFd = openSync(logPath, "a");
-  const child = spawn(bin, ["--config", configPath, "--listen", "127.0.0.1", "--port", "0"], {
+  const child = spawn(bin, ["--config", configPath, "--listen", "127.0.0.1", "--port", String(port)], {
     stdio: ["ignore", logFd, logFd],
     env: { ...process.env, ...env },
   });
@@ -115,9 +122,11 @@ export async function startExecutor(opts = {}) {
 
 const b64url = (x) => Buffer.from(x).toString("base64url");
 
-export async function startMetadataServer({ lifetimeS = 3600 } = {}) {
+export async function startMetadataServer({ lifetimeS = 3600, failStatus = 0 } = {}) {
   const md = {
     lifetimeS,
+    failStatus,
+    failed: 0,
     hits: 0,
     tokens: [], // every token issued, in order
     issuedAt: [], // Date.now() of each
@@ -134,6 +143,11 @@ export async function startMetadataServer({ lifetimeS = 3600 } = {}) {
     if (req.headers["metadata-flavor"] !== "Google") {
       md.refused++;
       res.writeHead(403).end("Missing Metadata-Flavor:Google header");
+      return;
+    }
+    if (md.failStatus) {
+      md.failed++;
+      res.writeHead(md.failStatus, { "Content-Type": "text/plain" }).end("injected metadata server failure");
       return;
     }
     md.hits++;
@@ -156,7 +170,7 @@ export async function startMetadataServer({ lifetimeS = 3600 } = {}) {
 // fault(n, info) is called for every request (n counts per path from 1,
 // info = { method, path, headers }); it returns null to forward the request
 // or { status, body, headers } to answer it instead.
-export async function startProxy(target, { fault = () => null } = {}) {
+export async function startProxy(target, { fault = () => null, tls = null } = {}) {
   const t = new URL(target);
   const px = {
     counts: new Map(),
@@ -164,7 +178,7 @@ export async function startProxy(target, { fault = () => null } = {}) {
     url: null,
     count: (path) => px.counts.get(path) ?? 0,
   };
-  const server = createServer((req, res) => {
+  const handler = (req, res) => {
     const chunks = [];
     req.on("data", (c) => chunks.push(c));
     req.on("end", () => {
@@ -173,6 +187,10 @@ export async function startProxy(target, { fault = () => null } = {}) {
       px.counts.set(path, n);
       if (path === "/execute") px.auths.push(req.headers.authorization ?? null);
       const f = fault(n, { method: req.method, path, headers: req.headers });
+      if (f?.destroy) {
+        req.socket.destroy();
+        return;
+      }
       if (f) {
         res.writeHead(f.status, { "Content-Type": "application/json", ...(f.headers ?? {}) }).end(f.body ?? "");
         return;
@@ -202,15 +220,26 @@ export async function startProxy(target, { fault = () => null } = {}) {
       });
       up.end(body);
     });
-  });
+  };
+  const server = tls ? createTlsServer({ key: tls.key, cert: tls.cert }, handler) : createServer(handler);
   await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
-  px.url = `http://127.0.0.1:${server.address().port}`;
+  px.url = `${tls ? "https" : "http"}://127.0.0.1:${server.address().port}`;
   px.close = () =>
     new Promise((resolve) => {
       server.closeAllConnections?.();
       server.close(() => resolve());
     });
   return px;
+}
+
+// A self-signed certificate for 127.0.0.1 (P-256, one day) in dir.
+export function selfSignedCert(dir) {
+  const keyPath = join(dir, "key.pem");
+  const certPath = join(dir, "cert.pem");
+  const r = spawnSync("openssl", ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+    "-keyout", keyPath, "-out", certPath, "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], { encoding: "utf8" });
+  if (r.status !== 0) throw new Error(`openssl req failed: ${r.error ?? r.stderr}`);
+  return { key: readFileSync(keyPath), cert: readFileSync(certPath), certPath };
 }
 
 // A loopback port where nothing listens (bound, then released).
