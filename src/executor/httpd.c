@@ -11,6 +11,10 @@
  *     answered 413 at the end: a client still sending when the server closes
  *     would get a reset instead of the answer. A body beyond DISCARD_MAX
  *     (announced or sent) is not worth reading: the connection is closed.
+ * The authorize callback is asked on the first call, before the size checks
+ * (an unknown caller learns no limit): a refused request is answered then
+ * when no body follows or the client waits for 100-continue, else once its
+ * body has been dropped the same way; no byte of it is kept.
  * The handler runs on the last call, on the connection's own thread. */
 #include "executor/httpd.h"
 
@@ -204,10 +208,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_data_size > 0) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (st->answered)
-            return MHD_YES;
         st->received += n;
-        if (st->denied)
+        /* Answered already (or refused): dropped, up to a point. */
+        if (st->answered || st->denied)
             return st->received > DISCARD_MAX ? MHD_NO : MHD_YES;
         if (st->too_large || st->received > st->limit) {
             st->too_large = true;
