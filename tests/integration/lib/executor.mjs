@@ -115,10 +115,15 @@ export async function startExecutor(opts = {}) {
   const deadline = Date.now() + readyTimeoutMs;
   let ready = null;
   while (!(ready = lines().find((l) => l.event === "executor.ready"))) {
-    if (exited) throw new Error(`ci-executor exited before it was ready (${JSON.stringify(exited)}):\n${logText()}`);
+    const fail = (why) => {
+      const text = logText();
+      if (!process.env.CI_KEEP_TMP) rmSync(dir, { recursive: true, force: true });
+      return new Error(`${why}:\n${text}`);
+    };
+    if (exited) throw fail(`ci-executor exited before it was ready (${JSON.stringify(exited)})`);
     if (Date.now() > deadline) {
       child.kill("SIGKILL");
-      throw new Error(`ci-executor not ready within ${readyTimeoutMs} ms:\n${logText()}`);
+      throw fail(`ci-executor not ready within ${readyTimeoutMs} ms`);
     }
     await sleep(50);
   }
