@@ -73,12 +73,16 @@ struct ci_config_key {
 static const char *const isolation_names[] = {"auto", "required", "none", NULL};
 static const char *const mode_names[] = {"cold", "warm", NULL};
 static const char *const provider_names[] = {"local", "cloudrun", NULL};
+static const char *const auth_names[] = {"unset", "none", "google-id-token", NULL};
 
 _Static_assert(CI_ISOLATION_AUTO == 0 && CI_ISOLATION_REQUIRED == 1 && CI_ISOLATION_NONE == 2,
                "isolation_names[] is indexed by enum ci_isolation");
 _Static_assert(sizeof(enum ci_isolation) == sizeof(int), "CT_ENUM stores an int");
 _Static_assert(CI_MODE_COLD == 0 && CI_MODE_WARM == 1 && sizeof(enum ci_sandbox_mode) == sizeof(int),
                "mode_names[] is indexed by enum ci_sandbox_mode");
+_Static_assert(CI_AUTH_UNSET == 0 && CI_AUTH_NONE == 1 && CI_AUTH_GOOGLE_ID_TOKEN == 2 &&
+                   sizeof(enum ci_executor_auth) == sizeof(int),
+               "auth_names[] is indexed by enum ci_executor_auth");
 
 /* The offset of a member that must have type T: a key whose type does not
  * match its field fails to compile. */
@@ -187,6 +191,12 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("cloudrun.backoff_max_ms", cloudrun.backoff_max_ms, 5000, 1, 600000),
     KEY_STR("cloudrun.ca_file", cloudrun.ca_file, "", CS_ANY),
     KEY_U32("cloudrun.connect_timeout_ms", cloudrun.connect_timeout_ms, 5000, 100, 600000),
+
+    KEY_ENUM("executor.auth", executor.auth, enum ci_executor_auth, CI_AUTH_UNSET, auth_names),
+    KEY_STR("executor.audience", executor.audience, "", CS_ANY),
+    KEY_STR("executor.jwks_file", executor.jwks_file, "", CS_ANY),
+    KEY_STR("executor.allowed_emails", executor.allowed_emails, "", CS_ANY),
+    KEY_U32("executor.clock_skew_s", executor.clock_skew_s, 60, 0, 300),
 };
 
 #define CI_N_KEYS (sizeof(ci_config_keys) / sizeof(ci_config_keys[0]))

@@ -298,25 +298,62 @@ ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result
     return CI_OK;
 }
 
-/* Removes a bare-mode task directory's content, fd-relative, following
- * nothing. Depth-limited: a deeper tree is left behind. */
-void remove_tree_at(int dirfd, int depth)
+/* One pass of remove_tree_at over dirfd's tree. Every directory is made
+ * 0700 first (the task may have left one unreadable or read-only: it owns
+ * them, and we are it or root). A directory deeper than 64 levels is moved
+ * up to top instead of entered, so that the recursion stays bounded: the
+ * next pass takes it. Returns whether a next pass has work (a directory
+ * moved, or more entries than one listing holds). */
+static bool remove_level(int top, int dirfd, int depth, unsigned *serial)
 {
     size_t n = 0;
-    bool truncated = false;
-    char **names = list_dir(dirfd, 100000, &n, &truncated);
+    bool again = false;
+    fchmod(dirfd, 0700);
+    char **names = list_dir(dirfd, 100000, &n, &again);
     for (size_t i = 0; i < n; i++) {
-        if (unlinkat(dirfd, names[i], 0) != 0 && (errno == EISDIR || errno == EPERM) &&
-            depth < 64) {
-            int fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            if (fd >= 0) {
-                remove_tree_at(fd, depth + 1);
-                close(fd);
-            }
-            unlinkat(dirfd, names[i], AT_REMOVEDIR);
+        if (unlinkat(dirfd, names[i], 0) == 0 || (errno != EISDIR && errno != EPERM)) {
+            free(names[i]);
+            continue;
         }
+        if (depth >= 64) {
+            /* The task may have taken some names at the top: try others. */
+            for (int tries = 0; tries < 100; tries++) {
+                char up[32];
+                snprintf(up, sizeof(up), ".ci-deep-%u", (*serial)++);
+                if (renameat(dirfd, names[i], top, up) == 0) {
+                    again = true;
+                    break;
+                }
+                if (errno != EEXIST && errno != ENOTEMPTY)
+                    break;
+            }
+            free(names[i]);
+            continue;
+        }
+        int fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        /* EACCES here means a directory (not a link: O_NOFOLLOW would say
+         * ELOOP) without read or search permission. */
+        if (fd < 0 && errno == EACCES && fchmodat(dirfd, names[i], 0700, 0) == 0)
+            fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0) {
+            again |= remove_level(top, fd, depth + 1, serial);
+            close(fd);
+        }
+        unlinkat(dirfd, names[i], AT_REMOVEDIR);
         free(names[i]);
     }
     free(names);
+    return again;
+}
+
+/* Removes a bare-mode task directory's content, fd-relative, following
+ * nothing, however deep or locked its tree (the task's processes are all
+ * dead by now). Bounded passes: a tree that outlives them is left. */
+void remove_tree_at(int dirfd, int depth)
+{
+    (void)depth;
+    unsigned serial = 0;
+    for (int pass = 0; pass < 1000 && remove_level(dirfd, dirfd, 0, &serial); pass++)
+        continue;
 }
 

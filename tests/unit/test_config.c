@@ -143,6 +143,11 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK(c->cloudrun.backoff_max_ms == 5000);
     CHECK_STR(c->cloudrun.ca_file, "");
     CHECK(c->cloudrun.connect_timeout_ms == 5000);
+    CHECK(c->executor.auth == CI_AUTH_UNSET);
+    CHECK_STR(c->executor.audience, "");
+    CHECK_STR(c->executor.jwks_file, "");
+    CHECK_STR(c->executor.allowed_emails, "");
+    CHECK(c->executor.clock_skew_s == 60);
 }
 
 static void test_empty_file_gives_defaults(void)
@@ -303,6 +308,18 @@ static void test_values_are_read(void)
     CHECK(cfg->jetstream.file_storage == false);
     CHECK(cfg->local.isolation == CI_ISOLATION_NONE);
     ci_config_free(cfg);
+
+    REQUIRE(load("executor:\n  auth: google-id-token\n  audience: https://x.run.app\n"
+                 "  allowed_emails: a@b.iam.gserviceaccount.com\n  clock_skew_s: 0\n",
+                 &cfg, &err) == CI_OK);
+    CHECK(cfg->executor.auth == CI_AUTH_GOOGLE_ID_TOKEN);
+    CHECK_STR(cfg->executor.audience, "https://x.run.app");
+    CHECK_STR(cfg->executor.allowed_emails, "a@b.iam.gserviceaccount.com");
+    CHECK(cfg->executor.clock_skew_s == 0);
+    ci_config_free(cfg);
+    REQUIRE(load("executor:\n  auth: none\n", &cfg, &err) == CI_OK);
+    CHECK(cfg->executor.auth == CI_AUTH_NONE);
+    ci_config_free(cfg);
 }
 
 struct error_case {
@@ -404,6 +421,10 @@ static void test_string_errors(void)
     static const struct error_case cases[] = {
         {"worker:\n  provider: docker\n",
          "worker.yaml:2: key 'worker.provider': expected one of local, cloudrun"},
+        {"executor:\n  auth: iam\n",
+         "worker.yaml:2: key 'executor.auth': expected one of unset, none, google-id-token"},
+        {"executor:\n  clock_skew_s: 301\n",
+         "worker.yaml:2: key 'executor.clock_skew_s': 301 is above the maximum 300"},
         {"worker:\n  log_level: trace\n",
          "worker.yaml:2: key 'worker.log_level': expected one of debug, info, warn, error"},
         {"nats:\n  name: \"\"\n", "worker.yaml:2: key 'nats.name': must not be empty"},
@@ -472,10 +493,10 @@ static void test_document_errors(void)
         {"nats: {}\n\xff\n", "worker.yaml:2: YAML syntax error: invalid leading UTF-8 octet"},
         {"hello\n",
          "worker.yaml:1: expected a mapping with the sections nats, jetstream, worker, limits, "
-         "local, cloudrun"},
+         "local, cloudrun, executor"},
         {"- nats\n",
          "worker.yaml:1: expected a mapping with the sections nats, jetstream, worker, limits, "
-         "local, cloudrun"},
+         "local, cloudrun, executor"},
         {"nats: {}\n---\nlimits: {}\n", "worker.yaml:2: only one YAML document is allowed"},
     };
     check_errors(cases, sizeof(cases) / sizeof(cases[0]));
