@@ -10,6 +10,7 @@ packages=(
   # libraries (see README "Why these libraries")
   libnats-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev
   libjansson-dev libssl-dev libseccomp-dev libcurl4-openssl-dev libmicrohttpd-dev
+  libcjose-dev
   # runtime python-data-analysis-v1; libpython3-dev: ci-zygote embeds it (warm mode)
   python3 python3-numpy python3-pandas python3-matplotlib python3-openpyxl libpython3-dev
   # broker and test tools

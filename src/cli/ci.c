@@ -1,6 +1,7 @@
 /* ci - the command-line client: submit Python to the workers, wait, print
  * the output, save the artifacts. See `ci --help`. */
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -18,6 +19,7 @@
 #include "nats/heartbeat.h"
 #include "nats/objstore.h"
 #include "core/request.h"
+#include "core/text.h"
 #include "core/util.h"
 
 /* Inputs larger than this go through the object store, not inline. */
@@ -47,6 +49,39 @@ struct opts {
     bool wire_json;
     bool no_save;
 };
+
+/* Writes len bytes of s to f. To a terminal, control and format characters
+ * (but newline and tab) are shown escaped, as "\x1b" or "\u202e": what ci
+ * prints quotes text that untrusted code chose (its output, error, hint,
+ * artifact names), and escape sequences could repaint the screen, hide or
+ * reorder text, set the title or write the clipboard (OSC 52). To a pipe or
+ * a file the bytes go as they are. */
+static void put_text(FILE *f, const char *s, size_t len)
+{
+    if (!isatty(fileno(f))) {
+        fwrite(s, 1, len, f);
+        return;
+    }
+    struct ci_buf b = CI_BUF_INIT;
+    if (ci_text_escape(&b, s, len, true) == CI_OK && b.len)
+        fwrite(b.data, 1, b.len, f);
+    ci_buf_release(&b);
+}
+
+/* printf to f through put_text(): every line ci writes for a person, so
+ * that no quoted text is missed. */
+__attribute__((format(printf, 2, 3))) static void say(FILE *f, const char *fmt, ...)
+{
+    char *text = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vasprintf(&text, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    put_text(f, text, (size_t)n);
+    free(text);
+}
 
 static ci_status read_file(const char *path, size_t max, uint8_t **ret, size_t *ret_len,
                            struct ci_error *err)
@@ -112,13 +147,13 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
     else
         random_id(task_id);
     if (read_file(script, cfg->limits.max_code_bytes, &code, &code_len, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         rc = EXIT_USAGE;
         goto out;
     }
     /* The code travels as a C string: a NUL would silently cut it. */
     if (memchr(code, 0, code_len)) {
-        fprintf(stderr, "ci: '%s' holds a NUL byte, so it is not Python source\n", script);
+        say(stderr, "ci: '%s' holds a NUL byte, so it is not Python source\n", script);
         rc = EXIT_USAGE;
         goto out;
     }
@@ -134,13 +169,13 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
         size_t len = 0;
         const char *name = base_name(o->files[i]);
         if (!ci_input_name_valid(name, strlen(name))) {
-            fprintf(stderr, "ci: input name '%s' is not allowed: use [A-Za-z0-9._ -], not starting with '.'\n",
+            say(stderr, "ci: input name '%s' is not allowed: use [A-Za-z0-9._ -], not starting with '.'\n",
                     name);
             rc = EXIT_USAGE;
             goto out;
         }
         if (read_file(o->files[i], cfg->limits.max_input_bytes, &file_data[i], &len, &e)) {
-            fprintf(stderr, "ci: %s\n", e.msg);
+            say(stderr, "ci: %s\n", e.msg);
             rc = EXIT_USAGE;
             goto out;
         }
@@ -157,7 +192,7 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
                 goto out;
             snprintf(object_names[i], n, "inputs/%s/%s", task_id, name);
             if (ci_objstore_put(ci_broker_objstore(b), object_names[i], file_data[i], len, &e)) {
-                fprintf(stderr, "ci: uploading '%s': %s\n", o->files[i], e.msg);
+                say(stderr, "ci: uploading '%s': %s\n", o->files[i], e.msg);
                 goto out;
             }
             files[i].source_case = CI__V1__INPUT_FILE__SOURCE_OBJECT;
@@ -173,7 +208,7 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
             goto out;
         char *eq = strchr(label_copies[i], '=');
         if (!eq) {
-            fprintf(stderr, "ci: label '%s' is not KEY=VALUE\n", o->labels[i]);
+            say(stderr, "ci: label '%s' is not KEY=VALUE\n", o->labels[i]);
             rc = EXIT_USAGE;
             goto out;
         }
@@ -192,7 +227,7 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
 
     enum ci_encoding enc = o->wire_json ? CI_ENC_JSON : CI_ENC_PROTOBUF;
     if (ci_message_encode(enc, &req.base, &wire, &wire_len, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         goto out;
     }
 
@@ -208,7 +243,7 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
     size_t qlen = 0;
     if (ci_message_encode(enc, &queued.base, &qbuf, &qlen, &e) == CI_OK) {
         if (ci_broker_result_create(b, task_id, qbuf, qlen, &e) == CI_ERR_INVALID) {
-            fprintf(stderr, "ci: %s\n", e.msg);
+            say(stderr, "ci: %s\n", e.msg);
             free(qbuf);
             rc = EXIT_USAGE;
             goto out;
@@ -217,11 +252,11 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
     }
     bool dup = false;
     if (ci_broker_submit(b, task_id, ci_encoding_content_type(enc), wire, wire_len, &dup, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         goto out;
     }
     if (dup)
-        fprintf(stderr, "ci: task %s was already submitted; not queued again\n", task_id);
+        say(stderr, "ci: task %s was already submitted; not queued again\n", task_id);
     rc = 0;
 out:
     free(code);
@@ -266,7 +301,7 @@ static void print_json(const ProtobufCMessage *m)
     size_t len = 0;
     struct ci_error e = {{0}};
     if (ci_message_encode(CI_ENC_JSON, m, &buf, &len, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         return;
     }
     fwrite(buf, 1, len, stdout);
@@ -277,8 +312,10 @@ static void print_json(const ProtobufCMessage *m)
 /* Whether an artifact may be saved under the current folder by its name.
  * The name is chosen by untrusted code, and any file that starts like a
  * PNG is an artifact: so no hidden component (".bashrc",
- * ".ssh/authorized_keys"), no "..", no control character (terminal
- * escapes), and the extension must be that of its type. */
+ * ".ssh/authorized_keys"), no "..", nothing but well-formed UTF-8 without
+ * control or format characters (terminal escapes, U+202E turning
+ * "x\u202egnp.csv" into "xvsc.png" on screen), and the extension must be
+ * that of its type. */
 static bool artifact_name_safe(const Ci__V1__Artifact *a)
 {
     const char *name = a->name;
@@ -294,23 +331,12 @@ static bool artifact_name_safe(const Ci__V1__Artifact *a)
         if (*p == '/')
             p++;
     }
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-        if (*p < 0x20 || *p == 0x7f)
-            return false;
+    if (ci_text_name_check(name, len, NULL) != CI_TEXT_OK)
+        return false;
     const char *ext = !strcmp(a->mime_type, "text/csv")    ? ".csv"
                       : !strcmp(a->mime_type, "image/png") ? ".png"
                                                            : NULL;
     return ext && len > 4 && strcasecmp(name + len - 4, ext) == 0;
-}
-
-/* The name with control characters shown as '?', cut to fit out. */
-static const char *printable(const char *name, char *out, size_t size)
-{
-    size_t i = 0;
-    for (; name[i] && i + 1 < size; i++)
-        out[i] = ((unsigned char)name[i] < 0x20 || name[i] == 0x7f) ? '?' : name[i];
-    out[i] = '\0';
-    return out;
 }
 
 /* Opens name for writing under the current folder, creating its folders,
@@ -362,30 +388,28 @@ static int save_artifacts(struct ci_broker *b, const Ci__V1__ExecutionResult *r)
     for (size_t i = 0; i < r->n_artifacts; i++) {
         const Ci__V1__Artifact *a = r->artifacts[i];
         struct ci_error e = {{0}};
-        char shown[256], shown_obj[256];
         if (!artifact_name_safe(a)) {
-            fprintf(stderr,
-                    "ci: not saving artifact '%s' here: its name is unsafe (hidden, '..', control "
-                    "characters, or not ending in .csv/.png); it is object '%s' in the files "
-                    "bucket\n",
-                    printable(a->name, shown, sizeof(shown)),
-                    printable(a->object, shown_obj, sizeof(shown_obj)));
+            say(stderr,
+                "ci: not saving artifact '%s' here: its name is unsafe (hidden, '..', control or "
+                "format characters, or not ending in .csv/.png); it is object '%s' in the files "
+                "bucket\n",
+                a->name, a->object);
             failures++;
             continue;
         }
         uint8_t *data = NULL;
         size_t len = 0;
         if (ci_objstore_get(ci_broker_objstore(b), a->object, MAX_READ, &data, &len, &e)) {
-            fprintf(stderr, "ci: artifact '%s': %s\n", a->name, e.msg);
+            say(stderr, "ci: artifact '%s': %s\n", a->name, e.msg);
             failures++;
             continue;
         }
         int fd = open_artifact(a->name);
         if (fd < 0 || ci_write_all(fd, data, len)) {
-            fprintf(stderr, "ci: cannot write '%s': %s\n", a->name, strerror(errno));
+            say(stderr, "ci: cannot write '%s': %s\n", a->name, strerror(errno));
             failures++;
         } else {
-            fprintf(stderr, "ci: saved %s (%zu bytes)\n", a->name, len);
+            say(stderr, "ci: saved %s (%zu bytes)\n", a->name, len);
         }
         if (fd >= 0)
             close(fd);
@@ -399,8 +423,8 @@ static void print_event(const Ci__V1__StatusEvent *ev, bool json)
     if (json)
         print_json(&ev->base);
     else
-        printf("%" PRId64 " %s %s%s%s\n", ev->at_ms, ci_task_status_short(ev->status), ev->worker,
-               ev->message[0] ? " " : "", ev->message);
+        say(stdout, "%" PRId64 " %s %s%s%s\n", ev->at_ms, ci_task_status_short(ev->status),
+            ev->worker, ev->message[0] ? " " : "", ev->message);
     fflush(stdout);
 }
 
@@ -456,7 +480,7 @@ static ci_status wait_terminal(struct ci_broker *b, const char *id, int64_t wait
         if (s == CI_ERR_TIMEOUT) {
             int64_t now = ci_mono_ms();
             if (!warned && !seen && now - started > 10000) {
-                fprintf(stderr, "ci: task %s has not started yet; is a worker running?\n", id);
+                say(stderr, "ci: task %s has not started yet; is a worker running?\n", id);
                 warned = true;
             }
             if (now - last_check >= 5000) {
@@ -492,25 +516,28 @@ static ci_status wait_terminal(struct ci_broker *b, const char *id, int64_t wait
 
 static void print_summary(const Ci__V1__ExecutionResult *r)
 {
-    printf("task:      %s\nstatus:    %s\n", r->task_id, ci_task_status_short(r->status));
+    say(stdout, "task:      %s\nstatus:    %s\n", r->task_id, ci_task_status_short(r->status));
     if (r->_exit_code_case == CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE)
-        printf("exit code: %d\n", r->exit_code);
+        say(stdout, "exit code: %d\n", r->exit_code);
     if (r->error[0])
-        printf("error:     %s\n", r->error);
+        say(stdout, "error:     %s\n", r->error);
     if (r->hint[0])
-        printf("hint:      %s\n", r->hint);
+        say(stdout, "hint:      %s\n", r->hint);
     if (r->usage)
-        printf("usage:     %" PRIu64 " ms, %" PRIu64 " ms cpu, %u MiB\n", r->usage->duration_ms,
-               r->usage->cpu_ms, r->usage->memory_mb);
+        say(stdout, "usage:     %" PRIu64 " ms, %" PRIu64 " ms cpu, %u MiB\n",
+            r->usage->duration_ms, r->usage->cpu_ms, r->usage->memory_mb);
     if (r->worker[0])
-        printf("worker:    %s (attempt %u, isolation %s)\n", r->worker, r->attempt, r->isolation);
+        say(stdout, "worker:    %s (attempt %u, isolation %s)\n", r->worker, r->attempt,
+            r->isolation);
     for (size_t i = 0; i < r->n_artifacts; i++)
-        printf("artifact:  %s (%s, %" PRIu64 " bytes) object %s\n", r->artifacts[i]->name,
-               r->artifacts[i]->mime_type, r->artifacts[i]->size, r->artifacts[i]->object);
+        say(stdout, "artifact:  %s (%s, %" PRIu64 " bytes) object %s\n", r->artifacts[i]->name,
+            r->artifacts[i]->mime_type, r->artifacts[i]->size, r->artifacts[i]->object);
     if (r->stdout[0])
-        printf("--- stdout%s ---\n%s\n", r->stdout_truncated ? " (truncated)" : "", r->stdout);
+        say(stdout, "--- stdout%s ---\n%s\n", r->stdout_truncated ? " (truncated)" : "",
+            r->stdout);
     if (r->stderr[0])
-        printf("--- stderr%s ---\n%s\n", r->stderr_truncated ? " (truncated)" : "", r->stderr);
+        say(stdout, "--- stderr%s ---\n%s\n", r->stderr_truncated ? " (truncated)" : "",
+            r->stderr);
 }
 
 static int exit_code_of(const Ci__V1__ExecutionResult *r)
@@ -561,13 +588,13 @@ static void on_worker(void *closure, const char *id, const uint8_t *data, size_t
         ci_buf_appendf(&sw->text, "%s{\"heartbeat\":%.*s,\"seenMsAgo\":\"%" PRId64 "\"}",
                        sw->n ? "," : "", (int)len, (const char *)data, seen);
     } else {
-        char ago[32], up[32], provider[32];
+        char ago[32], up[32];
         human_age(ago, sizeof(ago), seen);
         human_age(up, sizeof(up), written_ms - hb.started_at_ms);
         ci_buf_appendf(&sw->text,
                        "  %-24s %-9s slots %u  running %u  %-9s done %" PRIu64
                        "  seen %s ago  up %s\n",
-                       id, printable(hb.provider, provider, sizeof(provider)), hb.slots, hb.active,
+                       id, hb.provider, hb.slots, hb.active,
                        hb.ready ? "ready" : "not-ready", hb.tasks_done, ago, up);
     }
     sw->n++;
@@ -581,7 +608,7 @@ static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, const str
     struct ci_error e = {{0}};
     struct ci_queue_stats q;
     if (ci_broker_queue_stats(b, &q, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
     struct stats_workers sw = {.json = json, .now_ms = ci_now_ms()};
@@ -590,11 +617,12 @@ static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, const str
     if (s == CI_ERR_NOT_FOUND)
         have_bucket = false;
     else if (s || ci_broker_workers_list(b, MAX_WORKERS, on_worker, &sw, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         ci_buf_release(&sw.text);
         return EXIT_INFRA;
     }
     if (json) {
+        /* JSON for a machine, raw like print_json(). */
         printf("{\"queue\":{\"stream\":\"%s\",\"consumer\":\"%s\",\"streamMsgs\":\"%" PRIu64
                "\",\"pending\":\"%" PRIu64 "\",\"ackPending\":\"%" PRIu64
                "\",\"redelivered\":\"%" PRIu64 "\",\"waiting\":\"%" PRIu64
@@ -603,18 +631,18 @@ static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, const str
                q.ack_pending, q.redelivered, q.waiting,
                sw.text.data ? (const char *)sw.text.data : "");
     } else {
-        printf("queue:        %" PRIu64 " waiting for a worker (consumer %s; stream %s holds %" PRIu64
+        say(stdout, "queue:        %" PRIu64 " waiting for a worker (consumer %s; stream %s holds %" PRIu64
                ")\n",
                q.pending, cfg->jetstream.consumer, cfg->jetstream.tasks_stream, q.stream_msgs);
-        printf("in flight:    %" PRIu64 " (%" PRIu64 " of them delivered more than once)\n",
+        say(stdout, "in flight:    %" PRIu64 " (%" PRIu64 " of them delivered more than once)\n",
                q.ack_pending, q.redelivered);
-        printf("idle pulls:   %" PRIu64 "\n", q.waiting);
+        say(stdout, "idle pulls:   %" PRIu64 "\n", q.waiting);
         if (!have_bucket)
-            printf("workers:      unknown (no heartbeat bucket %s: no worker with heartbeats "
+            say(stdout, "workers:      unknown (no heartbeat bucket %s: no worker with heartbeats "
                    "has run)\n",
                    cfg->jetstream.workers_bucket);
         else
-            printf("workers:      %zu alive (an entry expires after three missed heartbeats)\n%s",
+            say(stdout, "workers:      %zu alive (an entry expires after three missed heartbeats)\n%s",
                    sw.n, sw.text.data ? (const char *)sw.text.data : "");
     }
     ci_buf_release(&sw.text);
@@ -632,34 +660,34 @@ static int run_script(struct ci_broker *b, const struct ci_config *cfg, const st
     if (rc)
         return rc;
     if (!wait) {
-        printf("%s\n", id);
+        say(stdout, "%s\n", id);
         return 0;
     }
     if (wait_terminal(b, id, o->wait_ms, false, false, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
     Ci__V1__ExecutionResult *r = NULL;
     if (get_result(b, id, &r, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
     if (o->json) {
         print_json(&r->base);
     } else {
-        fwrite(r->stdout, 1, strlen(r->stdout), stdout);
+        put_text(stdout, r->stdout, strlen(r->stdout));
         fflush(stdout);
-        fwrite(r->stderr, 1, strlen(r->stderr), stderr);
+        put_text(stderr, r->stderr, strlen(r->stderr));
         if (r->stdout_truncated)
-            fprintf(stderr, "ci: stdout was cut: the code wrote %" PRIu64 " bytes\n",
+            say(stderr, "ci: stdout was cut: the code wrote %" PRIu64 " bytes\n",
                     r->stdout_total_bytes);
         if (r->stderr_truncated)
-            fprintf(stderr, "ci: stderr was cut: the code wrote %" PRIu64 " bytes\n",
+            say(stderr, "ci: stderr was cut: the code wrote %" PRIu64 " bytes\n",
                     r->stderr_total_bytes);
         if (r->status != CI__V1__TASK_STATUS__TASK_STATUS_SUCCEEDED || r->error[0])
-            fprintf(stderr, "ci: %s: %s\n", ci_task_status_short(r->status), r->error);
+            say(stderr, "ci: %s: %s\n", ci_task_status_short(r->status), r->error);
         if (r->hint[0])
-            fprintf(stderr, "ci: hint: %s\n", r->hint);
+            say(stderr, "ci: hint: %s\n", r->hint);
     }
     int failures = o->no_save ? 0 : save_artifacts(b, r);
     rc = exit_code_of(r);
@@ -676,7 +704,7 @@ static int cmd_get(struct ci_broker *b, const struct ci_config *cfg, const struc
     Ci__V1__ExecutionResult *r = NULL;
     ci_status s = get_result(b, id, &r, &e);
     if (s) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         return s == CI_ERR_NOT_FOUND ? 1 : EXIT_INFRA;
     }
     if (o->json)
@@ -692,7 +720,7 @@ static int cmd_watch(struct ci_broker *b, const struct ci_config *cfg, const str
 {
     struct ci_error e = {{0}};
     if (wait_terminal(b, id, o->wait_ms, true, o->json, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
     return 0;
@@ -703,7 +731,7 @@ static int cmd_cancel(struct ci_broker *b, const struct ci_config *cfg, const st
 {
     struct ci_error e = {{0}};
     if (ci_broker_cancel_publish(b, id, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
     return 0;
@@ -808,14 +836,14 @@ int main(int argc, char **argv)
         switch (c) {
         case 'f':
             if (o.n_files == MAX_FILES) {
-                fprintf(stderr, "ci: at most %d files\n", MAX_FILES);
+                say(stderr, "ci: at most %d files\n", MAX_FILES);
                 return EXIT_USAGE;
             }
             o.files[o.n_files++] = optarg;
             break;
         case 'l':
             if (o.n_labels == MAX_LABELS) {
-                fprintf(stderr, "ci: at most %d labels\n", MAX_LABELS);
+                say(stderr, "ci: at most %d labels\n", MAX_LABELS);
                 return EXIT_USAGE;
             }
             o.labels[o.n_labels++] = optarg;
@@ -826,7 +854,7 @@ int main(int argc, char **argv)
             errno = 0;
             unsigned long long v = strtoull(optarg, &end, 10);
             if (errno || end == optarg || *end || optarg[0] == '-' || v > UINT32_MAX) {
-                fprintf(stderr, "ci: '%s' is not a valid number of %s\n", optarg,
+                say(stderr, "ci: '%s' is not a valid number of %s\n", optarg,
                         c == 'm' ? "MiB" : "ms");
                 return EXIT_USAGE;
             }
@@ -856,7 +884,7 @@ int main(int argc, char **argv)
     }
     const struct command *cmd = find_command(argv[optind]);
     if (!cmd) {
-        fprintf(stderr, "ci: unknown command '%s'\n", argv[optind]);
+        say(stderr, "ci: unknown command '%s'\n", argv[optind]);
         usage(stderr);
         return EXIT_USAGE;
     }
@@ -864,20 +892,20 @@ int main(int argc, char **argv)
     const char *arg = operands && optind + 1 < argc ? argv[optind + 1] : NULL;
     if (optind + 1 + operands < argc || (operands && !arg)) {
         if (operands && !arg)
-            fprintf(stderr, "ci: '%s' needs an argument\n", cmd->name);
+            say(stderr, "ci: '%s' needs an argument\n", cmd->name);
         else
-            fprintf(stderr, "ci: unexpected argument '%s'\n", argv[optind + 1 + operands]);
+            say(stderr, "ci: unexpected argument '%s'\n", argv[optind + 1 + operands]);
         usage(stderr);
         return EXIT_USAGE;
     }
     if (cmd->task_id && !ci_task_id_valid(arg)) {
-        fprintf(stderr, "ci: '%s' is not a task id ([A-Za-z0-9_-]{1,64})\n", arg);
+        say(stderr, "ci: '%s' is not a task id ([A-Za-z0-9_-]{1,64})\n", arg);
         return EXIT_USAGE;
     }
     /* Checked whole: copied into 65 bytes, a longer id would be cut to a
      * valid one and the task submitted under another id. */
     if (o.id && !ci_task_id_valid(o.id)) {
-        fprintf(stderr, "ci: task id '%s' is not [A-Za-z0-9_-]{1,64}\n", o.id);
+        say(stderr, "ci: task id '%s' is not [A-Za-z0-9_-]{1,64}\n", o.id);
         return EXIT_USAGE;
     }
 
@@ -885,7 +913,7 @@ int main(int argc, char **argv)
     struct ci_error e = {{0}};
     ci_status s = o.config ? ci_config_load(o.config, &cfg, &e) : ci_config_defaults(&cfg, &e);
     if (s) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         return EXIT_USAGE;
     }
     if (o.url) {
@@ -898,11 +926,11 @@ int main(int argc, char **argv)
     int rc = EXIT_INFRA;
     struct ci_broker *b = NULL;
     if (!cfg->nats.url || !cfg->nats.name) { /* a NULL url would mean the default server */
-        fprintf(stderr, "ci: out of memory\n");
+        say(stderr, "ci: out of memory\n");
         goto out;
     }
     if (ci_broker_connect(cfg, &b, &e) || ci_broker_setup(b, false, &e)) {
-        fprintf(stderr, "ci: %s\n", e.msg);
+        say(stderr, "ci: %s\n", e.msg);
         goto out;
     }
     rc = cmd->run(b, cfg, &o, arg);

@@ -20,6 +20,7 @@
 #include <strings.h>
 
 #include "core/codec_int.h"
+#include "core/text.h"
 #include "core/util.h"
 
 
@@ -92,36 +93,8 @@ void ci__json_name(const char *name, char *out, size_t outsz)
  * (overlong forms, surrogates and values above U+10FFFF are invalid). */
 size_t ci__utf8_seq(const uint8_t *s, size_t n)
 {
-    uint8_t c = s[0];
-    if (c < 0x80)
-        return 1;
-    uint8_t lo = 0x80, hi = 0xBF;
-    size_t need;
-    if (c >= 0xC2 && c <= 0xDF) {
-        need = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 2;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 3;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (n < need + 1)
-        return 0;
-    if (s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i <= need; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    return need + 1;
+    uint32_t cp;
+    return ci_text_utf8_decode(s, n, &cp);
 }
 
 bool ci__utf8_valid(const uint8_t *s, size_t n)

@@ -40,6 +40,7 @@
 #define CI_CONFIG_MAX_NAME 64     /* stream, consumer and bucket names */
 #define CI_CONFIG_MAX_SUBJECT 128 /* a task id (64) is appended to prefixes */
 #define CI_CONFIG_MAX_ID 128
+#define CI_CONFIG_MAX_CA_BYTES (16 * 1024 * 1024) /* Debian's whole bundle is ~220 KiB */
 
 enum ci_ctype { CT_STRING, CT_UINT32, CT_INT32, CT_BOOL, CT_ENUM };
 
@@ -53,6 +54,7 @@ enum ci_cstr {
     CS_ID,       /* "" or [A-Za-z0-9._-]{1,128} */
     CS_ABSPATH,  /* an absolute path */
     CS_HOSTPORT, /* "" or a listen address: IPv4:port or [IPv6]:port, numeric */
+    CS_SERVICE,  /* "" or the executor's base URL: https://, or http:// to loopback */
     CS_ONEOF,    /* one of names[] */
 };
 
@@ -71,12 +73,16 @@ struct ci_config_key {
 static const char *const isolation_names[] = {"auto", "required", "none", NULL};
 static const char *const mode_names[] = {"cold", "warm", NULL};
 static const char *const provider_names[] = {"local", "cloudrun", NULL};
+static const char *const auth_names[] = {"unset", "none", "google-id-token", NULL};
 
 _Static_assert(CI_ISOLATION_AUTO == 0 && CI_ISOLATION_REQUIRED == 1 && CI_ISOLATION_NONE == 2,
                "isolation_names[] is indexed by enum ci_isolation");
 _Static_assert(sizeof(enum ci_isolation) == sizeof(int), "CT_ENUM stores an int");
 _Static_assert(CI_MODE_COLD == 0 && CI_MODE_WARM == 1 && sizeof(enum ci_sandbox_mode) == sizeof(int),
                "mode_names[] is indexed by enum ci_sandbox_mode");
+_Static_assert(CI_AUTH_UNSET == 0 && CI_AUTH_NONE == 1 && CI_AUTH_GOOGLE_ID_TOKEN == 2 &&
+                   sizeof(enum ci_executor_auth) == sizeof(int),
+               "auth_names[] is indexed by enum ci_executor_auth");
 
 /* The offset of a member that must have type T: a key whose type does not
  * match its field fails to compile. */
@@ -173,7 +179,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("local.warm_rotate_after", local.warm_rotate_after, 200, 1, 1000000),
     KEY_STR("local.zygote", local.zygote, "", CS_ANY),
 
-    KEY_STR("cloudrun.service_url", cloudrun.service_url, "", CS_ANY),
+    KEY_STR("cloudrun.service_url", cloudrun.service_url, "", CS_SERVICE),
     KEY_STR("cloudrun.audience", cloudrun.audience, "", CS_ANY),
     KEY_STR("cloudrun.metadata_url", cloudrun.metadata_url,
             "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/"
@@ -182,11 +188,17 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_STR("cloudrun.token_file", cloudrun.token_file, "", CS_ANY),
     KEY_U32("cloudrun.token_refresh_margin_s", cloudrun.token_refresh_margin_s, 300, 0, 3600),
     KEY_U32("cloudrun.timeout_margin_ms", cloudrun.timeout_margin_ms, 30000, 0, 600000),
-    KEY_U32("cloudrun.max_attempts", cloudrun.max_attempts, 5, 1, 100),
+    KEY_U32("cloudrun.max_attempts", cloudrun.max_attempts, 0, 0, 1000),
     KEY_U32("cloudrun.backoff_initial_ms", cloudrun.backoff_initial_ms, 200, 1, 60000),
     KEY_U32("cloudrun.backoff_max_ms", cloudrun.backoff_max_ms, 5000, 1, 600000),
     KEY_STR("cloudrun.ca_file", cloudrun.ca_file, "", CS_ANY),
     KEY_U32("cloudrun.connect_timeout_ms", cloudrun.connect_timeout_ms, 5000, 100, 600000),
+
+    KEY_ENUM("executor.auth", executor.auth, enum ci_executor_auth, CI_AUTH_UNSET, auth_names),
+    KEY_STR("executor.audience", executor.audience, "", CS_ANY),
+    KEY_STR("executor.jwks_file", executor.jwks_file, "", CS_ANY),
+    KEY_STR("executor.allowed_emails", executor.allowed_emails, "", CS_ANY),
+    KEY_U32("executor.clock_skew_s", executor.clock_skew_s, 60, 0, 300),
 };
 
 #define CI_N_KEYS (sizeof(ci_config_keys) / sizeof(ci_config_keys[0]))
@@ -466,6 +478,90 @@ static bool is_hostport(const char *s, size_t len)
     return inet_pton(AF_INET, buf, addr) == 1;
 }
 
+/* Whether host (the text between "://" and the port or path) is a loopback
+ * address: localhost, 127.0.0.0/8 in dotted-quad form, or [::1]. */
+static bool host_is_loopback(const char *host, size_t len)
+{
+    char buf[64];
+    if (len == 0 || len >= sizeof(buf))
+        return false;
+    memcpy(buf, host, len);
+    buf[len] = '\0';
+    if (strcasecmp(buf, "localhost") == 0)
+        return true; /* libcurl resolves it to loopback itself, never through DNS */
+    struct in_addr a4;
+    if (inet_pton(AF_INET, buf, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    struct in6_addr a6;
+    if (len > 2 && buf[0] == '[' && buf[len - 1] == ']') {
+        buf[len - 1] = '\0';
+        return inet_pton(AF_INET6, buf + 1, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
+    }
+    return false;
+}
+
+/* The executor's base URL: https:// or http://, a host (a name, a dotted
+ * quad or [IPv6]), an optional port of 1 to 65535 and an optional path; no
+ * user information, query, fragment, space or backslash. *ret_plain says
+ * whether it is http://, *ret_loopback whether its host is loopback. */
+static bool service_url_ok(const char *s, size_t len, bool *ret_plain, bool *ret_loopback)
+{
+    size_t skip;
+    if (len > 8 && strncmp(s, "https://", 8) == 0)
+        skip = 8, *ret_plain = false;
+    else if (len > 7 && strncmp(s, "http://", 7) == 0)
+        skip = 7, *ret_plain = true;
+    else
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f || s[i] == '?' ||
+            s[i] == '#' || s[i] == '\\')
+            return false;
+    const char *host = s + skip, *end = s + len;
+    const char *auth_end = memchr(host, '/', (size_t)(end - host));
+    if (!auth_end)
+        auth_end = end;
+    if (memchr(host, '@', (size_t)(auth_end - host)))
+        return false; /* user:password@ would be sent along */
+    const char *host_end;
+    if (*host == '[') {
+        host_end = memchr(host, ']', (size_t)(auth_end - host));
+        if (!host_end)
+            return false;
+        host_end++;
+        char buf[64];
+        struct in6_addr a6;
+        size_t hl = (size_t)(host_end - host) - 2;
+        if (hl == 0 || hl >= sizeof(buf))
+            return false;
+        memcpy(buf, host + 1, hl);
+        buf[hl] = '\0';
+        if (inet_pton(AF_INET6, buf, &a6) != 1)
+            return false;
+    } else {
+        host_end = host;
+        while (host_end < auth_end && (isalnum((unsigned char)*host_end) || *host_end == '.' ||
+                                       *host_end == '-' || *host_end == '_'))
+            host_end++;
+        if (host_end == host)
+            return false;
+    }
+    if (host_end < auth_end) {
+        if (*host_end != ':' || auth_end - host_end < 2 || auth_end - host_end > 6)
+            return false;
+        unsigned long port = 0;
+        for (const char *d = host_end + 1; d < auth_end; d++) {
+            if (!isdigit((unsigned char)*d))
+                return false;
+            port = port * 10 + (unsigned long)(*d - '0');
+        }
+        if (port < 1 || port > 65535)
+            return false;
+    }
+    *ret_loopback = host_is_loopback(host, (size_t)(host_end - host));
+    return true;
+}
+
 /* Whether s (length len) is acceptable for key k; if not, why in out. */
 static bool check_string(const struct ci_config_key *k, const char *s, size_t len, char *why,
                          size_t whysz)
@@ -550,6 +646,27 @@ static bool check_string(const struct ci_config_key *k, const char *s, size_t le
                  "0.0.0.0:9464 or [::]:9464, got '%s'",
                  shown(v, sizeof(v), s, len));
         return false;
+    case CS_SERVICE: {
+        bool plain = false, loopback = false;
+        if (len == 0)
+            return true;
+        if (!service_url_ok(s, len, &plain, &loopback)) {
+            snprintf(why, whysz,
+                     "expected the executor service's base URL, https://host[:port][/path] "
+                     "without user, query or fragment, got '%s'",
+                     shown(v, sizeof(v), s, len));
+            return false;
+        }
+        if (!plain || loopback)
+            return true;
+        /* The worker sends its ID token, a bearer credential, with every
+         * request: in clear text anyone on the path could replay it. */
+        snprintf(why, whysz,
+                 "http:// would send the worker's ID token unencrypted; it is allowed only to a "
+                 "loopback host (127.0.0.0/8, [::1], localhost): use https://, got '%s'",
+                 shown(v, sizeof(v), s, len));
+        return false;
+    }
     case CS_ABSPATH:
         if (len > 0 && s[0] == '/')
             return true;
@@ -1035,6 +1152,94 @@ static ci_status check_task_uids(struct parser *p)
     return CI_OK;
 }
 
+/* Whether the file at path is a PEM bundle with at least one certificate;
+ * if not, why in out. */
+static bool ca_file_ok(const char *path, char *why, size_t whysz)
+{
+    char v[160];
+    const char *sp = shown(v, sizeof(v), path, strlen(path));
+    /* O_NONBLOCK: a FIFO must not hang the load. */
+    CI_AUTOCLOSE int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        snprintf(why, whysz, "cannot read the CA bundle '%s': %s", sp, strerror(errno));
+        return false;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(why, whysz, "the CA bundle '%s' is not a regular file", sp);
+        return false;
+    }
+    if (st.st_size > CI_CONFIG_MAX_CA_BYTES) {
+        snprintf(why, whysz, "the CA bundle '%s' is larger than %d MiB", sp,
+                 CI_CONFIG_MAX_CA_BYTES / MiB);
+        return false;
+    }
+    CI_AUTOBUF struct ci_buf buf = CI_BUF_INIT;
+    for (;;) {
+        if (ci_buf_reserve(&buf, 64 * 1024)) {
+            snprintf(why, whysz, "out of memory reading the CA bundle '%s'", sp);
+            return false;
+        }
+        ssize_t n = read(fd, buf.data + buf.len, 64 * 1024);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            snprintf(why, whysz, "cannot read the CA bundle '%s': %s", sp, strerror(errno));
+            return false;
+        }
+        if (n == 0)
+            break;
+        buf.len += (size_t)n;
+        if (buf.len > CI_CONFIG_MAX_CA_BYTES) {
+            snprintf(why, whysz, "the CA bundle '%s' is larger than %d MiB", sp,
+                     CI_CONFIG_MAX_CA_BYTES / MiB);
+            return false;
+        }
+    }
+    static const char begin[] = "-----BEGIN CERTIFICATE-----";
+    static const char end[] = "-----END CERTIFICATE-----";
+    const char *b = buf.len ? memmem(buf.data, buf.len, begin, strlen(begin)) : NULL;
+    const char *e = b ? memmem(b, buf.len - (size_t)(b - (const char *)buf.data), end,
+                               strlen(end))
+                      : NULL;
+    if (!e) {
+        snprintf(why, whysz,
+                 "the CA bundle '%s' holds no PEM certificate (-----BEGIN CERTIFICATE----- ... "
+                 "-----END CERTIFICATE-----)",
+                 sp);
+        return false;
+    }
+    return true;
+}
+
+/* What the cloudrun provider needs, checked at load so that `ci-worker
+ * --check-config` and the worker's start report it rather than every task:
+ * a service URL, and a CA bundle that can be read. */
+static ci_status check_cloudrun(struct parser *p)
+{
+    size_t ip = 0, iu = 0, ica = 0;
+    const struct ci_config_key *provider = find_key("worker.provider", &ip);
+    const struct ci_config_key *url = find_key("cloudrun.service_url", &iu);
+    const struct ci_config_key *ca = find_key("cloudrun.ca_file", &ica);
+    if (!provider || !url || !ca)
+        return ci_error_set(p->err, CI_ERR_INVALID, "config check names an unknown key");
+    if (strcmp(get_str(p->cfg, provider), "cloudrun") != 0)
+        return CI_OK; /* the keys are not used */
+    if (!get_str(p->cfg, url)[0] && p->key_line[iu])
+        return fail(p, p->key_line[iu], url->key,
+                    "must be the executor service's URL (https://...) when worker.provider is "
+                    "cloudrun");
+    if (!get_str(p->cfg, url)[0])
+        return fail(p, p->key_line[ip], provider->key,
+                    "cloudrun.service_url must be the executor service's URL (https://...) when "
+                    "worker.provider is cloudrun");
+    const char *path = get_str(p->cfg, ca);
+    char why[400];
+    if (path[0] && !ca_file_ok(path, why, sizeof(why)))
+        return fail(p, p->key_line[ica], ca->key, "%s", why);
+    return CI_OK;
+}
+
 /* CI_NATS_URL, when set and not empty, replaces nats.url. */
 static ci_status apply_env(struct ci_config *cfg, struct ci_error *err)
 {
@@ -1098,6 +1303,8 @@ ci_status ci_config_parse(const char *name, const uint8_t *data, size_t len,
         s = check_rules(&p);
     if (!s)
         s = check_task_uids(&p);
+    if (!s)
+        s = check_cloudrun(&p);
     if (!s)
         s = apply_env(p.cfg, err);
     if (s) {

@@ -19,6 +19,14 @@ enum ci_isolation {
     CI_ISOLATION_NONE,     /* never sandbox: developers only */
 };
 
+/* How ci-executor checks its callers (config executor.auth). There is no
+ * default: an executor refuses to start until the operator chooses. */
+enum ci_executor_auth {
+    CI_AUTH_UNSET,           /* not chosen: ci-executor refuses to start */
+    CI_AUTH_NONE,            /* no check: something in front does it (Cloud Run IAM) */
+    CI_AUTH_GOOGLE_ID_TOKEN, /* a Google-signed ID token, verified here */
+};
+
 enum ci_sandbox_mode {
     CI_MODE_COLD, /* every task starts python3 in a fresh sandbox */
     CI_MODE_WARM, /* tasks fork from a zygote with the runtime imported (zygote.h) */
@@ -101,18 +109,26 @@ struct ci_config {
         char *zygote;           /* "" = ci-zygote beside the running program */
     } local;
     struct {
-        char *service_url;    /* "" = not set; the executor's base URL (https://...run.app) */
+        char *service_url;    /* "" = not set; the executor's base URL (https://...run.app;
+                                 http:// only to a loopback host) */
         char *audience;       /* "" = service_url: the ID token's audience */
         char *metadata_url;   /* the metadata server's identity endpoint */
         char *token_file;     /* "" = metadata server; else a file holding the ID token */
         uint32_t token_refresh_margin_s; /* 300: refresh this long before the token expires */
         uint32_t timeout_margin_ms;      /* 30000: HTTP time beyond the task's limit */
-        uint32_t max_attempts;           /* 5 */
+        uint32_t max_attempts;           /* 0 = no cap: tries until the deadline */
         uint32_t backoff_initial_ms;     /* 200 */
         uint32_t backoff_max_ms;         /* 5000 */
-        char *ca_file;        /* "" = the system's CA bundle */
+        char *ca_file;        /* "" = the system's CA bundle; else a PEM file (checked at load) */
         uint32_t connect_timeout_ms;     /* 5000 */
     } cloudrun;
+    struct {                  /* read by ci-executor only */
+        enum ci_executor_auth auth; /* unset */
+        char *audience;       /* "" ; the `aud` an ID token must carry */
+        char *jwks_file;      /* "" ; the signing keys (a JWK set, JSON) */
+        char *allowed_emails; /* "" ; comma-separated service-account emails */
+        uint32_t clock_skew_s; /* 60: leeway for exp, iat and nbf */
+    } executor;
     /* Bit i: the table's key i was set in the file (ci_config_was_set). */
     uint64_t set_in_file[2];
 };

@@ -9,6 +9,8 @@
  * checks here may use strlen(). */
 #include "core/request.h"
 
+#include "core/text.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -80,17 +82,32 @@ bool ci_task_id_valid(const char *id)
     return n >= 1;
 }
 
-/* Why name is not an acceptable input file name, or NULL when it is. */
-static const char *name_problem(const char *name, size_t len)
+/* Why name is not an acceptable input file name, or NULL when it is; a
+ * reason that names a character is written into buf. A character that is
+ * invisible or reorders text (U+202E, U+200B, ...) is named as such: the
+ * agent cannot see it in its own name. */
+static const char *name_problem(const char *name, size_t len, char *buf, size_t bufsz)
 {
     if (!name || len == 0)
         return "a file name is required";
     if (len > MAX_INPUT_NAME)
         return "it is longer than 128 bytes";
+    for (size_t i = 0; i < len; i++)
+        if (name[i] == '/' || name[i] == '\\')
+            return "use a plain file name, not a path";
+    uint32_t cp = 0;
+    switch (ci_text_name_check(name, len, &cp)) {
+    case CI_TEXT_NOT_UTF8: return "it is not valid UTF-8";
+    case CI_TEXT_UNSAFE:
+        snprintf(buf, bufsz,
+                 "it holds U+%04" PRIX32 ", a control or format character that is invisible or "
+                 "moves or reorders text",
+                 cp);
+        return buf;
+    case CI_TEXT_OK: break;
+    }
     for (size_t i = 0; i < len; i++) {
         char c = name[i];
-        if (c == '/' || c == '\\')
-            return "use a plain file name, not a path";
         if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
               c == '.' || c == '_' || c == '-' || c == ' '))
             return "use only letters, digits, '.', '_', '-' and spaces";
@@ -102,7 +119,8 @@ static const char *name_problem(const char *name, size_t len)
 
 bool ci_input_name_valid(const char *name, size_t len)
 {
-    return name_problem(name, len) == NULL;
+    char buf[128];
+    return name_problem(name, len, buf, sizeof(buf)) == NULL;
 }
 
 static ci_status check_files(const struct ci_config *cfg, const Ci__V1__ExecutionRequest *req,
@@ -118,7 +136,8 @@ static ci_status check_files(const struct ci_config *cfg, const Ci__V1__Executio
         if (!f)
             return ci_error_set(err, CI_ERR_INVALID, "input file %zu is empty", i + 1);
         const char *name = f->name ? f->name : "";
-        const char *why = name_problem(name, strlen(name));
+        char reason[128];
+        const char *why = name_problem(name, strlen(name), reason, sizeof(reason));
         quote(q, sizeof(q), name);
         if (why && !*name)
             return ci_error_set(err, CI_ERR_INVALID, "input file %zu has no name: %s", i + 1,

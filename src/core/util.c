@@ -2,6 +2,8 @@
  * in hex, UTF-8 sanitizing, ci_write_all and base64. */
 #include "core/util.h"
 
+#include "core/text.h"
+
 #include <errno.h>
 #include <openssl/sha.h>
 #include <stdarg.h>
@@ -113,36 +115,10 @@ void ci_sha256_hex(const void *data, size_t len, char out[65])
 /* Length of the valid UTF-8 sequence at p (at most n bytes), or 0. */
 static size_t utf8_seq_len(const uint8_t *p, size_t n)
 {
-    uint8_t c = p[0];
-    size_t len;
     uint32_t cp;
-    if (c == 0)
+    if (p[0] == 0)
         return 0; /* a NUL would end the C string that carries the text */
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
-        cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (p[i] & 0x3F);
-    }
-    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return len;
+    return ci_text_utf8_decode(p, n, &cp);
 }
 
 char *ci_utf8_sanitize(const uint8_t *data, size_t len, size_t *ret_len)

@@ -11,6 +11,10 @@
  *     answered 413 at the end: a client still sending when the server closes
  *     would get a reset instead of the answer. A body beyond DISCARD_MAX
  *     (announced or sent) is not worth reading: the connection is closed.
+ * The authorize callback is asked on the first call, before the size checks
+ * (an unknown caller learns no limit): a refused request is answered then
+ * when no body follows or the client waits for 100-continue, else once its
+ * body has been dropped the same way; no byte of it is kept.
  * The handler runs on the last call, on the connection's own thread. */
 #include "executor/httpd.h"
 
@@ -48,6 +52,8 @@ struct req_state {
     bool answered;   /* a response was queued on the first call */
     bool too_large;
     bool nomem;
+    bool denied;     /* refused by authorize(): answered when the body is over */
+    struct ci_httpd_response denial;
 };
 
 static const char *JSON_TYPE = "application/json";
@@ -90,6 +96,8 @@ static enum MHD_Result send_response(struct MHD_Connection *c, struct ci_httpd_r
     if (resp->content_type)
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, resp->content_type);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (resp->www_authenticate)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, resp->www_authenticate);
     if (resp->retry_after_s) {
         char v[16];
         snprintf(v, sizeof(v), "%u", resp->retry_after_s);
@@ -158,17 +166,37 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         st->limit = h->opts.body_limit(h->opts.ctx, method, url, ctype ? ctype : "");
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
+        const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                         MHD_HTTP_HEADER_EXPECT);
+        bool waits = expect && strcasecmp(expect, "100-continue") == 0;
+        unsigned long long n = 0;
         if (cl) {
             char *end = NULL;
-            unsigned long long n = strtoull(cl, &end, 10);
+            n = strtoull(cl, &end, 10);
             if (end == cl || *end != '\0') {
                 st->answered = true;
                 edge_reject(h, method, url, MHD_HTTP_BAD_REQUEST);
                 return send_error(c, MHD_HTTP_BAD_REQUEST, "the Content-Length header is not a number");
             }
-            const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                                             MHD_HTTP_HEADER_EXPECT);
-            bool waits = expect && strcasecmp(expect, "100-continue") == 0;
+        }
+        if (h->opts.authorize &&
+            !h->opts.authorize(h->opts.ctx, method, url,
+                               MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                           MHD_HTTP_HEADER_AUTHORIZATION),
+                               &st->denial)) {
+            /* Refused before a byte of the body is kept. A client that
+             * waits for 100-continue, or sends no body, hears it now; one
+             * that is already sending hears it once its body is dropped. */
+            bool body = n > 0 || MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                             MHD_HTTP_HEADER_TRANSFER_ENCODING);
+            if (!body || waits || n > DISCARD_MAX) {
+                st->answered = true;
+                return send_response(c, &st->denial);
+            }
+            st->denied = true;
+            return MHD_YES;
+        }
+        if (cl) {
             if (n > st->limit && (waits || n > st->limit + DISCARD_MAX)) {
                 st->answered = true;
                 edge_reject(h, method, url, MHD_HTTP_CONTENT_TOO_LARGE);
@@ -180,9 +208,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_data_size > 0) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (st->answered)
-            return MHD_YES;
         st->received += n;
+        /* Answered already (or refused): dropped, up to a point. */
+        if (st->answered || st->denied)
+            return st->received > DISCARD_MAX ? MHD_NO : MHD_YES;
         if (st->too_large || st->received > st->limit) {
             st->too_large = true;
             ci_buf_release(&st->body);
@@ -201,6 +230,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                           "the executor ran out of memory reading the request");
     if (st->answered)
         return MHD_YES;
+    if (st->denied) {
+        st->answered = true;
+        return send_response(c, &st->denial);
+    }
     if (st->too_large) {
         edge_reject(h, method, url, MHD_HTTP_CONTENT_TOO_LARGE);
         return too_large(c, st->received, st->limit);
@@ -245,6 +278,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state_p,
     if (!st)
         return;
     ci_buf_release(&st->body);
+    free(st->denial.body); /* an answer never sent */
     free(st);
     *state_p = NULL;
 }

@@ -22,7 +22,7 @@ struct ci_httpd_request {
     const char *method;
     const char *path;         /* without the query string */
     const char *content_type; /* "" when absent */
-    bool has_authorization;   /* an Authorization header came (its value is never kept) */
+    bool has_authorization;   /* an Authorization header came (its value is never logged) */
     const uint8_t *body;
     size_t body_len;
     int client_fd;            /* to notice a client that went away; -1 if unknown */
@@ -36,6 +36,7 @@ struct ci_httpd_response {
     uint8_t *body;
     size_t body_len;
     uint32_t retry_after_s;   /* 0 = no Retry-After header */
+    const char *www_authenticate; /* static string; NULL = no WWW-Authenticate header */
 };
 
 typedef void (*ci_httpd_handler)(void *ctx, const struct ci_httpd_request *req,
@@ -44,6 +45,13 @@ typedef void (*ci_httpd_handler)(void *ctx, const struct ci_httpd_request *req,
  * Content-Type before any of the body is read. */
 typedef size_t (*ci_httpd_body_limit)(void *ctx, const char *method, const char *path,
                                       const char *content_type);
+/* Decides from a request's first line and its Authorization header (NULL
+ * when absent; borrowed for the call) whether it may go on, before any of
+ * the body is read. Returns true, or false with resp filled (a 401): that
+ * answer is sent without reading the body into memory, and the handler
+ * never sees the request. */
+typedef bool (*ci_httpd_authorize)(void *ctx, const char *method, const char *path,
+                                   const char *authorization, struct ci_httpd_response *resp);
 
 struct ci_httpd_options {
     const char *address;       /* numeric IPv4 or IPv6 address to listen on */
@@ -53,6 +61,7 @@ struct ci_httpd_options {
                                 * request, or while reading the answer, is closed */
     ci_httpd_handler handler;
     ci_httpd_body_limit body_limit;
+    ci_httpd_authorize authorize; /* NULL = every request goes on */
     /* Told of every request answered here, at the edge, without reaching
      * the handler (413, 400); may be NULL. */
     void (*on_edge_reject)(void *ctx, const char *method, const char *path, unsigned status);

@@ -3,11 +3,21 @@
  * runs each task in the same sandbox as the `local` provider of ci-worker.
  * Until SIGTERM or SIGINT; then it stops accepting, lets running tasks
  * finish (at most worker.drain_timeout_s), cancels the rest and exits 0.
+ * SIGHUP re-reads the key set of executor.jwks_file.
  *
- * There is no authentication here: on Cloud Run, IAM checks the caller's ID
- * token before a request reaches the container (docs/cloudrun.md). */
+ * Two choices it will not make for the operator (exit 2 until they are in
+ * the config, docs/cloudrun.md):
+ *   - executor.auth: google-id-token (auth.h checks every caller's ID
+ *     token) or none (something in front does: Cloud Run IAM).
+ *   - running tasks without the namespace sandbox. With local.isolation
+ *     auto on a machine without user namespaces it refuses to start; only
+ *     local.isolation: none runs them bare, and then one at a time (a
+ *     second gets 429), as local.sandbox_uid when the executor is root,
+ *     with the executor non-dumpable and every process a task leaves
+ *     killed before the next (sweep.h). */
 #include <getopt.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +25,9 @@
 #include <unistd.h>
 
 #include "core/config.h"
+#include "executor/auth.h"
 #include "executor/httpd.h"
+#include "executor/sweep.h"
 #include "core/log.h"
 #include "provider/provider_local.h"
 #include "sandbox/sandbox.h"
@@ -26,20 +38,24 @@
 #define IDLE_TIMEOUT_S 30 /* a client silent this long while sending or reading is dropped */
 
 static volatile sig_atomic_t g_stop;
+static volatile sig_atomic_t g_reload;
 
 static void on_signal(int sig)
 {
-    (void)sig;
-    g_stop = 1;
+    if (sig == SIGHUP)
+        g_reload = 1;
+    else
+        g_stop = 1;
 }
 
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: ci-executor [--config FILE] [--listen ADDR] [--port N] [--probe] [--version]\n"
-            "  --config FILE   worker.yaml format; limits.*, local.*, worker.concurrency\n"
-            "                  (tasks at once; 0 = CPUs), worker.id, worker.log_level and\n"
-            "                  worker.drain_timeout_s apply. Defaults without it.\n"
+            "  --config FILE   worker.yaml format; executor.*, limits.*, local.*,\n"
+            "                  worker.concurrency (tasks at once; 0 = CPUs), worker.id,\n"
+            "                  worker.log_level and worker.drain_timeout_s apply.\n"
+            "                  executor.auth must be chosen (google-id-token or none).\n"
             "  --listen ADDR   numeric address to listen on (default $CI_EXECUTOR_LISTEN,\n"
             "                  else 0.0.0.0)\n"
             "  --port N        port (default $PORT, else 8080; 0 = any free port, logged)\n"
@@ -122,6 +138,12 @@ int main(int argc, char **argv)
         snprintf(id, sizeof(id), "%s-%d", host, (int)getpid());
     }
     ci_log_init(ci_log_level_from_name(cfg->worker.log_level), id);
+    /* No core dumps, no ptrace, no /proc/<pid>/mem or environ for anyone
+     * but root. An unprivileged executor must stay dumpable while it may
+     * write its sandboxes' uid maps (their /proc files would be root's);
+     * without namespaces it turns non-dumpable below. */
+    if (geteuid() == 0)
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
@@ -129,25 +151,90 @@ int main(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    int rc = 1;
+    int rc = 2; /* a refused configuration; 1 once it is accepted */
+    struct ci_auth *auth = NULL;
     struct ci_provider *provider = NULL;
     struct ci_service *service = NULL;
     struct ci_httpd *httpd = NULL;
+    bool bare = cfg->local.isolation == CI_ISOLATION_NONE;
+    if (cfg->executor.auth == CI_AUTH_UNSET) {
+        ci_log(CI_LOG_ERROR, "executor.refused", "error",
+               "executor.auth is not set: choose google-id-token (this executor checks each "
+               "caller's Google-signed ID token: set executor.audience, executor.jwks_file and "
+               "executor.allowed_emails) or none (only where something in front checks callers, "
+               "as Cloud Run does with --no-allow-unauthenticated and roles/run.invoker); see "
+               "docs/cloudrun.md",
+               NULL);
+        goto out;
+    }
+    if (cfg->executor.auth == CI_AUTH_GOOGLE_ID_TOKEN && ci_auth_new(cfg, &auth, &e)) {
+        ci_log(CI_LOG_ERROR, "executor.refused", "error", e.msg, NULL);
+        goto out;
+    }
+    if (bare && cfg->worker.concurrency > 1) {
+        ci_log_num(CI_LOG_ERROR, "executor.refused", "concurrency", cfg->worker.concurrency,
+                   "error",
+                   "local.isolation is none: without a namespace sandbox the executor runs one "
+                   "task at a time; set worker.concurrency to 1 (and --concurrency 1 on Cloud Run)",
+                   NULL);
+        goto out;
+    }
+    if (bare && ci_sweep_init(&e)) {
+        ci_log(CI_LOG_ERROR, "executor.refused", "error", e.msg, NULL);
+        goto out;
+    }
+    rc = 1;
     /* Always the local sandbox, whatever worker.provider says. */
     if (ci_provider_local_new(cfg, &provider, &e)) {
         ci_log(CI_LOG_ERROR, "executor.sandbox_failed", "error", e.msg, NULL);
         goto out;
     }
-    if (e.msg[0])
-        ci_log(CI_LOG_WARN, "executor.no_isolation", "warning", e.msg, NULL);
+    if (e.msg[0]) {
+        /* isolation auto, and no namespaces here: no task runs unless the
+         * operator says the platform is the boundary. */
+        const char *cause = strstr(e.msg, "(isolation: auto): ");
+        cause = cause ? cause + strlen("(isolation: auto): ") : e.msg;
+        char why[1024];
+        snprintf(why, sizeof(why),
+                 "no namespace sandbox on this machine (%s). Refusing to run tasks without one "
+                 "under local.isolation: auto. If the platform is the boundary (one task per "
+                 "instance, no credentials in it, no egress: e.g. Cloud Run with --concurrency "
+                 "1), set local.isolation: none in the executor's config: tasks then run one at a "
+                 "time, as local.sandbox_uid when the executor is root, and every result says "
+                 "isolation \"none\". Else run the executor where user namespaces work "
+                 "(local.isolation: required). See docs/cloudrun.md",
+                 cause);
+        ci_log(CI_LOG_ERROR, "executor.refused", "error", why, NULL);
+        rc = 2;
+        goto out;
+    }
+    if (bare) {
+        /* A task runs as our uid when we are not root: it must not read
+         * our memory or environment through /proc. */
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+        ci_log(CI_LOG_WARN, "executor.no_isolation", "warning",
+               geteuid() == 0
+                   ? "local.isolation is none: tasks run without namespaces, one at a time, as "
+                     "local.sandbox_uid; the platform must be the boundary"
+                   : "local.isolation is none: tasks run without namespaces, one at a time, as "
+                     "the executor's own uid (they can signal it); run the executor as root so "
+                     "that they run as local.sandbox_uid; the platform must be the boundary",
+               NULL);
+    }
 
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    uint32_t max_running = cfg->worker.concurrency ? cfg->worker.concurrency
-                                                   : (uint32_t)(cpus > 0 ? cpus : 1);
-    struct ci_service_options so = {
-        .cfg = cfg, .provider = provider, .max_running = max_running, .instance_id = id};
+    uint32_t max_running = bare                     ? 1
+                           : cfg->worker.concurrency ? cfg->worker.concurrency
+                                                     : (uint32_t)(cpus > 0 ? cpus : 1);
+    struct ci_service_options so = {.cfg = cfg,
+                                    .provider = provider,
+                                    .max_running = max_running,
+                                    .instance_id = id,
+                                    .auth = auth,
+                                    .bare = bare};
     if (ci_service_new(&so, &service, &e)) {
         ci_log(CI_LOG_ERROR, "executor.start_failed", "error", e.msg, NULL);
         goto out;
@@ -160,6 +247,7 @@ int main(int argc, char **argv)
         .idle_timeout_s = IDLE_TIMEOUT_S,
         .handler = ci_service_handle,
         .body_limit = ci_service_body_limit,
+        .authorize = ci_service_authorize,
         .on_edge_reject = ci_service_edge_reject,
         .ctx = service,
     };
@@ -169,10 +257,23 @@ int main(int argc, char **argv)
     }
     ci_log_num(CI_LOG_INFO, "executor.ready", "port", ci_httpd_port(httpd), "address", listen_addr,
                NULL);
-    ci_log_num(CI_LOG_INFO, "executor.limits", "max_running", max_running, NULL);
+    ci_log_num(CI_LOG_INFO, "executor.limits", "max_running", max_running, "auth",
+               auth ? "google-id-token" : "none", "isolation", bare ? "none" : "sandbox", NULL);
 
-    while (!g_stop)
+    while (!g_stop) {
         sleep_ms(100);
+        if (g_reload) {
+            g_reload = 0;
+            unsigned keys = 0;
+            if (!auth)
+                ci_log(CI_LOG_INFO, "executor.reload", "note", "executor.auth is none: no keys",
+                       NULL);
+            else if (ci_auth_reload(auth, &keys, &e))
+                ci_log_num(CI_LOG_ERROR, "auth.reload_failed", "keys", keys, "error", e.msg, NULL);
+            else
+                ci_log_num(CI_LOG_INFO, "auth.reloaded", "keys", keys, NULL);
+        }
+    }
 
     ci_log(CI_LOG_INFO, "executor.draining", NULL);
     ci_httpd_quiesce(httpd);
@@ -197,6 +298,7 @@ out:
     ci_httpd_stop(httpd); /* waits for every handler */
     ci_service_free(service);
     ci_provider_free(provider);
+    ci_auth_free(auth);
     ci_config_free(cfg);
     ci_log(CI_LOG_INFO, "executor.stopped", NULL);
     return rc;

@@ -25,12 +25,14 @@
 #include "core/request.h"
 #include "core/result.h"
 #include "core/util.h"
+#include "executor/sweep.h"
 
 #define WATCH_MS 200
 #define TOMBSTONES 256
 #define TOMBSTONE_MS (120 * 1000)
 #define SMALL_BODY 1024        /* /cancel and /healthz need none */
 #define FRAMING (1024 * 1024)  /* names, labels, limits and tags around code and inputs */
+#define SWEEP_MS 5000          /* longest wait for a bare task's leftovers to die */
 
 struct entry {
     char id[65];
@@ -52,6 +54,8 @@ struct ci_service {
     struct ci_provider *provider;
     uint32_t max_running;
     char instance_id[128];
+    struct ci_auth *auth;
+    bool bare;
 
     pthread_mutex_t lock;
     struct entry *running;
@@ -66,7 +70,8 @@ struct ci_service {
 
     /* Counters for /healthz. */
     atomic_uint_fast64_t c_requests, c_started, c_finished, c_succeeded, c_failed, c_timed_out,
-        c_cancelled, c_rejected, c_busy, c_cancel_calls, c_cancel_hits, c_client_gone;
+        c_cancelled, c_rejected, c_busy, c_cancel_calls, c_cancel_hits, c_client_gone,
+        c_unauthorized, c_leftovers_killed;
 };
 
 /* ---- the running list -------------------------------------------------- */
@@ -135,6 +140,14 @@ static void entry_set_run(struct ci_service *s, struct entry *e, struct ci_run *
     e->run = run;
     if (e->cancel_requested)
         ci_provider_cancel(s->provider, run);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* From now on no cancel reaches the run of e (it is about to be freed). */
+static void entry_clear_run(struct ci_service *s, struct entry *e)
+{
+    pthread_mutex_lock(&s->lock);
+    e->run = NULL;
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -295,6 +308,19 @@ static void rejected(struct ci_service *s, struct ci_httpd_response *resp, unsig
 
 static void num(char *out, size_t n, uint64_t v) { snprintf(out, n, "%" PRIu64, v); }
 
+/* Bare mode, after a task: every process it left (out of its process
+ * group, by setsid) is killed before the next task may start. */
+static void sweep_leftovers(struct ci_service *s, const char *task_id)
+{
+    unsigned left = 0;
+    unsigned killed = ci_sweep_children(SWEEP_MS, &left);
+    if (killed == 0 && left == 0)
+        return;
+    atomic_fetch_add(&s->c_leftovers_killed, killed);
+    ci_log_num(left ? CI_LOG_ERROR : CI_LOG_WARN, "execute.leftovers_killed", "processes",
+               killed, "task_id", task_id, "still_alive", left ? "true" : "false", NULL);
+}
+
 static void handle_execute(struct ci_service *s, const struct ci_httpd_request *hr,
                            struct ci_httpd_response *resp)
 {
@@ -347,9 +373,14 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
     answer_init(&a, s, id, req->runtime, started_at);
     switch (admit(s, &ent)) {
     case ADMIT_BUSY:
-        rejected(s, resp, 429, id,
-                 "this executor instance runs %u tasks, its limit; try again shortly",
-                 s->max_running);
+        if (s->bare)
+            rejected(s, resp, 429, id,
+                     "this executor instance runs one task at a time (no namespace sandbox, "
+                     "local.isolation: none) and is busy; try again shortly");
+        else
+            rejected(s, resp, 429, id,
+                     "this executor instance runs %u tasks, its limit; try again shortly",
+                     s->max_running);
         resp->retry_after_s = 1;
         goto out_answer;
     case ADMIT_DRAINING:
@@ -405,8 +436,12 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
             }
             free(files);
         }
-        entry_remove(s, &ent);
+        entry_clear_run(s, &ent);
         ci_provider_release(s->provider, run);
+        if (s->bare)
+            sweep_leftovers(s, id);
+        /* Only now may the next task come in (bare: nothing of this one is left). */
+        entry_remove(s, &ent);
         if (ent.shutdown) {
             rejected(s, resp, 503, id,
                      "this executor instance is shutting down and stopped the task; run it again");
@@ -501,14 +536,18 @@ static void handle_cancel(struct ci_service *s, const char *id, struct ci_httpd_
 static void handle_healthz(struct ci_service *s, struct ci_httpd_response *resp)
 {
 #define C(x) (json_int_t) atomic_load(&s->x)
-    json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+    json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+                          "s:I, s:I, s:s, s:s}",
                           "status", "ok", "running", (json_int_t)ci_service_running(s),
                           "maxRunning", (json_int_t)s->max_running, "requests", C(c_requests),
                           "started", C(c_started), "finished", C(c_finished), "succeeded",
                           C(c_succeeded), "failed", C(c_failed), "timedOut", C(c_timed_out),
                           "cancelled", C(c_cancelled), "rejected", C(c_rejected), "busy",
                           C(c_busy), "cancelCalls", C(c_cancel_calls), "cancelHits",
-                          C(c_cancel_hits), "clientGone", C(c_client_gone));
+                          C(c_cancel_hits), "clientGone", C(c_client_gone), "unauthorized",
+                          C(c_unauthorized), "leftoversKilled", C(c_leftovers_killed), "auth",
+                          s->auth ? "google-id-token" : "none", "isolation",
+                          s->bare ? "none" : "sandbox");
 #undef C
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
@@ -566,16 +605,52 @@ size_t ci_service_body_limit(void *ctx, const char *method, const char *path,
     return limit > SIZE_MAX ? SIZE_MAX : (size_t)limit;
 }
 
+static const char *route_name(const char *path)
+{
+    return strcmp(path, "/execute") == 0        ? "/execute"
+           : strncmp(path, "/cancel/", 8) == 0 ? "/cancel/{taskId}"
+           : strcmp(path, "/healthz") == 0     ? "/healthz"
+                                               : "other";
+}
+
+bool ci_service_authorize(void *ctx, const char *method, const char *path,
+                          const char *authorization, struct ci_httpd_response *resp)
+{
+    struct ci_service *s = ctx;
+    /* Counters only, for probes that hold no token (kubelet, Cloud Run's). */
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    if (!s->auth || (get && strcmp(path, "/healthz") == 0))
+        return true;
+    struct ci_auth_verdict v;
+    ci_status st = ci_auth_check(s->auth, authorization, ci_now_ms() / 1000, &v);
+    if (!st)
+        return true;
+    atomic_fetch_add(&s->c_requests, 1);
+    atomic_fetch_add(&s->c_unauthorized, 1);
+    if (st == CI_ERR_NOMEM) {
+        ci_httpd_error(resp, 503, "the executor ran out of memory checking the ID token");
+        return false;
+    }
+    bool missing = strcmp(v.reason, "missing") == 0;
+    /* Which check failed goes to the log only; the caller hears one word. */
+    ci_log(CI_LOG_WARN, "auth.refused", "route", route_name(path), "reason", v.detail, "email",
+           v.email, NULL);
+    if (missing)
+        ci_httpd_error(resp, 401, "a Google-signed ID token is required (Authorization: Bearer)");
+    else
+        ci_httpd_error(resp, 401, "the ID token was refused (%s)", v.reason);
+    resp->www_authenticate = missing ? "Bearer realm=\"ci-executor\""
+                                     : "Bearer realm=\"ci-executor\", error=\"invalid_token\"";
+    return false;
+}
+
 void ci_service_edge_reject(void *ctx, const char *method, const char *path, unsigned status)
 {
     struct ci_service *s = ctx;
     atomic_fetch_add(&s->c_requests, 1);
     atomic_fetch_add(&s->c_rejected, 1);
     /* The path is whatever the client sent: only a known route is named. */
-    const char *route = strcmp(path, "/execute") == 0        ? "/execute"
-                        : strncmp(path, "/cancel/", 8) == 0 ? "/cancel/{taskId}"
-                        : strcmp(path, "/healthz") == 0     ? "/healthz"
-                                                            : "other";
+    const char *route = route_name(path);
     ci_log_num(CI_LOG_INFO, "execute.rejected", "http_status", status, "method",
                strcmp(method, "POST") == 0 || strcmp(method, "GET") == 0 ? method : "other",
                "route", route, NULL);
@@ -590,6 +665,13 @@ ci_status ci_service_new(const struct ci_service_options *o, struct ci_service *
     s->cfg = o->cfg;
     s->provider = o->provider;
     s->max_running = o->max_running ? o->max_running : 1;
+    s->auth = o->auth;
+    s->bare = o->bare;
+    if (s->bare && s->max_running != 1) {
+        free(s);
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "without a namespace sandbox the executor runs one task at a time");
+    }
     snprintf(s->instance_id, sizeof(s->instance_id), "%s", o->instance_id ? o->instance_id : "");
     pthread_mutex_init(&s->lock, NULL);
     if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {

@@ -10,6 +10,10 @@
  *                          arrives late never runs (404).
  *   GET  /healthz          200 with counters as JSON.
  *
+ * With an auth (auth.h), every route but /healthz first needs a valid ID
+ * token: 401 with WWW-Authenticate and a short reason otherwise, decided
+ * from the headers before the body is read (ci_service_authorize).
+ *
  * A bad request is a 4xx with {"error": "..."}: 400 malformed or against the
  * contract, 413 over a size limit, 415 unknown Content-Type, 409 the task
  * already runs here, 429 every slot is busy. A run whose client went away
@@ -22,6 +26,7 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "executor/auth.h"
 #include "executor/httpd.h"
 #include "provider/provider.h"
 #include "core/status.h"
@@ -33,6 +38,11 @@ struct ci_service_options {
     struct ci_provider *provider; /* runs the tasks (local); borrowed */
     uint32_t max_running;         /* tasks at once; more get 429 */
     const char *instance_id;      /* ExecutionResult.worker */
+    struct ci_auth *auth;         /* callers' ID tokens; NULL = no check; borrowed */
+    /* Tasks run without namespaces (local.isolation: none): max_running
+     * must be 1, and after each task every process it left is killed
+     * (sweep.h) before the next may start. */
+    bool bare;
 };
 
 ci_status ci_service_new(const struct ci_service_options *o, struct ci_service **ret,
@@ -45,6 +55,8 @@ void ci_service_handle(void *ctx, const struct ci_httpd_request *req,
                        struct ci_httpd_response *resp);
 size_t ci_service_body_limit(void *ctx, const char *method, const char *path,
                              const char *content_type);
+bool ci_service_authorize(void *ctx, const char *method, const char *path,
+                          const char *authorization, struct ci_httpd_response *resp);
 void ci_service_edge_reject(void *ctx, const char *method, const char *path, unsigned status);
 
 /* From now on /execute answers 503 (the instance is stopping; a worker

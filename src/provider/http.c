@@ -13,7 +13,14 @@
  *
  * Cancellation: libcurl calls the progress callback about once a second
  * even when no data moves, and whenever data does; returning non-zero there
- * ends the transfer at once. */
+ * ends the transfer at once.
+ *
+ * Sent or not: libcurl calls the pre-request callback once a connection is
+ * ready (TCP, TLS), right before it sends the request; a failure before
+ * that call never reached the server. libcurl also calls it again when it
+ * retries a request on a fresh connection by itself (a reused connection
+ * that closed before any answer): for no_resend requests that second call
+ * aborts, since the server may have run the first. */
 #include "provider/http.h"
 
 #include <curl/curl.h>
@@ -23,6 +30,10 @@
 #include <string.h>
 
 #define USER_AGENT "ci-worker/0.1"
+/* An idle connection older than this is not reused: below the 30 s after
+ * which ci-executor drops an idle client, so that a request rarely meets a
+ * connection the server is closing (which no_resend would not send again). */
+#define MAX_IDLE_AGE_S 20
 
 struct pooled {
     CURL *easy;
@@ -177,6 +188,9 @@ struct xfer {
     bool nomem;
     bool (*should_abort)(void *arg);
     void *abort_arg;
+    bool no_resend;
+    unsigned sends;      /* pre-request calls: times the request went out */
+    bool resend_refused;
 };
 
 static size_t on_write(char *data, size_t size, size_t n, void *userp)
@@ -205,6 +219,22 @@ static int on_progress(void *userp, curl_off_t dltotal, curl_off_t dlnow, curl_o
     return x->should_abort && x->should_abort(x->abort_arg) ? 1 : 0;
 }
 
+static int on_prereq(void *userp, char *conn_primary_ip, char *conn_local_ip,
+                     int conn_primary_port, int conn_local_port)
+{
+    (void)conn_primary_ip;
+    (void)conn_local_ip;
+    (void)conn_primary_port;
+    (void)conn_local_port;
+    struct xfer *x = userp;
+    if (x->sends > 0 && x->no_resend) {
+        x->resend_refused = true;
+        return CURL_PREREQFUNC_ABORT;
+    }
+    x->sends++;
+    return CURL_PREREQFUNC_OK;
+}
+
 /* The URL without its query (which may be long) for messages, printable
  * ASCII only. */
 static void shown_url(char *out, size_t size, const char *url)
@@ -222,6 +252,11 @@ static ci_status map_curl_error(CURLcode rc, const struct xfer *x, const char *w
 {
     switch (rc) {
     case CURLE_ABORTED_BY_CALLBACK:
+        if (x->resend_refused)
+            return ci_error_set(err, CI_ERR_HTTP,
+                                "%s failed: the connection closed without an answer after the "
+                                "request was sent",
+                                what);
         return ci_error_set(err, CI_ERR_CANCELLED, "%s was cancelled", what);
     case CURLE_OPERATION_TIMEDOUT:
         return ci_error_set(err, CI_ERR_TIMEOUT, "%s timed out: %s", what, detail);
@@ -240,6 +275,7 @@ static ci_status map_curl_error(CURLcode rc, const struct xfer *x, const char *w
     case CURLE_BAD_FUNCTION_ARGUMENT:
     case CURLE_SSL_CACERT_BADFILE:
     case CURLE_SSL_CERTPROBLEM:
+    case CURLE_PEER_FAILED_VERIFICATION: /* a wrong CA or name: no retry will fix it */
     case CURLE_NOT_BUILT_IN:
         return ci_error_set(err, CI_ERR_INVALID, "%s cannot be sent: %s", what, detail);
     default:
@@ -261,7 +297,10 @@ ci_status ci_http_do(struct ci_http *h, const struct ci_http_request *req,
     shown_url(url, sizeof(url), req->url);
     snprintf(what, sizeof(what), "%s %s", req->method, url);
     struct xfer x = {.body = CI_BUF_INIT, .max = req->max_response_bytes,
-                     .should_abort = req->should_abort, .abort_arg = req->abort_arg};
+                     .should_abort = req->should_abort, .abort_arg = req->abort_arg,
+                     .no_resend = req->no_resend};
+    if (req->ret_sent)
+        *req->ret_sent = false;
     if (x.should_abort && x.should_abort(x.abort_arg))
         return ci_error_set(err, CI_ERR_CANCELLED, "%s was cancelled", what);
 
@@ -300,6 +339,9 @@ ci_status ci_http_do(struct ci_http *h, const struct ci_http_request *req,
     SETOPT(CURLOPT_NOPROGRESS, 0L);
     SETOPT(CURLOPT_XFERINFOFUNCTION, on_progress);
     SETOPT(CURLOPT_XFERINFODATA, &x);
+    SETOPT(CURLOPT_PREREQFUNCTION, on_prereq);
+    SETOPT(CURLOPT_PREREQDATA, &x);
+    SETOPT(CURLOPT_MAXAGE_CONN, (long)MAX_IDLE_AGE_S);
     SETOPT(CURLOPT_HTTPHEADER, headers);
     if (h->ca_file)
         SETOPT(CURLOPT_CAINFO, h->ca_file);
@@ -312,6 +354,8 @@ ci_status ci_http_do(struct ci_http *h, const struct ci_http_request *req,
     }
     if (rc == CURLE_OK)
         rc = curl_easy_perform(easy);
+    if (req->ret_sent)
+        *req->ret_sent = x.sends > 0;
 
     ci_status s = CI_OK;
     if (rc != CURLE_OK) {
@@ -364,5 +408,5 @@ uint32_t ci_http_backoff_ms(uint32_t retry, uint32_t initial_ms, uint32_t max_ms
 
 bool ci_http_status_retryable(long status)
 {
-    return status == 408 || status == 409 || status == 429 || (status >= 500 && status <= 599);
+    return status == 408 || status == 409 || status == 429 || status == 502 || status == 503;
 }

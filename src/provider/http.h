@@ -45,6 +45,14 @@ struct ci_http_request {
      * stops the exchange with CI_ERR_CANCELLED. NULL = never. */
     bool (*should_abort)(void *arg);
     void *abort_arg;
+    /* Send the request at most once. libcurl sends a request again on a
+     * fresh connection when a reused one closes before any answer; for a
+     * request that must not run twice that is refused (CI_ERR_HTTP). */
+    bool no_resend;
+    /* NULL, or set by every call, whatever it returns: whether the request
+     * went out on a connection (so the server may have received it). False
+     * means it never left: no address, no connection, no TLS handshake. */
+    bool *ret_sent;
 };
 
 struct ci_http_response {
@@ -58,11 +66,12 @@ void ci_http_response_release(struct ci_http_response *r);
 /* Performs one request. CI_OK when an HTTP answer arrived, whatever its
  * status; otherwise nothing is written to ret and:
  *   CI_ERR_HTTP       the server could not be reached, or the connection
- *                     broke (worth another try);
+ *                     broke (req->ret_sent tells which);
  *   CI_ERR_TIMEOUT    req->timeout_ms passed;
  *   CI_ERR_CANCELLED  should_abort returned true;
  *   CI_ERR_LIMIT      the answer was longer than max_response_bytes;
- *   CI_ERR_INVALID    the request itself is malformed (bad URL, TLS setup);
+ *   CI_ERR_INVALID    the request cannot work: a bad URL, a CA file that
+ *                     cannot be read, a certificate the CA does not vouch for;
  *   CI_ERR_NOMEM.
  * err says what happened, naming the URL but never a header. */
 ci_status ci_http_do(struct ci_http *h, const struct ci_http_request *req,
@@ -79,8 +88,11 @@ ci_status ci_http_urlencode(struct ci_buf *b, const char *s);
  * together. Deterministic in its arguments. */
 uint32_t ci_http_backoff_ms(uint32_t retry, uint32_t initial_ms, uint32_t max_ms, uint32_t rnd);
 
-/* Whether an HTTP status is worth another try of the same request: 408,
- * 409 (the executor still runs an earlier try of this task), 429 and 5xx. */
+/* Whether an HTTP status says that the request was not run and may be sent
+ * again: 408 (the request did not arrive in time), 409 (the executor runs
+ * another copy of this task), 429 (busy), 502 and 503 (a front with no
+ * instance to give it to, or the executor's own "not run here: run it
+ * again"). Not 500, 504 or other 5xx: the request may have run. */
 bool ci_http_status_retryable(long status);
 
 #endif

@@ -28,6 +28,7 @@
 struct ci_idtoken {
     struct ci_http *http;
     char *request_url; /* metadata_url?audience=...&format=full */
+    char *shown_url;   /* metadata_url without its query, for messages */
     char *token_file;
     uint32_t margin_s;
 
@@ -137,9 +138,12 @@ ci_status ci_idtoken_new(struct ci_http *http, const struct ci_idtoken_options *
         if (!(t->token_file = strdup(o->token_file)))
             s = CI_ERR_NOMEM;
     } else {
+        if (!(t->shown_url = strndup(o->metadata_url, strcspn(o->metadata_url, "?#"))))
+            s = CI_ERR_NOMEM;
         struct ci_buf b = CI_BUF_INIT;
         const char *sep = strchr(o->metadata_url, '?') ? "&" : "?";
-        s = ci_buf_appendf(&b, "%s%saudience=", o->metadata_url, sep);
+        if (!s)
+            s = ci_buf_appendf(&b, "%s%saudience=", o->metadata_url, sep);
         if (!s)
             s = ci_http_urlencode(&b, o->audience);
         if (!s)
@@ -165,6 +169,7 @@ void ci_idtoken_free(struct ci_idtoken *t)
     pthread_mutex_destroy(&t->lock);
     pthread_cond_destroy(&t->cond);
     free(t->request_url);
+    free(t->shown_url);
     free(t->token_file);
     free(t);
 }
@@ -289,9 +294,12 @@ static ci_status fetch(struct ci_idtoken *t, uint32_t timeout_ms, bool (*should_
     ci_status s = ci_http_do(t->http, &req, &resp, &e);
     if (s == CI_ERR_LIMIT)
         return ci_error_set(err, CI_ERR_INVALID,
-                            "the metadata server's answer is longer than any ID token");
-    if (s)
-        return ci_error_set(err, s, "cannot get an ID token from the metadata server: %s", e.msg);
+                            "could not get an ID token from the metadata server at %s: its "
+                            "answer is longer than any ID token",
+                            t->shown_url);
+    if (s) /* e names the URL */
+        return ci_error_set(err, s, "could not get an ID token from the metadata server: %s",
+                            e.msg);
     size_t len = trimmed_len(resp.body.data, resp.body.len);
     const char *body = (const char *)resp.body.data;
     if (resp.status != 200) {
@@ -299,16 +307,21 @@ static ci_status fetch(struct ci_idtoken *t, uint32_t timeout_ms, bool (*should_
         explicit_bzero(resp.body.data, resp.body.len);
         ci_http_response_release(&resp);
         return ci_error_set(err, status >= 500 || status == 429 ? CI_ERR_HTTP : CI_ERR_INVALID,
-                            "the metadata server answered HTTP %ld to the ID token request "
-                            "(is a service account attached to this machine?)",
-                            status);
+                            "could not get an ID token from the metadata server at %s: it "
+                            "answered HTTP %ld%s",
+                            t->shown_url, status,
+                            status >= 500 || status == 429
+                                ? ""
+                                : " (is a service account attached to this machine?)");
     }
     int64_t exp = 0;
     if (!body || !ci_token_chars_valid(body, len) || ci_jwt_exp(body, len, &exp)) {
         explicit_bzero(resp.body.data, resp.body.len);
         ci_http_response_release(&resp);
         return ci_error_set(err, CI_ERR_INVALID,
-                            "the metadata server's answer is not a JWT with an exp claim");
+                            "could not get an ID token from the metadata server at %s: its "
+                            "answer is not a JWT with an exp claim",
+                            t->shown_url);
     }
     char *tok = malloc(len + 1);
     if (tok) {
@@ -369,7 +382,9 @@ ci_status ci_idtoken_header(struct ci_idtoken *t, uint32_t timeout_ms,
         if (ci_mono_ms() >= deadline) {
             pthread_mutex_unlock(&t->lock);
             return ci_error_set(err, CI_ERR_TIMEOUT,
-                                "no ID token from the metadata server within %u ms", timeout_ms);
+                                "could not get an ID token from the metadata server at %s "
+                                "within %u ms",
+                                t->shown_url, timeout_ms);
         }
     }
     t->fetching = true;
@@ -388,8 +403,9 @@ ci_status ci_idtoken_header(struct ci_idtoken *t, uint32_t timeout_ms,
     if (!s && exp * 1000 <= now) {
         wipe_free(tok, len);
         s = ci_error_set(err, CI_ERR_INVALID,
-                         "the metadata server gave an ID token that has already expired (is "
-                         "this machine's clock right?)");
+                         "the metadata server at %s gave an ID token that has already expired "
+                         "(is this machine's clock right?)",
+                         t->shown_url);
     }
     if (!s) {
         drop_token(t);

@@ -5,14 +5,21 @@
  *
  * Life of a run:
  *   start()  encodes the ExecutionRequest (inputs inline) and returns;
- *   wait()   sends it on the calling slot's thread, trying again on
- *            connection errors, 408/409/429 and 5xx with exponential backoff
- *            and jitter, for at most cloudrun.max_attempts tries and never
- *            past the deadline (the task's time limit plus
- *            cloudrun.timeout_margin_ms from the start of wait()); any other
- *            4xx ends it FAILED with the executor's reason. It always ends
- *            with an outcome: a service that cannot be reached gives FAILED
- *            with an error that says so, never a lost or RUNNING task.
+ *   wait()   sends it on the calling slot's thread. It tries again, with
+ *            exponential backoff and jitter until the deadline (the task's
+ *            time limit plus cloudrun.timeout_margin_ms from the start of
+ *            wait(); cloudrun.max_attempts, 0 by default, can cap the tries),
+ *            only what cannot have run the code: an ID token that could not
+ *            be had, a request that never left (no address, no connection,
+ *            no TLS handshake: an executor restarting), and the answers 408,
+ *            409, 429, 502 and 503 (not run: busy, no instance, draining). A
+ *            request that went out is never sent again: ci-executor does not
+ *            recognise a task it has already run, so a connection that
+ *            breaks after sending, a 500 or a 504 ends the run FAILED saying
+ *            the code may have run. Any other 4xx ends it FAILED with the
+ *            executor's reason. It always ends with an outcome: a service
+ *            or token source that cannot be reached gives FAILED with an
+ *            error that names it, never a lost or RUNNING task.
  *   cancel() marks the run; a queued POST /cancel/{taskId} (sent by a
  *            small canceller thread, since cancel() must not block) makes the
  *            executor kill the code and answer CANCELLED with the output so
@@ -37,6 +44,7 @@
 #include "provider/http.h"
 #include "provider/idtoken.h"
 #include "provider/provider_cloudrun.h"
+#include "core/text.h"
 #include "core/util.h"
 
 #define CANCEL_GRACE_MS 1000   /* wait this long for the executor's CANCELLED answer */
@@ -255,19 +263,15 @@ static ci_status set_error(struct ci_outcome *o, char *text)
 }
 
 /* An artifact name from a remote peer: a relative path of UTF-8 without
- * control characters, "..", "." or empty components; it becomes part of an
- * object name. */
+ * control or format characters (the rule of the local walk, core/text.h),
+ * backslashes, "..", "." or empty components; it becomes part of an object
+ * name. */
 static bool artifact_name_ok(const char *name)
 {
     size_t len = strlen(name);
     if (len == 0 || len > 1024 || name[0] == '/' || name[len - 1] == '/')
         return false;
-    size_t clean_len = 0;
-    char *clean = ci_utf8_sanitize((const uint8_t *)name, len, &clean_len);
-    bool ok = clean && clean_len == len && memcmp(clean, name, len) == 0;
-    free(clean);
-    for (size_t i = 0; ok && i < len; i++)
-        ok = (unsigned char)name[i] >= 0x20 && name[i] != 0x7f && name[i] != '\\';
+    bool ok = ci_text_name_check(name, len, NULL) == CI_TEXT_OK && !strchr(name, '\\');
     for (const char *seg = name; ok && seg;) {
         const char *slash = strchr(seg, '/');
         size_t n = slash ? (size_t)(slash - seg) : strlen(seg);
@@ -515,6 +519,30 @@ static ci_status end_cancelled(struct ci_outcome *o)
     return set_error(o, strdup("the task was cancelled"));
 }
 
+/* Why the last try failed, for the sentence that ends a run that never got
+ * an answer: the token source and the service are different things to fix. */
+enum last_failure { LAST_NONE, LAST_TOKEN, LAST_SERVICE };
+
+/* The outcome of a run whose tries all failed before the service ran it. */
+static ci_status end_unreachable(struct ci_outcome *o, const struct cloudrun *cr,
+                                 enum last_failure kind, const char *last, uint32_t tries,
+                                 int64_t elapsed_ms, bool out_of_tries)
+{
+    double s = (double)elapsed_ms / 1000.0;
+    const char *until = out_of_tries ? "cloudrun.max_attempts" : "the task's deadline";
+    if (kind == LAST_TOKEN)
+        return end_error(o, fmt("%s (%u tries in %.1f s, until %s; the executor service was not "
+                                "called)",
+                                last, tries, s, until));
+    if (out_of_tries)
+        return end_error(o, fmt("the executor service at %s could not be reached after %u "
+                                "attempts in %.1f s: %s",
+                                cr->base_url, tries, s, last[0] ? last : "no answer"));
+    return end_error(o, fmt("the executor service at %s could not be reached within the task's "
+                            "deadline (%u attempts in %.1f s): %s",
+                            cr->base_url, tries, s, last[0] ? last : "no answer"));
+}
+
 static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
 {
     struct cloudrun *cr = ctx;
@@ -524,6 +552,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
     struct ci_outcome o;
     memset(&o, 0, sizeof(o));
     char last[512] = "";
+    enum last_failure last_kind = LAST_NONE;
     uint32_t attempt = 0;
     bool token_retried = false;
     ci_status s = CI_OK;
@@ -533,9 +562,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
         struct ci_error e = {{0}};
         int64_t left = deadline - ci_mono_ms();
         if (left <= 0) {
-            s = end_error(&o, fmt("the executor service at %s could not be reached within the "
-                                  "task's deadline (%" PRId64 " ms): %s",
-                                  cr->base_url, deadline - t0, last[0] ? last : "no answer"));
+            s = end_unreachable(&o, cr, last_kind, last, attempt - 1, ci_mono_ms() - t0, false);
             break;
         }
         char *auth = NULL;
@@ -550,8 +577,9 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             s = CI_ERR_NOMEM;
             break;
         }
-        if (ts) {
+        if (ts) { /* the metadata server or the token file; idtoken.c names it */
             snprintf(last, sizeof(last), "%s", e.msg);
+            last_kind = LAST_TOKEN;
             goto retry;
         }
         if (!mark_sent(run)) {
@@ -565,6 +593,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
 
         const char *headers[] = {auth, "Content-Type: application/protobuf",
                                  "Accept: application/protobuf", NULL};
+        bool sent = false;
         struct ci_http_request req = {
             .method = "POST",
             .url = cr->execute_url,
@@ -575,6 +604,10 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             .max_response_bytes = cr->max_response,
             .should_abort = abort_after_grace,
             .abort_arg = run,
+            /* ci-executor does not recognise a task it has already run:
+             * once the request is out, it is never sent again. */
+            .no_resend = true,
+            .ret_sent = &sent,
         };
         struct ci_http_response resp;
         ci_status hs = ci_http_do(cr->http, &req, &resp, &e);
@@ -582,6 +615,18 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
         if (hs == CI_ERR_CANCELLED) {
             s = end_cancelled(&o);
             break;
+        }
+        if (hs == CI_ERR_NOMEM) {
+            s = CI_ERR_NOMEM;
+            break;
+        }
+        if ((hs == CI_ERR_HTTP || hs == CI_ERR_TIMEOUT) && !sent) {
+            /* No address, no connection, no TLS: the request never left,
+             * so the code cannot have run. Worth trying until the deadline
+             * (an executor restarting, a front without an instance yet). */
+            snprintf(last, sizeof(last), "%s", e.msg);
+            last_kind = LAST_SERVICE;
+            goto retry;
         }
         if (hs == CI_ERR_TIMEOUT) {
             s = end_error(&o, fmt("the executor service at %s did not answer within %" PRId64
@@ -591,11 +636,11 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             break;
         }
         if (hs == CI_ERR_HTTP) {
-            snprintf(last, sizeof(last), "%s", e.msg);
-            goto retry;
-        }
-        if (hs == CI_ERR_NOMEM) {
-            s = CI_ERR_NOMEM;
+            s = end_error(&o, fmt("the connection to the executor service at %s broke after the "
+                                  "task was sent (%s); the code may have run, and the executor "
+                                  "does not recognise a task it has already run, so it is not "
+                                  "sent again: submit the task again if running it twice is safe",
+                                  cr->base_url, e.msg));
             break;
         }
         if (hs) { /* CI_ERR_LIMIT, CI_ERR_INVALID: trying again would not help */
@@ -626,10 +671,12 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
         long status = resp.status;
         ci_http_response_release(&resp);
         if ((status == 401 || status == 403) && !token_retried) {
-            /* An expired or revoked token: one more try with a fresh one. */
+            /* An expired or revoked token: one more try with a fresh one.
+             * Cloud Run refuses it before the request reaches the executor. */
             token_retried = true;
             ci_idtoken_invalidate(cr->tokens);
             snprintf(last, sizeof(last), "the service refused the ID token (HTTP %ld)", status);
+            last_kind = LAST_SERVICE;
             free(why);
             goto retry;
         }
@@ -645,8 +692,16 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
         if (ci_http_status_retryable(status)) {
             snprintf(last, sizeof(last), "the service answered HTTP %ld%s%s", status,
                      why ? ": " : "", why ? why : "");
+            last_kind = LAST_SERVICE;
             free(why);
             goto retry;
+        }
+        if (status >= 500) {
+            s = end_error(&o, fmt("the executor service at %s answered HTTP %ld (%s); the code may "
+                                  "have run, so the task is not sent again",
+                                  cr->base_url, status, why ? why : "no reason given"));
+            free(why);
+            break;
         }
         s = end_error(&o, fmt("the executor refused the task (HTTP %ld): %s", status,
                               why ? why : "no reason given"));
@@ -654,21 +709,15 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
         break;
 
     retry:
-        if (attempt >= cfg->cloudrun.max_attempts) {
-            s = end_error(&o, fmt("the executor service at %s could not be reached after %u "
-                                  "attempts in %.1f s: %s",
-                                  cr->base_url, attempt, (double)(ci_mono_ms() - t0) / 1000.0,
-                                  last));
+        if (cfg->cloudrun.max_attempts && attempt >= cfg->cloudrun.max_attempts) {
+            s = end_unreachable(&o, cr, last_kind, last, attempt, ci_mono_ms() - t0, true);
             break;
         }
         uint32_t delay = ci_http_backoff_ms(attempt, cfg->cloudrun.backoff_initial_ms,
                                             cfg->cloudrun.backoff_max_ms,
                                             (uint32_t)rand_r(&run->seed));
         if (ci_mono_ms() + delay >= deadline) {
-            s = end_error(&o, fmt("the executor service at %s could not be reached within the "
-                                  "task's deadline (%u attempts in %.1f s): %s",
-                                  cr->base_url, attempt, (double)(ci_mono_ms() - t0) / 1000.0,
-                                  last));
+            s = end_unreachable(&o, cr, last_kind, last, attempt, ci_mono_ms() - t0, false);
             break;
         }
         if (sleep_unless_cancelled(run, delay)) {

@@ -3,10 +3,13 @@
  * the workspace fd and following nothing (no symlink, no other mount, one
  * link only), at most ARTIFACT_MAX_DEPTH levels deep and ARTIFACT_MAX_ENTRIES
  * names in all, within limits.max_artifact_bytes (a note says what was
- * left out); an input the code did not change is no artifact. Also the
- * removal of a bare run's private directory, which lists the same way. */
+ * left out); an input the code did not change is no artifact, and a name
+ * that is not UTF-8 or holds a control or format character is skipped with
+ * a note. Also the removal of a bare run's private directory, which lists
+ * the same way. */
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/text.h"
 #include "core/util.h"
 #include "sandbox/sandbox_int.h"
 #include "sandbox/sys.h"
@@ -30,6 +34,8 @@ struct walk {
     dev_t dev;
     struct ci_buf skipped; /* "'a.png', 'b.csv'" */
     unsigned n_skipped;
+    struct ci_buf refused; /* "'a\\u202egnp.csv' (U+202E), 'b\\xff' (not UTF-8)" */
+    unsigned n_refused;
     bool too_many;
     ci_status s;
 };
@@ -48,55 +54,6 @@ static int open_beneath(int dirfd, const char *name, int flags)
     return fd;
 }
 
-/* Length of the well-formed UTF-8 sequence at p (no overlong forms, no
- * surrogates, nothing past U+10FFFF), or 0. */
-static size_t utf8_char_len(const unsigned char *p, size_t left)
-{
-    unsigned char c = p[0];
-    if (c < 0x80)
-        return 1;
-    size_t n;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf)
-        n = 2;
-    else if (c >= 0xe0 && c <= 0xef) {
-        n = 3;
-        lo = c == 0xe0 ? 0xa0 : 0x80;
-        hi = c == 0xed ? 0x9f : 0xbf;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4;
-        lo = c == 0xf0 ? 0x90 : 0x80;
-        hi = c == 0xf4 ? 0x8f : 0xbf;
-    } else {
-        return 0;
-    }
-    if (left < n || p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t k = 2; k < n; k++)
-        if ((p[k] & 0xc0) != 0x80)
-            return 0;
-    return n;
-}
-
-/* Names we hand on: well-formed UTF-8 (clients decode them as proto3
- * strings) without control characters (C0, DEL, C1). */
-static bool artifact_name_ok(const char *name)
-{
-    const unsigned char *p = (const unsigned char *)name;
-    size_t len = strlen(name);
-    if (len == 0 || len > 255)
-        return false;
-    for (size_t i = 0; i < len;) {
-        if (p[i] < 0x20 || p[i] == 0x7f || (p[i] == 0xc2 && i + 1 < len && p[i + 1] < 0xa0))
-            return false;
-        size_t n = utf8_char_len(p + i, len - i);
-        if (n == 0)
-            return false;
-        i += n;
-    }
-    return true;
-}
-
 static bool ends_with_csv(const char *name)
 {
     size_t len = strlen(name);
@@ -108,6 +65,28 @@ static void note_skipped(struct walk *w, const char *rel)
     w->n_skipped++;
     if (w->n_skipped <= 5 &&
         ci_buf_appendf(&w->skipped, "%s'%s'", w->skipped.len ? ", " : "", rel) != CI_OK)
+        w->s = CI_ERR_NOMEM;
+}
+
+/* A name we do not hand on: not UTF-8, or with a control or format
+ * character (ci_text_cp_unsafe: C0, DEL, C1, bidi overrides such as U+202E,
+ * zero-width characters such as U+200B, U+2028). Clients decode names as
+ * proto3 strings, and an agent or a person would read "x\u202egnp.csv" as
+ * "xvsc.png". The first five are quoted, escaped, in the note. */
+static void note_refused(struct walk *w, const char *prefix, const char *name,
+                         enum ci_text_verdict v, uint32_t cp)
+{
+    if (++w->n_refused > 5)
+        return;
+    struct ci_buf *b = &w->refused;
+    /* The prefix is made of names that passed. */
+    ci_status s = ci_buf_appendf(b, "%s'%s%s", b->len ? ", " : "", prefix, *prefix ? "/" : "");
+    if (!s)
+        s = ci_text_escape(b, name, strlen(name), false);
+    if (!s)
+        s = v == CI_TEXT_NOT_UTF8 ? ci_buf_appendf(b, "' (not UTF-8)")
+                                  : ci_buf_appendf(b, "' (U+%04" PRIX32 ")", cp);
+    if (s)
         w->s = CI_ERR_NOMEM;
 }
 
@@ -240,8 +219,12 @@ static void walk_dir(struct walk *w, int dirfd, const char *prefix, int depth)
     w->entries += (unsigned)n;
     for (size_t i = 0; i < n && !w->s; i++) {
         const char *name = names[i];
-        if (!artifact_name_ok(name))
+        uint32_t cp = 0;
+        enum ci_text_verdict v = ci_text_name_check(name, strlen(name), &cp);
+        if (v != CI_TEXT_OK) {
+            note_refused(w, prefix, name, v, cp);
             continue;
+        }
         char *rel = NULL;
         if (asprintf(&rel, "%s%s%s", prefix, *prefix ? "/" : "", name) < 0) {
             w->s = CI_ERR_NOMEM;
@@ -268,7 +251,7 @@ static void walk_dir(struct walk *w, int dirfd, const char *prefix, int depth)
 ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r)
 {
     struct walk w = {.run = run, .limit = run->sb->cfg->limits.max_artifact_bytes,
-                     .skipped = CI_BUF_INIT};
+                     .skipped = CI_BUF_INIT, .refused = CI_BUF_INIT};
     struct stat st;
     if (fstat(run->ws_fd, &st) != 0)
         return CI_OK;
@@ -291,7 +274,16 @@ ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result
                        "%d were looked at for artifacts", note.len ? "; " : "",
                        ARTIFACT_MAX_ENTRIES, ARTIFACT_MAX_ENTRIES) != CI_OK)
         w.s = CI_ERR_NOMEM;
+    if (!w.s && w.n_refused &&
+        ci_buf_appendf(&note,
+                       "%s%s%s %s skipped: artifact names must be UTF-8 without control or "
+                       "format characters",
+                       note.len ? "; " : "", (const char *)w.refused.data,
+                       w.n_refused > 5 ? " and others" : "",
+                       w.n_refused > 1 ? "were" : "was") != CI_OK)
+        w.s = CI_ERR_NOMEM;
     ci_buf_release(&w.skipped);
+    ci_buf_release(&w.refused);
     if (w.s) {
         for (size_t i = 0; i < w.n; i++)
             ci_artifact_release(&w.items[i]);
@@ -306,25 +298,62 @@ ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result
     return CI_OK;
 }
 
-/* Removes a bare-mode task directory's content, fd-relative, following
- * nothing. Depth-limited: a deeper tree is left behind. */
-void remove_tree_at(int dirfd, int depth)
+/* One pass of remove_tree_at over dirfd's tree. Every directory is made
+ * 0700 first (the task may have left one unreadable or read-only: it owns
+ * them, and we are it or root). A directory deeper than 64 levels is moved
+ * up to top instead of entered, so that the recursion stays bounded: the
+ * next pass takes it. Returns whether a next pass has work (a directory
+ * moved, or more entries than one listing holds). */
+static bool remove_level(int top, int dirfd, int depth, unsigned *serial)
 {
     size_t n = 0;
-    bool truncated = false;
-    char **names = list_dir(dirfd, 100000, &n, &truncated);
+    bool again = false;
+    fchmod(dirfd, 0700);
+    char **names = list_dir(dirfd, 100000, &n, &again);
     for (size_t i = 0; i < n; i++) {
-        if (unlinkat(dirfd, names[i], 0) != 0 && (errno == EISDIR || errno == EPERM) &&
-            depth < 64) {
-            int fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            if (fd >= 0) {
-                remove_tree_at(fd, depth + 1);
-                close(fd);
-            }
-            unlinkat(dirfd, names[i], AT_REMOVEDIR);
+        if (unlinkat(dirfd, names[i], 0) == 0 || (errno != EISDIR && errno != EPERM)) {
+            free(names[i]);
+            continue;
         }
+        if (depth >= 64) {
+            /* The task may have taken some names at the top: try others. */
+            for (int tries = 0; tries < 100; tries++) {
+                char up[32];
+                snprintf(up, sizeof(up), ".ci-deep-%u", (*serial)++);
+                if (renameat(dirfd, names[i], top, up) == 0) {
+                    again = true;
+                    break;
+                }
+                if (errno != EEXIST && errno != ENOTEMPTY)
+                    break;
+            }
+            free(names[i]);
+            continue;
+        }
+        int fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        /* EACCES here means a directory (not a link: O_NOFOLLOW would say
+         * ELOOP) without read or search permission. */
+        if (fd < 0 && errno == EACCES && fchmodat(dirfd, names[i], 0700, 0) == 0)
+            fd = openat(dirfd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0) {
+            again |= remove_level(top, fd, depth + 1, serial);
+            close(fd);
+        }
+        unlinkat(dirfd, names[i], AT_REMOVEDIR);
         free(names[i]);
     }
     free(names);
+    return again;
+}
+
+/* Removes a bare-mode task directory's content, fd-relative, following
+ * nothing, however deep or locked its tree (the task's processes are all
+ * dead by now). Bounded passes: a tree that outlives them is left. */
+void remove_tree_at(int dirfd, int depth)
+{
+    (void)depth;
+    unsigned serial = 0;
+    for (int pass = 0; pass < 1000 && remove_level(dirfd, dirfd, 0, &serial); pass++)
+        continue;
 }
 

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/text.h"
 #include "core/util.h"
 #include "sandbox/sandbox_int.h"
 #include "sandbox/sys.h"
@@ -121,6 +122,24 @@ static void set_limit(struct child_args *a, int res, rlim_t soft, rlim_t hard)
     a->limit_set[res] = true;
 }
 
+/* Threads of this process ("Threads:" of /proc/self/status); 0 when
+ * unknown. */
+static rlim_t own_threads(void)
+{
+    FILE *f = fopen("/proc/self/status", "re");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long n = 0;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, "Threads:", 8) == 0) {
+            n = strtoul(line + 8, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return (rlim_t)n;
+}
+
 /* Without a memory cgroup RLIMIT_AS is the memory limit: blunt (it counts
  * address space, and numpy+pandas+matplotlib need ~384 MB of it just to
  * import) but it turns an allocation past the limit into a MemoryError.
@@ -145,25 +164,39 @@ static void plan_limits(struct child_args *a, const struct ci_sandbox *sb,
     /* One file may fill a tmpfs; the artifact cap is applied when the files
      * are collected (with a note), not as EFBIG on an intermediate file. */
     set_limit(a, RLIMIT_FSIZE, (rlim_t)biggest_fs * MiB, (rlim_t)biggest_fs * MiB);
-    /* NPROC counts the processes of a uid. In a user namespace that is the
-     * sandbox's own (per-namespace counts since Linux 5.14); bare, as root,
-     * the sandbox uid's. Bare and unprivileged it would count the worker's
-     * own threads and everything else of its user: not set. */
-    if (sb->ns || sb->outside_root)
-        set_limit(a, RLIMIT_NPROC, cfg->local.max_processes, cfg->local.max_processes);
+    /* NPROC counts the processes (threads) of a real uid. In a user
+     * namespace that is the sandbox's own (per-namespace counts since Linux
+     * 5.14); bare, as root, the sandbox uid's. Bare and unprivileged the
+     * task shares our uid, whose threads count too: max_processes above
+     * our own threads now. Other processes of the uid, or threads we start
+     * later, leave the task less, never more. */
+    rlim_t nproc = cfg->local.max_processes;
+    if (!sb->ns && !sb->outside_root)
+        nproc += own_threads();
+    set_limit(a, RLIMIT_NPROC, nproc, nproc);
     set_limit(a, RLIMIT_NOFILE, cfg->local.max_open_files, cfg->local.max_open_files);
     set_limit(a, RLIMIT_CORE, 0, 0);
     set_limit(a, RLIMIT_MEMLOCK, 64 * 1024, 64 * 1024);
     set_limit(a, RLIMIT_MSGQUEUE, 1024, 1024);
     set_limit(a, RLIMIT_RTPRIO, 0, 0);
     set_limit(a, RLIMIT_STACK, 8 * MiB, 8 * MiB);
+    if (!sb->ns) {
+        /* Without namespaces, the rest too: no higher priority, no
+         * real-time time, few queued signals (counted per uid as well). */
+        set_limit(a, RLIMIT_NICE, 0, 0);
+        set_limit(a, RLIMIT_RTTIME, 0, 0);
+        set_limit(a, RLIMIT_SIGPENDING, 256, 256);
+        set_limit(a, RLIMIT_LOCKS, 256, 256);
+    }
 }
 
+/* A single path component the sandbox may write under: not '.' or '..', no
+ * '/', and UTF-8 without control or format characters (core/text.h). */
 bool plain_name(const char *name)
 {
     size_t len = strlen(name);
     return len > 0 && len < 256 && !strchr(name, '/') && strcmp(name, ".") != 0 &&
-           strcmp(name, "..") != 0;
+           strcmp(name, "..") != 0 && ci_text_name_check(name, len, NULL) == CI_TEXT_OK;
 }
 
 /* Writes the inputs into the workspace through its fd. The files are

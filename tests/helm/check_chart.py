@@ -11,7 +11,14 @@
 - the values agree with each other: grace period > drain timeout > longest
   task, metrics port everywhere the same, memory limit >= what concurrency
   tasks may use, CPU limit = concurrency, a securityContext that is not
-  privileged and drops every capability;
+  privileged and drops every capability; the local sandbox's procMount
+  Unmasked (a fresh /proc in its namespaces) with hostUsers false, as the
+  README says; a kubeVersion that has the appArmorProfile field;
+- the cloudrun provider's pods (worker.provider: cloudrun runs no task
+  code) get RuntimeDefault seccomp and AppArmor, no capability, no
+  Unconfined and no unmasked /proc, and a cloudrun config passes
+  --check-config; the Deployment picks the confinement by provider and runs
+  as the chart's ServiceAccount (Workload Identity annotations);
 - the templates are well formed: balanced {{ }}, one {{ end }} per block,
   and every .Values path they read exists in values.yaml (a typo there
   would render silently as empty).
@@ -161,6 +168,50 @@ def main():
     psc = v.get("podSecurityContext") or {}
     check((psc.get("seccompProfile") or {}).get("type") in ("Unconfined", "Localhost"),
           "podSecurityContext.seccompProfile lets the sandbox make namespaces (Unconfined or Localhost)")
+    # The local sandbox mounts a fresh /proc in its pid namespace: the
+    # kernel refuses that under a masked /proc, and Kubernetes allows an
+    # unmasked one only in a pod with its own user namespace.
+    check(sc.get("procMount") == "Unmasked",
+          "securityContext.procMount is Unmasked (the local sandbox mounts a fresh /proc; README option 1)")
+    check(v.get("hostUsers") is False, "hostUsers is false, which procMount: Unmasked needs")
+    readme_path = os.path.join(chart, "README.md")
+    if os.path.exists(readme_path):
+        with open(readme_path) as f:
+            rd = f.read()
+        check("procMount: Unmasked" in rd and "hostUsers: false" in rd,
+              "the README asks for procMount: Unmasked with hostUsers: false, as values.yaml sets")
+    uses_apparmor_field = any("appArmorProfile" in (x or {}) for x in (psc, sc))
+    kv = re.match(r">=\s*(\d+)\.(\d+)", str(c.get("kubeVersion", "")))
+    check(kv is not None, f"Chart.yaml: kubeVersion has a lower bound ({c.get('kubeVersion')})")
+    if kv and uses_apparmor_field:
+        check((int(kv.group(1)), int(kv.group(2))) >= (1, 30),
+              f"Chart.yaml: kubeVersion {c.get('kubeVersion')} admits clusters older than 1.30, "
+              "which ignore securityContext.appArmorProfile")
+    # The cloudrun provider's pods run no task code: the runtime's defaults.
+    cpsc = v.get("cloudrunPodSecurityContext") or {}
+    csc = v.get("cloudrunSecurityContext") or {}
+    check((cpsc.get("seccompProfile") or {}).get("type") == "RuntimeDefault",
+          "cloudrunPodSecurityContext.seccompProfile is RuntimeDefault")
+    check((cpsc.get("appArmorProfile") or {}).get("type") == "RuntimeDefault",
+          "cloudrunPodSecurityContext.appArmorProfile is RuntimeDefault")
+    check(csc.get("privileged") is False and csc.get("allowPrivilegeEscalation") is False,
+          "cloudrunSecurityContext: not privileged, no privilege escalation")
+    check((csc.get("capabilities") or {}).get("drop") == ["ALL"] and not (csc.get("capabilities") or {}).get("add"),
+          "cloudrunSecurityContext drops every capability and adds none")
+    check(csc.get("procMount") in (None, "Default"), "cloudrunSecurityContext keeps /proc masked")
+    check(csc.get("readOnlyRootFilesystem") is True and cpsc.get("runAsNonRoot") is True,
+          "cloudrun pods: read-only root, not root")
+    check("Unconfined" not in yaml.safe_dump([cpsc, csc]), "cloudrun pods: nothing Unconfined")
+    if isinstance(cfg, dict):
+        crcfg = {k: dict(x) if isinstance(x, dict) else x for k, x in cfg.items()}
+        crcfg["worker"] = dict(cfg.get("worker") or {}, provider="cloudrun")
+        crcfg["cloudrun"] = dict(cfg.get("cloudrun") or {}, service_url="https://ci-executor-abc123-ew.a.run.app")
+        eff3 = check_config(a.worker, crcfg, "values.config with provider cloudrun")
+        if eff3:
+            check(eff3["worker"]["provider"] == "cloudrun", "config with provider cloudrun")
+    sa = v.get("serviceAccount") or {}
+    check(isinstance(sa.get("create"), bool) and "name" in sa and isinstance(sa.get("annotations"), dict),
+          "values: serviceAccount.create, .name, .annotations (Workload Identity)")
     keda = v.get("keda") or {}
     check(keda.get("enabled") is False and keda.get("maxReplicaCount", 0) >= keda.get("minReplicaCount", 1),
           "values: KEDA off by default, min <= max")
@@ -168,7 +219,8 @@ def main():
     # 4. Templates.
     tdir = os.path.join(chart, "templates")
     names = sorted(os.listdir(tdir))
-    for want in ("deployment.yaml", "configmap.yaml", "pdb.yaml", "scaledobject.yaml", "_helpers.tpl"):
+    for want in ("deployment.yaml", "configmap.yaml", "pdb.yaml", "scaledobject.yaml", "serviceaccount.yaml",
+                 "_helpers.tpl"):
         check(want in names, f"templates/{want} exists")
     for name in names:
         with open(os.path.join(tdir, name)) as f:
@@ -195,6 +247,30 @@ def main():
     for what in ("checksum/config", "terminationGracePeriodSeconds", "livenessProbe", "readinessProbe",
                  "path: /healthz", "path: /readyz", "secretKeyRef", "resources:", "securityContext:"):
         check(what in dep, f"templates/deployment.yaml has {what}")
+    # The confinement follows the provider: the cloudrun pods never get the
+    # sandbox's contexts, and hostUsers belongs to the sandbox's.
+    check(re.search(r'\$cloudrun := include "ci-worker\.cloudrun" \.', dep) is not None
+          and 'define "ci-worker.cloudrun"' in helpers
+          and re.search(r'dig "worker" "provider" "local" \.Values\.config\)\) "cloudrun"', helpers) is not None,
+          "templates: the provider (config.worker.provider) decides the pod's confinement")
+    for sec, local_, cr in (("pod", "podSecurityContext", "cloudrunPodSecurityContext"),
+                            ("container", "securityContext", "cloudrunSecurityContext")):
+        pat = (r"\{\{-? if \$cloudrun \}\}\s*\{\{-? toYaml \.Values\." + cr + r" \| nindent \d+ \}\}\s*"
+               r"\{\{-? else \}\}\s*\{\{-? toYaml \.Values\." + local_ + r" \| nindent \d+ \}\}\s*\{\{-? end \}\}")
+        check(re.search(pat, dep) is not None,
+              f"templates/deployment.yaml: the {sec} securityContext is {cr} for cloudrun, else {local_}")
+    check(re.search(r'if and \(not \$cloudrun\) \(not \(kindIs "invalid" \.Values\.hostUsers\)\)', dep) is not None,
+          "templates/deployment.yaml: hostUsers only for the local sandbox's pods")
+    check("fail" in dep and "procMount" in dep and "hostUsers" in dep,
+          "templates/deployment.yaml: refuses procMount Unmasked without hostUsers false")
+    check('serviceAccountName: {{ include "ci-worker.serviceAccountName" . }}' in dep,
+          "templates/deployment.yaml: the pods run as the chart's ServiceAccount")
+    with open(os.path.join(tdir, "serviceaccount.yaml")) as f:
+        sat = f.read()
+    check(sat.lstrip().startswith("{{- if .Values.serviceAccount.create }}") and "kind: ServiceAccount" in sat
+          and ".Values.serviceAccount.annotations" in sat
+          and 'name: {{ include "ci-worker.serviceAccountName" . }}' in sat,
+          "templates/serviceaccount.yaml: created when serviceAccount.create, with its annotations")
     with open(os.path.join(tdir, "scaledobject.yaml")) as f:
         so = f.read()
     check("type: nats-jetstream" in so and "lagThreshold" in so and "consumer" in so,

@@ -2,7 +2,7 @@
 // watch, cancel, as a person or a shell pipeline would use them.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { existsSync, lstatSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -242,6 +242,125 @@ describe("ci command-line client", () => {
     assert.match(res.stderr, /cannot write 'link\.png'/, res.stderr);
     assert.match(res.stderr, /saved x\.png/, res.stderr);
     assert.match(res.stderr, /saved sub\/ok\.csv/, res.stderr);
+  });
+
+  // Runs `ci args...` with stdout and stderr on a pseudo-terminal (script(1)
+  // of util-linux) and resolves { code, tty }: all the terminal showed.
+  function ciOnTerminal(args, { cwd, url, timeoutMs = 60000 }) {
+    const cmd = [CLI_BIN, ...args].map((a) => `'${a.replace(/'/g, "'\\''")}'`).join(" ");
+    return new Promise((resolve, reject) => {
+      const env = { ...process.env, CI_NATS_URL: url, TERM: "xterm" };
+      const child = spawn("script", ["-qec", cmd, "/dev/null"], { cwd, env, stdio: ["pipe", "pipe", "pipe"] });
+      const chunks = [];
+      let stderr = "";
+      child.stdout.on("data", (d) => chunks.push(d));
+      child.stderr.on("data", (d) => (stderr += d));
+      const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+      child.on("error", (e) => {
+        clearTimeout(timer);
+        reject(e);
+      });
+      child.on("close", (code) => {
+        clearTimeout(timer);
+        resolve({ code, tty: Buffer.concat(chunks), stderr });
+      });
+    });
+  }
+
+  // s as JSON with C1 controls and bidi/zero-width characters escaped too:
+  // safe to show in a failure message.
+  const visible = (s) =>
+    JSON.stringify(s).replace(/[\u007f-\u009f\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+
+  test("ci run to a terminal shows the task's control characters escaped; to a pipe they pass byte for byte", async (t) => {
+    if (spawnSync("script", ["-qec", "true", "/dev/null"]).status !== 0) {
+      t.skip("SKIPPED: script(1) of util-linux (Debian: bsdutils) is missing, so no pseudo-terminal");
+      return;
+    }
+    const cwd = fresh("tty");
+    // Clears the screen, writes the clipboard (OSC 52), sets the title,
+    // moves the cursor back over the line (CR, C1 CSI), flips text (U+202E),
+    // on stdout, stderr, in the error (ci's own "ci: failed:" line) and the
+    // hint (which lists the workspace after a FileNotFoundError).
+    writeFileSync(
+      join(cwd, "esc.py"),
+      [
+        String.raw`import os, sys`,
+        String.raw`open("\x1b[1mHINT\u009b2J.txt", "w").close()`,
+        String.raw`sys.stdout.write("out:\x1b[2J\x1b]52;c;ZWNobyBwd25lZA==\x07\u009b1A\u202eevil\rover\x7f\ttab\u200b\n")`,
+        String.raw`sys.stdout.flush()`,
+        String.raw`sys.stderr.write("err:\x1b]0;title\x07\x1b[31mred\n")`,
+        String.raw`sys.stderr.flush()`,
+        String.raw`raise FileNotFoundError("\x1b[8mhidden\u202eline")`,
+      ].join("\n"),
+    );
+    // What the terminal showed, checked to hold only text. The terminal
+    // turns "\n" into "\r\n"; nothing else may be a control.
+    const onlyText = (res, what) => {
+      const shown = res.tty.toString("utf8").replace(/\r\n/g, "\n");
+      for (const [name, re] of [
+        ["ESC", /\x1b/],
+        ["BEL", /\x07/],
+        ["CR", /\r/],
+        ["DEL", /\x7f/],
+        ["a C1 control", /[\u0080-\u009f]/],
+        ["a bidi or zero-width character", /[\u200b-\u200f\u202a-\u202e\u2066-\u2069]/],
+        ["a line separator", /[\u2028\u2029]/],
+      ])
+        assert.ok(!re.test(shown), `${what}: ${name} reached the terminal: ${visible(shown)}`);
+      assert.ok(!res.tty.includes(0x1b), `${what}: no ESC byte reaches the terminal`);
+      return shown;
+    };
+    const id = newTaskId("tty");
+    const res = await ciOnTerminal(["run", "esc.py", "--no-save", "--id", id], { cwd, url });
+    assert.equal(res.code, 1, `exit code; terminal: ${visible(res.tty.toString("utf8"))} ${res.stderr}`);
+    const shown = onlyText(res, "ci run");
+    assert.match(shown, /out:/, visible(shown));
+    // Shown, escaped, where they were.
+    assert.ok(shown.includes("out:\\x1b[2J\\x1b]52;c;ZWNobyBwd25lZA==\\x07\\u009b1A\\u202eevil\\x0dover\\x7f\ttab\\u200b\n"), visible(shown));
+    assert.ok(shown.includes("err:\\x1b]0;title\\x07\\x1b[31mred\n"), visible(shown));
+    assert.match(shown, /ci: failed: FileNotFoundError: \\x1b\[8mhidden\\u202eline[;\n]/, visible(shown));
+    assert.match(shown, /ci: hint: the files in \/workspace are: \\x1b\[1mHINT\\u009b2J\.txt\n/, visible(shown));
+    // ci get and ci watch quote the same result.
+    const get = onlyText(await ciOnTerminal(["get", id], { cwd, url }), "ci get");
+    assert.match(get, /error: +FileNotFoundError: \\x1b\[8mhidden\\u202eline[;\n]/, visible(get));
+    assert.match(get, /--- stdout ---\nout:\\x1b\[2J/, visible(get));
+    const watch = onlyText(await ciOnTerminal(["watch", id], { cwd, url }), "ci watch");
+    assert.match(watch, /failed \S+ FileNotFoundError: \\x1b\[8mhidden\\u202eline[;\n]/, visible(watch));
+
+    // Through pipes the same task's output is what the code wrote, byte for byte.
+    const piped = await ci(["run", "esc.py", "--no-save"], { cwd, url });
+    assert.equal(piped.code, 1, piped.stderr);
+    assert.equal(piped.stdout, "out:\x1b[2J\x1b]52;c;ZWNobyBwd25lZA==\x07\u009b1A\u202eevil\rover\x7f\ttab\u200b\n");
+    assert.ok(piped.stderr.startsWith("err:\x1b]0;title\x07\x1b[31mred\n"), visible(piped.stderr));
+    assert.ok(piped.stderr.includes("ci: failed: FileNotFoundError: \x1b[8mhidden\u202eline"), visible(piped.stderr));
+    // --json on a terminal stays JSON (its own escapes, for a machine).
+    const json = await ciOnTerminal(["run", "esc.py", "--no-save", "--json"], { cwd, url });
+    const line = json.tty.toString("utf8").split("\r\n").find((l) => l.startsWith("{"));
+    assert.ok(line, visible(json.tty.toString("utf8")));
+    assert.equal(JSON.parse(line).stdout, "out:\x1b[2J\x1b]52;c;ZWNobyBwd25lZA==\x07\u009b1A\u202eevil\rover\x7f\ttab\u200b\n");
+  });
+
+  test("ci run does not save an artifact whose name holds a bidi override or a zero-width character", async () => {
+    // The worker never lists such a name; a result from elsewhere (a
+    // forged KV record) must not put "x\u202egnp.csv" into the user's folder
+    // either, where it would show as "xvsc.png".
+    const cwd = fresh("bidi");
+    writeFileSync(join(cwd, "slow.py"), "import time\ntime.sleep(60)\n");
+    const id = newTaskId("bidi");
+    const run = ci(["run", "slow.py", "--id", id, "--wait-ms", "30000"], { cwd, url, timeoutMs: 40000 });
+    await stack.client.waitStatus(id, "TASK_STATUS_RUNNING", 30000);
+    await stack.client.putObject(`${id}/plain.csv`, "a,b\n1,2\n");
+    const artifact = (name) => ({ name, mimeType: "text/csv", size: "8", sha256: sha256hex(Buffer.from("a,b\n1,2\n")), object: `${id}/plain.csv` });
+    const kv = await stack.client.kvBucket();
+    await kv.put(id, JSON.stringify({ taskId: id, status: "TASK_STATUS_SUCCEEDED", worker: "w9", exitCode: 0, artifacts: [artifact("x\u202egnp.csv"), artifact("a\u200b.csv"), artifact("ok.csv")] }));
+    // ci run reads the stored result when no terminal event comes.
+    const res = await run;
+    await ci(["cancel", id], { cwd, url });
+    assert.equal(res.code, 3, `exit code; stderr: ${visible(res.stderr)}`);
+    assert.deepEqual(readdirSync(cwd).sort(), ["ok.csv", "slow.py"], visible(res.stderr));
+    assert.match(res.stderr, /not saving artifact 'x\u202egnp\.csv' here: its name is unsafe/, visible(res.stderr));
+    assert.match(res.stderr, /not saving artifact 'a\u200b\.csv' here/, visible(res.stderr));
   });
 
   test("ci watch ends on the stored result when the terminal event never came", async () => {

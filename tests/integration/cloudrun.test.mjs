@@ -5,11 +5,27 @@
 // requests or injects failures. Nothing of ours is mocked.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { createHmac, generateKeyPairSync } from "node:crypto";
+import { chownSync, chmodSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 
 import { startStack } from "./lib/stack.mjs";
+import { WORKER_BIN } from "./lib/worker.mjs";
 import { newTaskId } from "./lib/client.mjs";
-import { checkEvents, checkResultBasics, PNG_MAGIC, sha256hex, show, waitProcessWith } from "./lib/checks.mjs";
-import { closedPort, cloudrunYaml, startExecutor, startMetadataServer, startProxy } from "./lib/executor.mjs";
+import { checkEvents, checkResultBasics, PNG_MAGIC, processesWith, sha256hex, show, waitProcessWith } from "./lib/checks.mjs";
+import {
+  closedPort,
+  cloudrunYaml,
+  nousernsUnavailable,
+  runExecutorToExit,
+  selfSignedCert,
+  signJwt,
+  startExecutor,
+  startMetadataServer,
+  startProxy,
+} from "./lib/executor.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -94,6 +110,7 @@ describe("cloudrun provider", () => {
     await stack?.stop();
     for (const o of others) await o.close().catch(() => {});
     await executor?.cleanup().catch(() => {});
+    if (authKeys.dir) rmSync(authKeys.dir, { recursive: true, force: true });
   });
 
   test("pandas + PNG: same artifacts (names, sizes, sha256) as the local provider, stored in the object store", async () => {
@@ -221,9 +238,10 @@ describe("cloudrun provider", () => {
     await w2.stop();
   });
 
-  test("500 twice, then 200: the task succeeds on the third request", async () => {
+  test("503 then 502, then 200: the task succeeds on the third request", async () => {
     const px = await startProxy(executor.url, {
-      fault: (n, req) => (req.path === "/execute" && n <= 2 ? { status: 500, body: '{"error":"injected failure"}' } : null),
+      fault: (n, req) =>
+        req.path === "/execute" && n <= 2 ? { status: n === 1 ? 503 : 502, body: '{"error":"injected failure"}' } : null,
     });
     others.push(px);
     const before = await executor.healthz();
@@ -231,7 +249,7 @@ describe("cloudrun provider", () => {
     const r = await run({ code: "print('third time lucky')" });
     assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
     assert.equal(r.result.stdout, "third time lucky\n");
-    assert.equal(px.count("/execute"), 3, "two 500s and one 200");
+    assert.equal(px.count("/execute"), 3, "a 503, a 502 and a 200");
     const after = await executor.healthz();
     assert.equal(after.started - before.started, 1, "the code ran once");
     await w.stop();
@@ -247,6 +265,156 @@ describe("cloudrun provider", () => {
     assert.equal(r2.result.error, "the executor refused the task (HTTP 400): injected: bad request");
     assert.equal(px2.count("/execute"), 3);
     await w2.stop();
+  });
+
+  // ci-executor does not recognise a task it has already run (a second
+  // /execute of the same task id runs the code again), so a request that
+  // may have reached it is never sent twice.
+  test("a request that may have run is not sent again: 500, 504, a connection broken after sending", async () => {
+    for (const status of [500, 504]) {
+      const px = await startProxy(executor.url, {
+        fault: (n, req) => (req.path === "/execute" ? { status, body: '{"error":"injected: crashed while running"}' } : null),
+      });
+      others.push(px);
+      const w = await cloudrunWorker({ service_url: px.url });
+      const r = await run({ code: "print(1)" });
+      assert.equal(r.result.status, "TASK_STATUS_FAILED", show(r.result));
+      assert.match(
+        r.result.error,
+        new RegExp(`^the executor service at http://127\\.0\\.0\\.1:\\d+ answered HTTP ${status} \\(injected: crashed while running\\); the code may have run, so the task is not sent again$`),
+        show(r.result),
+      );
+      assert.equal(px.count("/execute"), 1, `HTTP ${status}: one request, not retried`);
+      await w.stop();
+    }
+
+    // The proxy reads the whole request, then closes the connection.
+    const px = await startProxy(executor.url, { fault: (n, req) => (req.path === "/execute" ? { destroy: true } : null) });
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url });
+    const r = await run({ code: "print(2)" });
+    assert.equal(r.result.status, "TASK_STATUS_FAILED", show(r.result));
+    assert.match(r.result.error, /^the connection to the executor service at http:\/\/127\.0\.0\.1:\d+ broke after the task was sent \(.+\); the code may have run/, show(r.result));
+    assert.match(r.result.error, /submit the task again if running it twice is safe$/);
+    assert.equal(r.result.exitCode, undefined);
+    assert.equal(px.count("/execute"), 1, "sent once: neither the worker nor libcurl sent it again");
+    await w.stop();
+  });
+
+  test("an executor that restarts while a task waits: tried until the task's deadline, then the task succeeds", async () => {
+    const ex = await startExecutor({ limits: EXECUTOR_LIMITS });
+    const port = ex.port;
+    // Default tries (no cap), short backoff; deadline = 15 s + 10 s.
+    const w = await cloudrunWorker({ service_url: ex.url, backoff_initial_ms: 100, backoff_max_ms: 1000 });
+    assert.deepEqual(await ex.stop(), { code: 0, signal: null });
+    let ex2 = null;
+    try {
+      const c = stack.client;
+      const taskId = newTaskId("cr-restart");
+      taskIds.push(taskId);
+      const t0 = Date.now();
+      await c.submit({ taskId, language: "python", code: "print('after the restart')", limits: { timeoutMs: 15000 } });
+      await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
+      // A restarted executor takes ~6 s to come back (a chosen duration, not
+      // a wait for something): the worker must still be trying by then.
+      await sleep(6000);
+      const mid = await c.getResult(taskId);
+      assert.ok(!mid || mid.result.status === "TASK_STATUS_RUNNING", `still running while the executor was down: ${show(mid?.result)}`);
+      ex2 = await startExecutor({ limits: EXECUTOR_LIMITS, port });
+      assert.equal(ex2.port, port, "the executor came back where it was");
+      const { result: res } = await c.waitResult(taskId, 30000);
+      checkResultBasics(res, { taskId });
+      assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
+      assert.equal(res.stdout, "after the restart\n");
+      assert.ok(Date.now() - t0 >= 6000, "the task waited across the restart");
+      assert.equal((await ex2.healthz()).started, 1, "the code ran once, on the restarted executor");
+      await w.stop();
+    } finally {
+      await ex2?.cleanup();
+      await ex.cleanup();
+    }
+  });
+
+  test("a metadata server that answers 500: retried, then FAILED naming the token source, not the executor", async () => {
+    const mdf = await startMetadataServer({ failStatus: 500 });
+    others.push(mdf);
+    const px = await startProxy(executor.url);
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url, metadata_url: mdf.url, timeout_margin_ms: 2000, backoff_initial_ms: 100, backoff_max_ms: 400 });
+    const t0 = Date.now();
+    const r = await run({ code: "print('never runs')", limits: { timeoutMs: 1000 } }, { timeoutMs: 30000 });
+    const res = r.result;
+    assert.equal(res.status, "TASK_STATUS_FAILED", show(res));
+    assert.match(
+      res.error,
+      /^could not get an ID token from the metadata server at http:\/\/127\.0\.0\.1:\d+\/computeMetadata\/v1\/instance\/service-accounts\/default\/identity: it answered HTTP 500 \(\d+ tries in [\d.]+ s, until the task's deadline; the executor service was not called\)$/,
+      show(res),
+    );
+    assert.doesNotMatch(res.error, /could not be reached/, "the executor is not blamed");
+    assert.ok(mdf.failed >= 2, `the token request was tried again (${mdf.failed} requests)`);
+    assert.equal(px.count("/execute"), 0, "no request without a token");
+    assert.ok(Date.now() - t0 < 1000 + 2000 + 5000, `FAILED ${Date.now() - t0} ms after submit: within the deadline`);
+    await w.stop();
+  });
+
+  test("TLS: cloudrun.ca_file vouches for the service; a certificate it does not vouch for fails at once, not retried", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "ci-crtls-"));
+    try {
+      const mk = (name) => {
+        const d = join(dir, name);
+        mkdirSync(d);
+        return selfSignedCert(d);
+      };
+      const service = mk("service");
+      const other = mk("other");
+      const px = await startProxy(executor.url, { tls: service });
+      others.push(px);
+      const w = await cloudrunWorker({ service_url: px.url, ca_file: service.certPath });
+      const r = await run({ code: "print('over TLS')" });
+      assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+      assert.equal(r.result.stdout, "over TLS\n");
+      assert.equal(px.count("/execute"), 1);
+      await w.stop();
+
+      // A CA that does not vouch for it: no retry can fix that.
+      const w2 = await cloudrunWorker({ service_url: px.url, ca_file: other.certPath, backoff_initial_ms: 1000, backoff_max_ms: 1000 });
+      const t0 = Date.now();
+      const r2 = await run({ code: "print('never runs')", limits: { timeoutMs: 5000 } });
+      assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
+      assert.match(r2.result.error, /^the executor service at https:\/\/127\.0\.0\.1:\d+ failed: POST https:\/\/127\.0\.0\.1:\d+\/execute cannot be sent: .*certificate/i, show(r2.result));
+      assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not after retries`);
+      assert.equal(px.count("/execute"), 1, "nothing reached the service");
+      await w2.stop();
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("ci-worker --check-config refuses a clear-text service URL off loopback and a CA bundle that cannot be used", () => {
+    const dir = mkdtempSync(join(tmpdir(), "ci-crcheck-"));
+    try {
+      const check = (cloudrun) => {
+        const path = join(dir, "worker.yaml");
+        writeFileSync(path, `worker:\n  provider: cloudrun\ncloudrun:\n${Object.entries(cloudrun).map(([k, v]) => `  ${k}: "${v}"\n`).join("")}`);
+        const env = { ...process.env };
+        delete env.CI_NATS_URL;
+        return spawnSync(WORKER_BIN, ["--check-config", "--config", path], { encoding: "utf8", env });
+      };
+      let r = check({ service_url: "http://10.1.2.3:8080" });
+      assert.equal(r.status, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, /^worker\.yaml:4: key 'cloudrun\.service_url': http:\/\/ would send the worker's ID token unencrypted; it is allowed only to a loopback host/);
+      r = check({ service_url: "https://x.a.run.app", ca_file: join(dir, "nope.pem") });
+      assert.equal(r.status, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, /^worker\.yaml:5: key 'cloudrun\.ca_file': cannot read the CA bundle '.*nope\.pem': No such file or directory/);
+      writeFileSync(join(dir, "ca.pem"), "not a certificate\n");
+      r = check({ service_url: "https://x.a.run.app", ca_file: join(dir, "ca.pem") });
+      assert.equal(r.status, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, /ca\.pem' holds no PEM certificate/);
+      r = check({ service_url: "http://127.0.0.1:8080" });
+      assert.equal(r.status, 0, r.stderr);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test("401 once: the worker drops its token, fetches a fresh one and tries again", async () => {
@@ -436,6 +604,403 @@ describe("cloudrun provider", () => {
       assert.ok(Date.now() - t0 < 25000, `stopped the task at its drain time, not its end (${Date.now() - t0} ms)`);
     } finally {
       await ex2.cleanup();
+    }
+  });
+
+  // ---- without user namespaces (executor's local.isolation) -------------
+
+  // lib/nouserns.py takes user namespaces away for real (Cloud Run gen1 /
+  // gVisor grant none); where it cannot, these tests skip, loudly.
+  let noUsernsWhy = null;
+  function needNoUserns(t) {
+    noUsernsWhy ??= nousernsUnavailable();
+    if (!noUsernsWhy) return true;
+    process.stderr.write(`#\n# WARNING: cannot take user namespaces away here (${noUsernsWhy}): executor no-sandbox tests SKIPPED\n#\n`);
+    t.skip(`no way to run without user namespaces here: ${noUsernsWhy}`);
+    return false;
+  }
+  const postJson = (url, body, headers = {}) =>
+    fetch(`${url}/execute`, { method: "POST", headers: { "Content-Type": "application/json", ...headers }, body: JSON.stringify({ language: "python", ...body }) });
+  // A private TMPDIR for a bare executor (its tasks' directories go there).
+  function bareTmp(uid) {
+    const d = mkdtempSync(join(tmpdir(), "ci-bare-"));
+    if (uid) chownSync(d, uid, uid);
+    else chmodSync(d, 0o711); // the sandbox uid passes through to its own directory
+    return d;
+  }
+
+  test("no user namespaces and isolation auto: the executor refuses to start (exit 2), saying how to go on", async (t) => {
+    if (!needNoUserns(t)) return;
+    const r = await runExecutorToExit({ noUserns: { uid: 0 }, local: { isolation: "auto" }, timeoutMs: 20000 });
+    assert.equal(r.code, 2, r.text);
+    assert.ok(!r.lines.some((l) => l.event === "executor.ready"), "it never served");
+    const refused = r.lines.find((l) => l.event === "executor.refused");
+    assert.ok(refused, r.text);
+    assert.match(refused.error, /no namespace sandbox on this machine \(user namespaces are not available: clone\(CLONE_NEWUSER\): No space left on device/);
+    assert.match(refused.error, /set local\.isolation: none in the executor's config/);
+    assert.match(refused.error, /one at a time/);
+
+    // isolation none with more than one task at once is refused too.
+    const r2 = await runExecutorToExit({ noUserns: { uid: 0 }, local: { isolation: "none" }, worker: { concurrency: 2 }, timeoutMs: 20000 });
+    assert.equal(r2.code, 2, r2.text);
+    assert.match(r2.lines.find((l) => l.event === "executor.refused")?.error ?? r2.text, /runs one task at a time; set worker\.concurrency to 1/);
+  });
+
+  // A bare executor (local.isolation none) without user namespaces, as uid,
+  // with a private TMPDIR, for the length of fn(ex, tmp).
+  async function withBareExecutor(uid, env, fn) {
+    const tmp = bareTmp(uid);
+    const ex = await startExecutor({ noUserns: { uid }, local: { isolation: "none" }, env: { TMPDIR: tmp, ...env } });
+    try {
+      return await fn(ex, tmp);
+    } finally {
+      await ex.cleanup();
+      rmSync(tmp, { recursive: true, force: true });
+    }
+  }
+
+  test("isolation none: one task at a time; a second gets 429, which the worker retries; tasks never overlap", async (t) => {
+    if (!needNoUserns(t)) return;
+    await withBareExecutor(10001, {}, async (ex) => {
+      const h0 = await ex.healthz();
+      assert.equal(h0.maxRunning, 1, "one task at a time, whatever the CPUs (worker.concurrency is 0 here)");
+      assert.equal(h0.isolation, "none");
+
+      // A second task while one runs: 429, the busy sentence, Retry-After.
+      const first = postJson(ex.url, { taskId: "bare-long", code: "import time\nprint('long', flush=True)\ntime.sleep(60)" });
+      await untilRunning(ex);
+      const busy = await postJson(ex.url, { taskId: "bare-second", code: "print('second')" });
+      assert.equal(busy.status, 429, "a second task while one runs is refused");
+      assert.equal(busy.headers.get("retry-after"), "1");
+      assert.match((await busy.json()).error, /runs one task at a time \(no namespace sandbox, local\.isolation: none\) and is busy/);
+      const cancel = await fetch(`${ex.url}/cancel/bare-long`, { method: "POST" });
+      assert.equal(cancel.status, 200);
+      const long = await (await first).json();
+      assert.equal(long.result.status, "TASK_STATUS_CANCELLED", show(long.result));
+
+      // Through a worker with two slots: both tasks run (the second after a
+      // retried 429), never at the same time.
+      const w = await cloudrunWorker({ service_url: ex.url, max_attempts: 40, backoff_initial_ms: 100, backoff_max_ms: 300, timeout_margin_ms: 20000 }, { concurrency: 2 });
+      const span = "import time\nt0 = time.time()\ntime.sleep(1)\nprint(t0, time.time())";
+      const rs = await Promise.all([run({ code: span }), run({ code: span })]);
+      await w.stop();
+      const spans = rs.map((r) => {
+        assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+        assert.equal(r.result.isolation, "none", "the result says it ran without a sandbox");
+        return r.result.stdout.trim().split(" ").map(Number);
+      });
+      spans.sort((a, b) => a[0] - b[0]);
+      assert.ok(spans[0][1] <= spans[1][0], `the tasks overlapped: ${JSON.stringify(spans)}`);
+    });
+  });
+
+  test("isolation none, unprivileged executor: a task of its uid cannot read /proc/<executor>/environ, mem or maps; every rlimit is set", async (t) => {
+    if (!needNoUserns(t)) return;
+    const UID = 10001;
+    const SECRET = `executor-secret-${process.pid}-${Date.now()}`;
+    await withBareExecutor(UID, { CI_ITEST_EXECUTOR_SECRET: SECRET }, async (ex) => {
+      const probe = await postJson(ex.url, {
+        taskId: "bare-proc",
+        code: [
+          "import os, resource",
+          `pid = ${ex.pid}`,
+          "for f in ('environ', 'mem', 'maps'):",
+          "    try:",
+          "        fh = open(f'/proc/{pid}/{f}', 'rb')",
+          "    except PermissionError:",
+          "        print(f, 'denied')",
+          "        continue",
+          "    try:",
+          "        fh.read(4096)",
+          "    except OSError:",
+          "        pass  # mem at offset 0: EIO, but it was opened",
+          "    print(f, 'READ')",
+          "print('uid', os.getuid())",
+          "for n in ('NPROC', 'NICE', 'RTTIME', 'SIGPENDING', 'CORE'):",
+          "    print(n, *resource.getrlimit(getattr(resource, 'RLIMIT_' + n)))",
+        ].join("\n"),
+      });
+      assert.equal(probe.status, 200);
+      const pr = (await probe.json()).result;
+      assert.equal(pr.status, "TASK_STATUS_SUCCEEDED", show(pr));
+      assert.equal(pr.isolation, "none");
+      assert.ok(!pr.stdout.includes(SECRET), "the executor's environment leaked");
+      assert.match(pr.stdout, /^environ denied$/m, pr.stdout);
+      assert.match(pr.stdout, /^mem denied$/m, pr.stdout);
+      assert.match(pr.stdout, /^maps denied$/m, pr.stdout);
+      assert.match(pr.stdout, new RegExp(`^uid ${UID}$`, "m"), "unprivileged, the task shares the executor's uid (documented)");
+      const nproc = pr.stdout.match(/^NPROC (\d+) (\d+)$/m);
+      assert.ok(nproc, `RLIMIT_NPROC is set: ${pr.stdout}`);
+      assert.ok(Number(nproc[1]) >= 64 && Number(nproc[1]) <= 64 + 64, `RLIMIT_NPROC is max_processes plus the executor's threads: ${nproc[0]}`);
+      for (const n of ["NICE 0 0", "RTTIME 0 0", "SIGPENDING 256 256", "CORE 0 0"]) assert.match(pr.stdout, new RegExp(`^${n}$`, "m"));
+    });
+  });
+
+  test("isolation none: nothing of a task is left for the next - no process (not even one in its own session), no file", async (t) => {
+    if (!needNoUserns(t)) return;
+    const marker = `ci-itest-bare-leftover-${process.pid}-${Date.now()}`;
+    try {
+      await withBareExecutor(10001, {}, async (ex, tmp) => {
+        const before = await ex.healthz();
+        // A process in its own session (out of the task's process group), and
+        // a tree deeper than 64 levels that the task locked (mode 0, 0500).
+        const left = await postJson(ex.url, {
+          taskId: "bare-leftover",
+          code: [
+            "import os, subprocess, sys",
+            `subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '${marker}'], start_new_session=True)`,
+            "p = '/'.join(['d'] * 100)",
+            "os.makedirs(p)",
+            "open(p + '/data.csv', 'w').write('secret,1\\n')",
+            "os.chmod('/'.join(['d'] * 50), 0)",
+            "os.chmod('d', 0o500)",
+            "print('left')",
+          ].join("\n"),
+        });
+        assert.equal(left.status, 200);
+        assert.equal((await left.json()).result.stdout, "left\n");
+        // Both are gone before the answer: the next task cannot meet them.
+        assert.deepEqual(processesWith(marker), [], "a process of the task outlived it");
+        assert.deepEqual(readdirSync(tmp), [], "the task's directory is gone");
+        const after = await ex.healthz();
+        assert.ok(after.leftoversKilled - before.leftoversKilled >= 1, JSON.stringify(after));
+        assert.ok(ex.lines().some((l) => l.event === "execute.leftovers_killed" && l.task_id === "bare-leftover"));
+      });
+    } finally {
+      for (const pid of processesWith(marker)) try { process.kill(pid, "SIGKILL"); } catch { /* gone */ }
+    }
+  });
+
+  test("isolation none, executor as root: the task runs as local.sandbox_uid and can neither read nor signal the executor", async (t) => {
+    if (!needNoUserns(t)) return;
+    const tmp = bareTmp(0);
+    const ex = await startExecutor({ noUserns: { uid: 0 }, local: { isolation: "none" }, env: { TMPDIR: tmp } });
+    try {
+      const r = await postJson(ex.url, {
+        taskId: "bare-root",
+        code: [
+          "import os",
+          `pid = ${ex.pid}`,
+          "for f in ('environ', 'mem'):",
+          "    try:",
+          "        fh = open(f'/proc/{pid}/{f}', 'rb')",
+          "    except PermissionError:",
+          "        print(f, 'denied')",
+          "        continue",
+          "    try:",
+          "        fh.read(4096)",
+          "    except OSError:",
+          "        pass  # mem at offset 0: EIO, but it was opened",
+          "    print(f, 'READ')",
+          "try:",
+          "    os.kill(pid, 0)",
+          "    print('signal SENT')",
+          "except PermissionError:",
+          "    print('signal denied')",
+          "print('uid', os.getuid(), os.getgid())",
+        ].join("\n"),
+      });
+      assert.equal(r.status, 200);
+      const res = (await r.json()).result;
+      assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
+      assert.equal(res.isolation, "none");
+      assert.equal(res.stdout, "environ denied\nmem denied\nsignal denied\nuid 65534 65534\n");
+      assert.deepEqual(readdirSync(tmp), [], "the task's directory is gone");
+    } finally {
+      await ex.cleanup();
+      rmSync(tmp, { recursive: true, force: true });
+    }
+  });
+
+  // ---- executor.auth: google-id-token --------------------------------------
+
+  const AUD = "https://ci-executor-itest.a.run.app";
+  const EMAIL = "ci-worker@itest-project.iam.gserviceaccount.com";
+  const authKeys = {};
+  function authSetup() {
+    if (authKeys.dir) return authKeys;
+    const k1 = generateKeyPairSync("rsa", { modulusLength: 2048 });
+    const k2 = generateKeyPairSync("rsa", { modulusLength: 2048 });
+    const other = generateKeyPairSync("rsa", { modulusLength: 2048 });
+    const jwk = (k, kid) => ({ ...k.publicKey.export({ format: "jwk" }), kid, alg: "RS256", use: "sig" });
+    authKeys.dir = mkdtempSync(join(tmpdir(), "ci-jwks-"));
+    chmodSync(authKeys.dir, 0o755);
+    authKeys.file = join(authKeys.dir, "certs.json");
+    authKeys.k1 = k1;
+    authKeys.k2 = k2;
+    authKeys.other = other;
+    authKeys.jwks1 = JSON.stringify({ keys: [jwk(other, "itest-0"), jwk(k1, "itest-1")] });
+    authKeys.jwks2 = JSON.stringify({ keys: [jwk(k2, "itest-2")] });
+    writeFileSync(authKeys.file, authKeys.jwks1);
+    return authKeys;
+  }
+  const authConfig = (over = {}) => ({ auth: "google-id-token", audience: AUD, jwks_file: authKeys.file, allowed_emails: `someone-else@itest-project.iam.gserviceaccount.com, ${EMAIL}`, ...over });
+  function claims(over = {}) {
+    const now = Math.floor(Date.now() / 1000);
+    return { iss: "https://accounts.google.com", aud: AUD, azp: "1", sub: "1", email: EMAIL, email_verified: true, iat: now, exp: now + 3600, ...over };
+  }
+
+  test("executor.auth google-id-token: a good ID token runs the task; every bad one is 401 with WWW-Authenticate and runs nothing", async () => {
+    const k = authSetup();
+    const ex = await startExecutor({ executor: authConfig() });
+    const issued = [];
+    const tok = (payload, opts = {}) => {
+      const t = signJwt(payload, { privateKey: k.k1.privateKey, kid: "itest-1", ...opts });
+      issued.push(t);
+      return t;
+    };
+    try {
+      const good = tok(claims());
+      const ok = await postJson(ex.url, { taskId: "auth-good", code: "print('authorized')" }, { Authorization: `Bearer ${good}` });
+      assert.equal(ok.status, 200);
+      assert.equal((await ok.json()).result.stdout, "authorized\n");
+      for (const [name, c] of [["iss without https://", claims({ iss: "accounts.google.com" })], ["aud as a list", claims({ aud: ["other", AUD] })]]) {
+        const r = await postJson(ex.url, { taskId: `auth-good-${name.length}`, code: "print(1)" }, { Authorization: `Bearer ${tok(c)}` });
+        assert.equal(r.status, 200, name);
+        await r.arrayBuffer();
+      }
+
+      const now = Math.floor(Date.now() / 1000);
+      const input = (h, p) => `${Buffer.from(JSON.stringify(h)).toString("base64url")}.${Buffer.from(JSON.stringify(p)).toString("base64url")}`;
+      const pem = k.k1.publicKey.export({ format: "pem", type: "spki" });
+      const hs = input({ alg: "HS256", kid: "itest-1", typ: "JWT" }, claims());
+      const [gh, , gs] = good.split(".");
+      const bad = [
+        ["missing", null, /ID token is required/, 'Bearer realm="ci-executor"', /no Authorization header/],
+        ["not Bearer", "Basic dXNlcjpwYXNz", /refused \(invalid\)/, null, /not a Bearer token/],
+        ["not a JWT", "Bearer abc", /refused \(invalid\)/, null, /not a JWT/],
+        ["wrong audience", `Bearer ${tok(claims({ aud: "https://elsewhere.a.run.app" }))}`, /refused \(invalid\)/, null, /aud is not executor\.audience/],
+        ["expired", `Bearer ${tok(claims({ iat: now - 7200, exp: now - 3600 }))}`, /refused \(expired\)/, null, /expired 3\d\d\d s ago/],
+        ["wrong issuer", `Bearer ${tok(claims({ iss: "https://evil.example.com" }))}`, /refused \(invalid\)/, null, /iss is not accounts\.google\.com/],
+        ["unlisted email", `Bearer ${tok(claims({ email: "intruder@evil.iam.gserviceaccount.com" }))}`, /refused \(invalid\)/, null, /email intruder@evil\.iam\.gserviceaccount\.com is not in executor\.allowed_emails/],
+        ["email not verified", `Bearer ${tok(claims({ email_verified: false }))}`, /refused \(invalid\)/, null, /email_verified is not true/],
+        ["issued in the future", `Bearer ${tok(claims({ iat: now + 3600, exp: now + 7200 }))}`, /refused \(invalid\)/, null, /iat is \d+ s in the future/],
+        ["not valid yet", `Bearer ${tok(claims({ nbf: now + 3600 }))}`, /refused \(invalid\)/, null, /nbf is \d+ s in the future/],
+        ["bad signature (another key, our kid)", `Bearer ${tok(claims(), { privateKey: k.other.privateKey })}`, /refused \(invalid\)/, null, /signature does not verify with key 'itest-1'/],
+        ["payload changed after signing", `Bearer ${gh}.${Buffer.from(JSON.stringify(claims({ email: EMAIL, exp: now + 999999 }))).toString("base64url")}.${gs}`, /refused \(invalid\)/, null, /signature does not verify/],
+        ["unknown kid", `Bearer ${tok(claims(), { kid: "nope" })}`, /refused \(invalid\)/, null, /no key with kid 'nope'/],
+        ["alg none", `Bearer ${input({ alg: "none", typ: "JWT" }, claims())}.`, /refused \(invalid\)/, null, /(alg is 'none'|not a signed JWT)/],
+        ["HS256 with the public key as the secret", `Bearer ${hs}.${createHmac("sha256", pem).update(hs).digest("base64url")}`, /refused \(invalid\)/, null, /alg is 'HS256'; only RS256/],
+        ["crit header", `Bearer ${tok(claims(), { header: { crit: ["exp"] } })}`, /refused \(invalid\)/, null, /critical header/],
+      ];
+      const h0 = await ex.healthz();
+      for (const [name, authz, body, wwwExact, logRe] of bad) {
+        const headers = authz ? { Authorization: authz } : {};
+        const r = await postJson(ex.url, { taskId: "auth-bad", code: "print('must not run')" }, headers);
+        assert.equal(r.status, 401, name);
+        const www = r.headers.get("www-authenticate");
+        if (wwwExact) assert.equal(www, wwwExact, name);
+        else assert.equal(www, 'Bearer realm="ci-executor", error="invalid_token"', name);
+        const e = (await r.json()).error;
+        assert.match(e, body, name);
+        assert.doesNotMatch(e, /aud|iss|email|signature|kid|alg|nbf|iat/, `${name}: the client is not told which check failed`);
+        const refusals = ex.lines().filter((l) => l.event === "auth.refused");
+        assert.match(refusals[refusals.length - 1].reason, logRe, `${name}: the log says why`);
+        // /cancel needs the same token.
+        const c = await fetch(`${ex.url}/cancel/auth-bad`, { method: "POST", headers });
+        assert.equal(c.status, 401, `${name}: /cancel`);
+        await c.arrayBuffer();
+      }
+      // A big body without a token: 401, not 413, not a body read into memory.
+      const big = await fetch(`${ex.url}/execute`, { method: "POST", headers: { "Content-Type": "application/json" }, body: Buffer.alloc(8 * 1024 * 1024, 0x20) });
+      assert.equal(big.status, 401);
+      await big.arrayBuffer();
+
+      const h1 = await ex.healthz(); // no token needed for the counters
+      assert.equal(h1.auth, "google-id-token");
+      assert.equal(h1.started - h0.started, 0, "no refused request ran anything");
+      assert.equal(h1.unauthorized - h0.unauthorized, bad.length * 2 + 1);
+      const c = await fetch(`${ex.url}/cancel/nothing-here`, { method: "POST", headers: { Authorization: `Bearer ${good}` } });
+      assert.equal(c.status, 404, "a good token reaches /cancel");
+      await c.arrayBuffer();
+
+      const log = ex.logText();
+      for (const t of issued) assert.ok(!log.includes(t) && !log.includes(t.split(".")[2]), "a token appears in the executor's log");
+    } finally {
+      await ex.cleanup();
+    }
+  });
+
+  test("executor.auth end to end: the worker's ID token from the metadata server passes; another service account's does not", async () => {
+    const k = authSetup();
+    const ex = await startExecutor({ executor: authConfig() });
+    try {
+      const mdg = await startMetadataServer({ signer: { privateKey: k.k1.privateKey, kid: "itest-1" }, claims: { email: EMAIL, email_verified: true } });
+      others.push(mdg);
+      const w = await cloudrunWorker({ service_url: ex.url, metadata_url: mdg.url, audience: AUD });
+      const r = await run({ code: "print('through auth')" });
+      assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+      assert.equal(r.result.stdout, "through auth\n");
+      assert.equal(mdg.audiences[0].audience, AUD);
+      await w.stop();
+
+      const mdx = await startMetadataServer({ signer: { privateKey: k.k1.privateKey, kid: "itest-1" }, claims: { email: "intruder@itest-project.iam.gserviceaccount.com", email_verified: true } });
+      others.push(mdx);
+      const w2 = await cloudrunWorker({ service_url: ex.url, metadata_url: mdx.url, audience: AUD });
+      const r2 = await run({ code: "print('must not run')" });
+      assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
+      assert.match(r2.result.error, /refused the worker's ID token \(HTTP 401\)/, show(r2.result));
+      assert.equal(mdx.hits, 2, "a fresh token was tried once");
+      await w2.stop();
+      assert.ok(ex.lines().some((l) => l.event === "auth.refused" && /intruder@/.test(l.reason)));
+      for (const t of [...mdg.tokens, ...mdx.tokens]) assert.ok(!ex.logText().includes(t.split(".")[2]), "a token appears in the executor's log");
+    } finally {
+      await ex.cleanup();
+    }
+  });
+
+  test("executor.auth: the key set is read again when its file changes, and on SIGHUP", async () => {
+    const k = authSetup();
+    const dir = mkdtempSync(join(tmpdir(), "ci-jwks-rot-"));
+    const file = join(dir, "certs.json");
+    writeFileSync(file, k.jwks1);
+    const ex = await startExecutor({ executor: authConfig({ jwks_file: file }) });
+    const call = async (key, kid) => {
+      const r = await postJson(ex.url, { taskId: `rot-${Date.now()}`, code: "print(1)" }, { Authorization: `Bearer ${signJwt(claims(), { privateKey: key.privateKey, kid })}` });
+      await r.arrayBuffer();
+      return r.status;
+    };
+    try {
+      assert.equal(await call(k.k1, "itest-1"), 200);
+      assert.equal(await call(k.k2, "itest-2"), 401, "a key not in the set yet");
+      writeFileSync(file, k.jwks2);
+      let status = 0;
+      for (const deadline = Date.now() + 10000; status !== 200 && Date.now() < deadline; await sleep(100)) status = await call(k.k2, "itest-2");
+      assert.equal(status, 200, "the rotated key is accepted once the file changed");
+      assert.equal(await call(k.k1, "itest-1"), 401, "the key that left the set is refused");
+
+      // SIGHUP: a bad file is reported and the keys in use stay.
+      writeFileSync(file, "{not json");
+      ex.signal("SIGHUP");
+      for (const deadline = Date.now() + 10000; !ex.lines().some((l) => l.event === "auth.reload_failed"); await sleep(50))
+        if (Date.now() > deadline) assert.fail(`no auth.reload_failed after SIGHUP:\n${ex.logText()}`);
+      assert.equal(await call(k.k2, "itest-2"), 200, "the old keys stay after a bad reload");
+      writeFileSync(file, k.jwks1);
+      ex.signal("SIGHUP");
+      for (const deadline = Date.now() + 10000; !ex.lines().some((l) => l.event === "auth.reloaded"); await sleep(50))
+        if (Date.now() > deadline) assert.fail(`no auth.reloaded after SIGHUP:\n${ex.logText()}`);
+      assert.equal(ex.lines().find((l) => l.event === "auth.reloaded").keys, 2);
+      assert.equal(await call(k.k1, "itest-1"), 200);
+      assert.equal(ex.exited(), null, "SIGHUP does not stop it");
+    } finally {
+      await ex.cleanup();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("executor.auth must be chosen: without it, or without what google-id-token needs, the executor refuses to start", async () => {
+    const k = authSetup();
+    const cases = [
+      [{}, /executor\.auth is not set: choose google-id-token .* or none/],
+      [authConfig({ audience: "" }), /executor\.audience is empty/],
+      [authConfig({ jwks_file: join(k.dir, "missing.json") }), /executor\.jwks_file: cannot open/],
+      [authConfig({ allowed_emails: "" }), /executor\.allowed_emails is empty/],
+      [authConfig({ allowed_emails: "not-an-email" }), /'not-an-email' is not an email address/],
+    ];
+    for (const [executor, re] of cases) {
+      const r = await runExecutorToExit({ executor, timeoutMs: 20000 });
+      assert.equal(r.code, 2, r.text);
+      assert.match(r.lines.find((l) => l.event === "executor.refused")?.error ?? r.text, re);
     }
   });
 

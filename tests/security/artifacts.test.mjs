@@ -50,6 +50,17 @@ async function assertNoObjects(taskId, names) {
 
 const REAL = "real,csv\n1,2\n";
 
+// The names of the objects stored under taskId/, from the bucket's stream.
+async function storedNames(taskId) {
+  const prefix = "$O.ci-files.M.";
+  const si = await b.client.jsm.streams.info("OBJ_ci-files", { subjects_filter: `${prefix}>` });
+  return Object.keys(si.state.subjects ?? {})
+    .map((s) => Buffer.from(s.slice(prefix.length), "base64url").toString("utf8"))
+    .filter((n) => n.startsWith(`${taskId}/`))
+    .map((n) => n.slice(taskId.length + 1))
+    .sort();
+}
+
 describe("artifacts", { concurrency: 3 }, () => {
   b.attack("symlinks to /etc/passwd, /etc/shadow, the worker config, /proc and a PNG, and directory symlinks to / and /etc, bring nothing back", async () => {
     const code = `
@@ -223,6 +234,45 @@ report(made=made)
     }
     assert.ok(!r.artifacts.some((a) => a.name.endsWith("bottom.csv")), "the walk has a depth limit");
     assert.ok(r.artifacts.some((a) => a.name === "real.csv"), `the walk still works: ${show(r.artifacts)}`);
+  });
+
+  b.attack("names with a bidi override, zero-width, BOM, tag, soft hyphen or line separator do not come back; a note names them escaped", async () => {
+    // "x\u202egnp.csv" shows as "xvsc.png"; "a\u200b.csv" looks like "a.csv".
+    const code = String.raw`
+import os
+png = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+for n in ("report\u202egnp.csv", "a\u200b.csv", "\ufeffbom.csv", "x\u2028y.csv", "soft\u00adhyphen.csv",
+          "tag\U000e0041.csv", "arabic\u0600.csv", "hiero\U0001343f.csv"):
+    with open(n, "w") as f:
+        f.write("x,y\n")
+with open("img\u2066.png", "wb") as f:
+    f.write(png)
+os.makedirs("dir\u200d")
+with open("dir\u200d/inner.csv", "w") as f:
+    f.write("in,dir\n")
+with open("caf\u00e9 \u4e2d.csv", "w") as f:
+    f.write("fine,name\n")
+with open("real.csv", "w") as f:
+    f.write("real,csv\n1,2\n")
+report(made=sorted(os.listdir(".")))
+`;
+    const { taskId, result: r, report: rep } = await b.run(code);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.ok(rep.made.includes("report\u202egnp.csv"), `the files were made: ${JSON.stringify(rep.made)}`);
+    assert.deepEqual(r.artifacts.map((a) => a.name).sort(), ["caf\u00e9 \u4e2d.csv", "real.csv"], show(r.artifacts));
+    const hidden = /[\u00ad\u0600-\u0605\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]|\u{e0041}|\u{1343f}/u;
+    for (const a of r.artifacts) assert.doesNotMatch(a.name, hidden);
+    // The object store holds the task's two artifacts and nothing else (the
+    // JS client cannot look up names beyond Latin-1: read the metadata
+    // subjects, $O.<bucket>.M.<base64url of the name>, instead).
+    assert.deepEqual(await storedNames(taskId), ["caf\u00e9 \u4e2d.csv", "real.csv"]);
+    // The agent learns what was skipped, and the note itself holds only text.
+    assert.ok(!hidden.test(r.error), `the note quotes the names escaped: ${JSON.stringify(r.error)}`);
+    assert.match(r.error, /'arabic\\u0600\.csv' \(U\+0600\)/, JSON.stringify(r.error));
+    assert.match(r.error, /'dir\\u200d' \(U\+200D\)/, JSON.stringify(r.error));
+    assert.match(r.error, /'hiero\\U0001343f\.csv' \(U\+1343F\)/, JSON.stringify(r.error));
+    assert.match(r.error, /'a\\u200b\.csv' \(U\+200B\)/, JSON.stringify(r.error));
+    assert.match(r.error, /and others were skipped: artifact names must be UTF-8 without control or format characters/, JSON.stringify(r.error));
   });
 
   b.attack("an artifact path of 2 KB and 990 small artifacts: refused or stored, without a stall", async () => {

@@ -1,8 +1,10 @@
 // Attack battery: input file names. A name that is a path, a dot name, or
 // holds a NUL, a newline or a control character, or is 300 bytes long, is
-// refused before anything is opened: the task is FAILED with an error that
-// says what is wrong with the name, the code never runs (no RUNNING event,
-// no exit code, no output), and nothing is created on the host.
+// refused before anything is opened, and so is one with a character that is
+// invisible or reorders text (U+202E, U+200B, U+FEFF, U+2028, tags): the
+// task is FAILED with an error that says what is wrong with the name, the
+// code never runs (no RUNNING event, no exit code, no output), and nothing
+// is created on the host.
 import { describe } from "node:test";
 import { existsSync, readdirSync } from "node:fs";
 
@@ -42,6 +44,14 @@ const cases = [
   ["a backslash", (x) => `..\\${x}`, [/input/i, /path/i]],
   ["an empty name", () => "", [/input file 1 has no name/i]],
   [".hidden", (x) => `.${x}`, [/input/i, /start with '\.'/]],
+  // Invisible or reordering characters: the error names the one it found.
+  ["a bidi override U+202E", (x) => `${x}\u202egnp.csv`, [/input/i, /U\+202E/, /control or format character/]],
+  ["a bidi override U+202E (JSON)", (x) => `${x}\u202egnp.csv`, [/input/i, /U\+202E/], "json"],
+  ["a zero-width space U+200B", (x) => `${x}\u200b.csv`, [/input/i, /U\+200B/]],
+  ["a BOM U+FEFF", (x) => `\ufeff${x}.csv`, [/input/i, /U\+FEFF/]],
+  ["a line separator U+2028", (x) => `${x}\u2028.csv`, [/input/i, /U\+2028/]],
+  ["a tag character U+E0041", (x) => `${x}\u{e0041}.csv`, [/input/i, /U\+E0041/]],
+  ["a C1 control U+009B", (x) => `${x}\u009b2J.csv`, [/input/i, /U\+009B/]],
 ];
 
 describe("input_names", { concurrency: 8 }, () => {
@@ -64,7 +74,7 @@ describe("input_names", { concurrency: 8 }, () => {
         assert.doesNotMatch(JSON.stringify(raw), /RAN /);
         assert.deepEqual(r.artifacts, []);
         // Control characters of the name never reach the agent raw.
-        assert.doesNotMatch(r.error, /[\0\n\x1b]/, "the error quotes the name safely");
+        assert.doesNotMatch(r.error, /[\0\n\x1b\u0080-\u009f\u200b-\u200f\u2028-\u202e\ufeff]|\u{e0041}/u, "the error quotes the name safely");
         const evs = await b.client.events(taskId);
         assert.deepEqual(evs.map((e) => e.event.status), ["TASK_STATUS_FAILED"], "no RUNNING: refused before the sandbox");
         assert.deepEqual(hostHasAnything(x), [], "something was created on the host");

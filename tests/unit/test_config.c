@@ -138,11 +138,16 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK_STR(c->cloudrun.token_file, "");
     CHECK(c->cloudrun.token_refresh_margin_s == 300);
     CHECK(c->cloudrun.timeout_margin_ms == 30000);
-    CHECK(c->cloudrun.max_attempts == 5);
+    CHECK(c->cloudrun.max_attempts == 0);
     CHECK(c->cloudrun.backoff_initial_ms == 200);
     CHECK(c->cloudrun.backoff_max_ms == 5000);
     CHECK_STR(c->cloudrun.ca_file, "");
     CHECK(c->cloudrun.connect_timeout_ms == 5000);
+    CHECK(c->executor.auth == CI_AUTH_UNSET);
+    CHECK_STR(c->executor.audience, "");
+    CHECK_STR(c->executor.jwks_file, "");
+    CHECK_STR(c->executor.allowed_emails, "");
+    CHECK(c->executor.clock_skew_s == 60);
 }
 
 static void test_empty_file_gives_defaults(void)
@@ -272,7 +277,9 @@ static void test_values_are_read(void)
                        "  isolation: required\n"
                        "  sandbox_uid: 4294967294\n"
                        "  python: |-\n"
-                       "    /opt/py/bin/python3\n",
+                       "    /opt/py/bin/python3\n"
+                       "cloudrun:\n"
+                       "  service_url: https://ci-executor-abc123-ew.a.run.app\n",
                        &cfg, &err);
     if (s)
         fprintf(stderr, "  %s\n", err.msg);
@@ -292,6 +299,7 @@ static void test_values_are_read(void)
     CHECK(cfg->local.isolation == CI_ISOLATION_REQUIRED);
     CHECK(cfg->local.sandbox_uid == 4294967294u);
     CHECK_STR(cfg->local.python, "/opt/py/bin/python3");
+    CHECK_STR(cfg->cloudrun.service_url, "https://ci-executor-abc123-ew.a.run.app");
     CHECK(cfg->limits.max_timeout_ms == 60000); /* untouched keys keep defaults */
     ci_config_free(cfg);
 
@@ -299,6 +307,18 @@ static void test_values_are_read(void)
             CI_OK);
     CHECK(cfg->jetstream.file_storage == false);
     CHECK(cfg->local.isolation == CI_ISOLATION_NONE);
+    ci_config_free(cfg);
+
+    REQUIRE(load("executor:\n  auth: google-id-token\n  audience: https://x.run.app\n"
+                 "  allowed_emails: a@b.iam.gserviceaccount.com\n  clock_skew_s: 0\n",
+                 &cfg, &err) == CI_OK);
+    CHECK(cfg->executor.auth == CI_AUTH_GOOGLE_ID_TOKEN);
+    CHECK_STR(cfg->executor.audience, "https://x.run.app");
+    CHECK_STR(cfg->executor.allowed_emails, "a@b.iam.gserviceaccount.com");
+    CHECK(cfg->executor.clock_skew_s == 0);
+    ci_config_free(cfg);
+    REQUIRE(load("executor:\n  auth: none\n", &cfg, &err) == CI_OK);
+    CHECK(cfg->executor.auth == CI_AUTH_NONE);
     ci_config_free(cfg);
 }
 
@@ -401,6 +421,10 @@ static void test_string_errors(void)
     static const struct error_case cases[] = {
         {"worker:\n  provider: docker\n",
          "worker.yaml:2: key 'worker.provider': expected one of local, cloudrun"},
+        {"executor:\n  auth: iam\n",
+         "worker.yaml:2: key 'executor.auth': expected one of unset, none, google-id-token"},
+        {"executor:\n  clock_skew_s: 301\n",
+         "worker.yaml:2: key 'executor.clock_skew_s': 301 is above the maximum 300"},
         {"worker:\n  log_level: trace\n",
          "worker.yaml:2: key 'worker.log_level': expected one of debug, info, warn, error"},
         {"nats:\n  name: \"\"\n", "worker.yaml:2: key 'nats.name': must not be empty"},
@@ -469,10 +493,10 @@ static void test_document_errors(void)
         {"nats: {}\n\xff\n", "worker.yaml:2: YAML syntax error: invalid leading UTF-8 octet"},
         {"hello\n",
          "worker.yaml:1: expected a mapping with the sections nats, jetstream, worker, limits, "
-         "local, cloudrun"},
+         "local, cloudrun, executor"},
         {"- nats\n",
          "worker.yaml:1: expected a mapping with the sections nats, jetstream, worker, limits, "
-         "local, cloudrun"},
+         "local, cloudrun, executor"},
         {"nats: {}\n---\nlimits: {}\n", "worker.yaml:2: only one YAML document is allowed"},
     };
     check_errors(cases, sizeof(cases) / sizeof(cases[0]));
@@ -531,6 +555,160 @@ static void test_cross_field_rules(void)
     s = load("limits:\n  default_timeout_ms: 3600000\n  max_timeout_ms: 3600000\n", &cfg, &err);
     CHECK(s == CI_OK);
     ci_config_free(cfg);
+}
+
+/* Loads text that must load; says why when it does not. */
+static void load_ok(const char *text)
+{
+    struct ci_config *cfg = NULL;
+    struct ci_error err = {{0}};
+    ci_status s = load(text, &cfg, &err);
+    if (s)
+        fprintf(stderr, "  refused: %s\n%s", err.msg, text);
+    CHECK(s == CI_OK);
+    ci_config_free(cfg);
+}
+
+/* cloudrun.service_url: https anywhere, plain http only to loopback (the
+ * ID token is a bearer credential), a base URL without user, query or
+ * fragment; checked whenever it is set. */
+static void test_cloudrun_service_url(void)
+{
+    unsetenv("CI_NATS_URL");
+    static const char *const good[] = {
+        "https://ci-executor-abc123-ew.a.run.app",
+        "https://ci-executor-abc123-ew.a.run.app/",
+        "https://executor.internal:8443/ci/v1",
+        "'https://[2001:db8::1]:8443/x'",
+        "https://10.0.0.5",
+        "http://127.0.0.1:8080",
+        "http://127.200.3.4",
+        "http://localhost:9000/",
+        "http://LOCALHOST",
+        "'http://[::1]:8080'",
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        char text[256];
+        snprintf(text, sizeof(text), "cloudrun:\n  service_url: %s\n", good[i]);
+        load_ok(text);
+    }
+    static const char *const clear[] = {
+        "http://10.0.0.5:8080",         "http://ci-executor.example.com",
+        "http://128.0.0.1",             "http://127.0.0.1.nip.io",
+        "http://localhost.example.com", "'http://[::2]:80'",
+        "'http://[::ffff:10.0.0.1]'",   "http://0x7f000001",
+        "http://2130706433",
+    };
+    for (size_t i = 0; i < sizeof(clear) / sizeof(clear[0]); i++) {
+        char text[256], want[512];
+        snprintf(text, sizeof(text), "worker:\n  provider: cloudrun\ncloudrun:\n  service_url: %s\n",
+                 clear[i]);
+        const char *url = clear[i][0] == '\'' ? clear[i] + 1 : clear[i];
+        size_t ulen = strlen(url) - (clear[i][0] == '\'' ? 1 : 0);
+        snprintf(want, sizeof(want),
+                 "worker.yaml:4: key 'cloudrun.service_url': http:// would send the worker's ID "
+                 "token unencrypted; it is allowed only to a loopback host (127.0.0.0/8, [::1], "
+                 "localhost): use https://, got '%.*s'",
+                 (int)ulen, url);
+        const char *got = load_error(text);
+        if (strcmp(got, want) != 0)
+            fprintf(stderr, "  case %zu:\n%s", i, text);
+        CHECK_STR(got, want);
+    }
+    static const char *const malformed[] = {
+        "ftp://x.example.com", "https://",          "executor.example.com",
+        "https://user:pw@x.example.com", "https://x.example.com/execute?a=1",
+        "https://x.example.com/#frag",   "'https://x.example.com/a b'",
+        "https://x.example.com:0",       "https://x.example.com:65536",
+        "'https://x.example.com:'",      "'https://[zz]:80'",
+        "HTTPS://x.example.com",         "https://x.example.com\\\\a",
+    };
+    for (size_t i = 0; i < sizeof(malformed) / sizeof(malformed[0]); i++) {
+        char text[256];
+        snprintf(text, sizeof(text), "cloudrun:\n  service_url: %s\n", malformed[i]);
+        const char *got = load_error(text);
+        if (!strstr(got, "worker.yaml:2: key 'cloudrun.service_url': expected the executor "
+                         "service's base URL, https://host[:port][/path] without user, query or "
+                         "fragment, got '"))
+            fprintf(stderr, "  case %zu: %s\n", i, got);
+        CHECK_CONTAINS(got, "worker.yaml:2: key 'cloudrun.service_url': expected the executor "
+                            "service's base URL");
+    }
+    /* Required with the cloudrun provider: said at load, not by every task. */
+    static const struct error_case cases[] = {
+        {"worker:\n  provider: cloudrun\n",
+         "worker.yaml:2: key 'worker.provider': cloudrun.service_url must be the executor "
+         "service's URL (https://...) when worker.provider is cloudrun"},
+        {"worker:\n  provider: cloudrun\ncloudrun:\n  audience: x\n  service_url: \"\"\n",
+         "worker.yaml:5: key 'cloudrun.service_url': must be the executor service's URL "
+         "(https://...) when worker.provider is cloudrun"},
+    };
+    check_errors(cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+#define PEM "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----\n"
+
+/* cloudrun.ca_file, with the cloudrun provider: a PEM bundle that can be
+ * read, or the load fails naming the file (not every task at run time). */
+static void test_cloudrun_ca_file(void)
+{
+    unsetenv("CI_NATS_URL");
+    char dir[128], ca[160], text[512];
+    snprintf(dir, sizeof(dir), "%s/ca", tmpdir);
+    REQUIRE(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    const char *head = "worker:\n  provider: cloudrun\ncloudrun:\n"
+                       "  service_url: https://x.a.run.app\n  ca_file: ";
+
+    snprintf(ca, sizeof(ca), "%s/missing.pem", dir);
+    snprintf(text, sizeof(text), "%s%s\n", head, ca);
+    const char *got = load_error(text);
+    CHECK_CONTAINS(got, "worker.yaml:5: key 'cloudrun.ca_file': cannot read the CA bundle '");
+    CHECK_CONTAINS(got, "missing.pem': No such file or directory");
+
+    snprintf(text, sizeof(text), "%s%s\n", head, dir);
+    CHECK_CONTAINS(load_error(text), "worker.yaml:5: key 'cloudrun.ca_file': the CA bundle '");
+    CHECK_CONTAINS(load_error(text), "/ca' is not a regular file");
+
+    snprintf(ca, sizeof(ca), "%s/der.crt", dir);
+    FILE *f = fopen(ca, "w");
+    REQUIRE(f);
+    fputs("0\x82\x01\xb3 not PEM at all", f);
+    fclose(f);
+    snprintf(text, sizeof(text), "%s%s\n", head, ca);
+    CHECK_CONTAINS(load_error(text), "der.crt' holds no PEM certificate (-----BEGIN CERTIFICATE");
+    f = fopen(ca, "w");
+    REQUIRE(f);
+    fputs("-----BEGIN CERTIFICATE-----\nMIIB\n", f); /* cut short */
+    fclose(f);
+    CHECK_CONTAINS(load_error(text), "der.crt' holds no PEM certificate");
+
+    if (geteuid() != 0) { /* root reads a mode-0 file anyway */
+        snprintf(ca, sizeof(ca), "%s/closed.pem", dir);
+        f = fopen(ca, "w");
+        REQUIRE(f);
+        fputs(PEM, f);
+        fclose(f);
+        chmod(ca, 0);
+        snprintf(text, sizeof(text), "%s%s\n", head, ca);
+        CHECK_CONTAINS(load_error(text), "closed.pem': Permission denied");
+        unlink(ca);
+    }
+
+    snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
+    f = fopen(ca, "w");
+    REQUIRE(f);
+    fputs("# a comment\n" PEM PEM, f);
+    fclose(f);
+    snprintf(text, sizeof(text), "%s%s\n", head, ca);
+    load_ok(text);
+    /* The local provider does not use it: not checked. */
+    snprintf(text, sizeof(text), "cloudrun:\n  ca_file: %s/missing.pem\n", dir);
+    load_ok(text);
+
+    unlink(ca);
+    snprintf(ca, sizeof(ca), "%s/der.crt", dir);
+    unlink(ca);
+    rmdir(dir);
 }
 
 static void test_file_errors(void)
@@ -706,6 +884,8 @@ static const struct t_case cases[] = {
     T(test_string_errors),
     T(test_document_errors),
     T(test_cross_field_rules),
+    T(test_cloudrun_service_url),
+    T(test_cloudrun_ca_file),
     T(test_file_errors),
     T(test_parse_from_memory),
     T(test_env_overrides_url),

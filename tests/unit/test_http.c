@@ -1,9 +1,12 @@
 /* test_http.c - the pieces of the cloudrun provider that are pure functions
  * (JWT exp, backoff, retryable statuses, URL encoding, token characters),
- * ID tokens from a file (re-read when it changes), and the HTTP client's
- * errors against a loopback port where nothing listens. */
+ * ID tokens from a file (re-read when it changes), the HTTP client's errors
+ * against a loopback port where nothing listens, and whether a request was
+ * sent (a small loopback server that closes connections on cue). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -148,8 +151,11 @@ static void test_backoff(void)
 
 static void test_retryable(void)
 {
-    static const long yes[] = {408, 409, 429, 500, 502, 503, 504, 599};
-    static const long no[] = {200, 204, 301, 400, 401, 403, 404, 405, 413, 415, 422, 600};
+    /* Only answers that say the request was not run: a 500 or 504 may come
+     * after the code ran, and the executor would run it again. */
+    static const long yes[] = {408, 409, 429, 502, 503};
+    static const long no[] = {200, 204, 301, 400, 401, 403, 404, 405, 413, 415, 422,
+                              500, 501, 504, 599, 600};
     for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
         CHECK(ci_http_status_retryable(yes[i]));
     for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
@@ -271,7 +277,11 @@ static void test_http_errors(void)
     struct ci_http_response resp;
     memset(&resp, 0x5a, sizeof(resp));
     struct ci_error err = {{0}};
+    bool sent = true;
+    req.ret_sent = &sent;
     CHECK(ci_http_do(http, &req, &resp, &err) == CI_ERR_HTTP);
+    CHECK(!sent); /* refused: the request never left */
+    req.ret_sent = NULL;
     CHECK(resp.status == 0x5a5a5a5a5a5a5a5aL); /* not written on failure */
     CHECK_CONTAINS(err.msg, "POST http://127.0.0.1:");
     CHECK(!strstr(err.msg, "do-not-show-me"));
@@ -287,6 +297,131 @@ static void test_http_errors(void)
     ci_http_free(NULL);
 }
 
+/* A loopback HTTP/1.1 server for one test: it reads each request (headers
+ * and a Content-Length body) and, by the script's letter for that request,
+ * answers 200 and keeps the connection ('A') or closes it without a word
+ * ('C'). It counts the requests it read. */
+struct script_server {
+    int lfd;
+    uint16_t port;
+    const char *script;
+    atomic_int requests;
+    atomic_bool stop;
+    pthread_t thread;
+};
+
+/* Reads one request from fd; false at EOF or on error. */
+static bool read_request(int fd)
+{
+    char buf[8192];
+    size_t len = 0;
+    for (;;) {
+        char *end = len ? memmem(buf, len, "\r\n\r\n", 4) : NULL;
+        if (end) {
+            size_t head = (size_t)(end - buf) + 4, body = 0;
+            const char *cl = memmem(buf, head, "Content-Length: ", 16);
+            if (cl)
+                body = strtoul(cl + 16, NULL, 10);
+            while (len < head + body && len < sizeof(buf)) {
+                ssize_t n = read(fd, buf + len, sizeof(buf) - len);
+                if (n <= 0)
+                    return false;
+                len += (size_t)n;
+            }
+            return true;
+        }
+        if (len == sizeof(buf))
+            return false;
+        ssize_t n = read(fd, buf + len, sizeof(buf) - len);
+        if (n <= 0)
+            return false;
+        len += (size_t)n;
+    }
+}
+
+static void *script_main(void *arg)
+{
+    struct script_server *sv = arg;
+    while (!atomic_load(&sv->stop)) {
+        int fd = accept4(sv->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            break;
+        while (read_request(fd)) {
+            int i = atomic_fetch_add(&sv->requests, 1);
+            char step = sv->script[i] ? sv->script[i] : 'C';
+            if (step != 'A')
+                break;
+            static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+            if (write(fd, ok, sizeof(ok) - 1) != (ssize_t)sizeof(ok) - 1)
+                break;
+        }
+        close(fd);
+    }
+    return NULL;
+}
+
+static bool script_start(struct script_server *sv, const char *script)
+{
+    memset(sv, 0, sizeof(*sv));
+    sv->script = script;
+    sv->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof(a);
+    if (sv->lfd < 0 || bind(sv->lfd, (struct sockaddr *)&a, sizeof(a)) < 0 ||
+        listen(sv->lfd, 8) < 0 || getsockname(sv->lfd, (struct sockaddr *)&a, &alen) < 0)
+        return false;
+    sv->port = ntohs(a.sin_port);
+    return pthread_create(&sv->thread, NULL, script_main, sv) == 0;
+}
+
+static void script_stop(struct script_server *sv)
+{
+    atomic_store(&sv->stop, true);
+    shutdown(sv->lfd, SHUT_RDWR); /* wakes accept() */
+    pthread_join(sv->thread, NULL);
+    close(sv->lfd);
+}
+
+/* ret_sent tells a request that left from one that never did, and a
+ * no_resend request is not sent a second time by libcurl itself when the
+ * connection it reused closes without an answer (the server may have run
+ * it). Without no_resend libcurl does send it again: the server sees it. */
+static void test_http_sent_once(void)
+{
+    for (int no_resend = 1; no_resend >= 0; no_resend--) {
+        struct script_server sv;
+        REQUIRE(script_start(&sv, "ACC"));
+        struct ci_http *http = NULL;
+        struct ci_http_options ho = {.connect_timeout_ms = 2000, .max_idle = 1};
+        REQUIRE(ci_http_new(&ho, &http, NULL) == CI_OK);
+        char url[128];
+        snprintf(url, sizeof(url), "http://127.0.0.1:%u/execute", sv.port);
+        bool sent = false;
+        struct ci_http_request req = {.method = "POST", .url = url,
+                                      .body = (const uint8_t *)"task", .body_len = 4,
+                                      .timeout_ms = 10000, .max_response_bytes = 1024,
+                                      .no_resend = no_resend, .ret_sent = &sent};
+        struct ci_http_response resp;
+        struct ci_error err = {{0}};
+        /* The first opens the connection the second reuses. */
+        REQUIRE(ci_http_do(http, &req, &resp, &err) == CI_OK);
+        CHECK(resp.status == 200);
+        CHECK(sent);
+        ci_http_response_release(&resp);
+        sent = false;
+        CHECK(ci_http_do(http, &req, &resp, &err) == CI_ERR_HTTP);
+        CHECK(sent);
+        if (no_resend) {
+            CHECK(atomic_load(&sv.requests) == 2);
+            CHECK_CONTAINS(err.msg, "closed without an answer after the request was sent");
+        } else {
+            CHECK(atomic_load(&sv.requests) == 3); /* libcurl's own retry */
+        }
+        ci_http_free(http);
+        script_stop(&sv);
+    }
+}
+
 static const struct t_case cases[] = {
     T(test_jwt_exp),
     T(test_backoff),
@@ -294,6 +429,7 @@ static const struct t_case cases[] = {
     T(test_urlencode_and_token_chars),
     T(test_token_file),
     T(test_http_errors),
+    T(test_http_sent_once),
 };
 
 int main(int argc, char **argv) { return t_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0])); }

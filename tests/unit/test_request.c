@@ -96,6 +96,9 @@ static void test_input_name(void)
     CHECK(!ci_input_name_valid("a\0b", 3)); /* the NUL is seen through len */
     CHECK(!ci_input_name_valid("caf\xc3\xa9", 5));
     CHECK(!ci_input_name_valid("a\nb", 3));
+    CHECK(!ci_input_name_valid("x\xe2\x80\xaegnp.csv", 10)); /* U+202E */
+    CHECK(!ci_input_name_valid("a\xe2\x80\x8b", 4));         /* U+200B */
+    CHECK(!ci_input_name_valid("a\xff", 2));
     char name[130];
     memset(name, 'n', sizeof(name));
     CHECK(ci_input_name_valid(name, 128));
@@ -202,6 +205,20 @@ static void test_files(void)
     CHECK_REFUSED(OK_JSON ",\"files\":[{\"name\":\"caf\xc3\xa9.csv\",\"content\":\"QQ\"}]}",
                   "input name 'caf??.csv' is not allowed");
     CHECK_REFUSED(OK_JSON ",\"files\":[{\"content\":\"QQ\"}]}", "input file 1 has no name");
+    /* characters that are invisible or reorder text are named */
+    CHECK_REFUSED(OK_JSON ",\"files\":[{\"name\":\"x\\u202egnp.csv\",\"content\":\"QQ\"}]}",
+                  "input name 'x???gnp.csv' is not allowed: it holds U+202E, a control or format "
+                  "character");
+    CHECK_REFUSED(OK_JSON ",\"files\":[{\"name\":\"a\xe2\x80\x8b.csv\",\"content\":\"QQ\"}]}",
+                  "it holds U+200B,");
+    CHECK_REFUSED(OK_JSON ",\"files\":[{\"name\":\"\\ufeffa.csv\",\"content\":\"QQ\"}]}",
+                  "it holds U+FEFF,");
+    CHECK_REFUSED(OK_JSON ",\"files\":[{\"name\":\"a\\u2028.csv\",\"content\":\"QQ\"}]}",
+                  "it holds U+2028,");
+    CHECK_REFUSED(OK_JSON ",\"files\":[{\"name\":\"a\\udb40\\udc41.csv\",\"content\":\"QQ\"}]}",
+                  "it holds U+E0041,");
+    CHECK_REFUSED(OK_JSON ",\"files\":[{\"name\":\"a\\u001b[31m\",\"content\":\"QQ\"}]}",
+                  "input name 'a?[31m' is not allowed: it holds U+001B,");
     char js[512];
     char longname[140];
     memset(longname, 'a', 129);
@@ -236,6 +253,14 @@ static void test_files(void)
     ProtobufCMessage *msg = NULL;
     CHECK(ci_message_decode(CI_ENC_PROTOBUF, &ci__v1__execution_request__descriptor, nul_name,
                             sizeof(nul_name), &msg, &err) == CI_ERR_INVALID);
+    CHECK_CONTAINS(err.msg, "files[0].name");
+    CHECK(msg == NULL);
+
+    /* nor a name that is not UTF-8 (JSON cannot even carry one) */
+    static const uint8_t bad_name[] = {0x12, 0x06, 'p', 'y', 't', 'h', 'o', 'n', 0x1a, 0x01, 'x',
+                                       0x22, 0x07, 0x0a, 0x03, 'a', 0xff, 'b', 0x12, 0x00};
+    CHECK(ci_message_decode(CI_ENC_PROTOBUF, &ci__v1__execution_request__descriptor, bad_name,
+                            sizeof(bad_name), &msg, &err) == CI_ERR_INVALID);
     CHECK_CONTAINS(err.msg, "files[0].name");
     CHECK(msg == NULL);
 }

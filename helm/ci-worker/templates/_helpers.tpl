@@ -49,3 +49,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "keda.enabled needs keda.natsServerMonitoringEndpoint (host:port of the NATS monitoring endpoint), or nats.enabled" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The ServiceAccount the pods run as: serviceAccount.name, else the full
+name when the chart creates one, else the namespace's "default". */}}
+{{- define "ci-worker.serviceAccountName" -}}
+{{- if .Values.serviceAccount.name -}}
+{{- .Values.serviceAccount.name -}}
+{{- else if .Values.serviceAccount.create -}}
+{{- include "ci-worker.fullname" . -}}
+{{- else -}}
+default
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the workers send tasks to ci-executor (worker.provider
+cloudrun): they run no task code, so they get the runtime's default
+confinement instead of what the local sandbox needs. */}}
+{{- define "ci-worker.cloudrun" -}}
+{{- if eq (toString (dig "worker" "provider" "local" .Values.config)) "cloudrun" -}}
+true
+{{- end -}}
+{{- end -}}

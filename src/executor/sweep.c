@@ -1,0 +1,117 @@
+/* sweep.c - kills what a bare task left behind (see sweep.h).
+ *
+ * The children are found in /proc (each /proc/PID/stat names its parent):
+ * /proc/PID/task/TID/children is not offered everywhere (gVisor). */
+#include "executor/sweep.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/util.h"
+
+#define MAX_ROUND 4096 /* children killed per look at /proc */
+
+ci_status ci_sweep_init(struct ci_error *err)
+{
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+        return ci_error_errno(err, CI_ERR_SYS, errno,
+                              "cannot become the reaper of the tasks' orphans "
+                              "(PR_SET_CHILD_SUBREAPER)");
+    return CI_OK;
+}
+
+/* The parent of pid, from /proc/PID/stat ("pid (comm) state ppid ..."; the
+ * comm may hold spaces and parentheses: the last ')' ends it); -1 for a
+ * zombie, which needs reaping, not killing. */
+static pid_t parent_of(const char *pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%s/stat", pid);
+    CI_AUTOCLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    char *close_paren = strrchr(buf, ')');
+    if (!close_paren)
+        return -1;
+    char state;
+    int ppid;
+    if (sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2 || state == 'Z')
+        return -1;
+    return (pid_t)ppid;
+}
+
+/* Sends SIGKILL to every process whose parent is us; returns how many. */
+static unsigned kill_children(void)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    pid_t self = getpid();
+    unsigned n = 0;
+    struct dirent *e;
+    while (n < MAX_ROUND && (e = readdir(d)) != NULL) {
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        if (parent_of(e->d_name) != self)
+            continue;
+        pid_t pid = (pid_t)strtol(e->d_name, NULL, 10);
+        if (pid > 0 && kill(pid, SIGKILL) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Reaps every child that has exited; returns whether a child is left. */
+static bool reap(void)
+{
+    for (;;) {
+        pid_t r = waitpid(-1, NULL, WNOHANG | __WALL);
+        if (r > 0)
+            continue;
+        return r == 0; /* 0: children, none exited yet; -1 ECHILD: none */
+    }
+}
+
+unsigned ci_sweep_children(int timeout_ms, unsigned *ret_left)
+{
+    unsigned killed = 0;
+    int64_t deadline = ci_mono_ms() + timeout_ms;
+    /* Kill, reap, look again: a killed process's own children are handed
+     * to us when it dies. */
+    while (reap() && ci_mono_ms() < deadline) {
+        killed += kill_children();
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    unsigned left = 0;
+    if (reap()) {
+        DIR *d = opendir("/proc");
+        struct dirent *e;
+        pid_t self = getpid();
+        while (d && (e = readdir(d)) != NULL)
+            if (isdigit((unsigned char)e->d_name[0]) && parent_of(e->d_name) == self)
+                left++;
+        if (d)
+            closedir(d);
+    }
+    if (ret_left)
+        *ret_left = left;
+    return killed;
+}
