@@ -128,17 +128,22 @@ __attribute__((noreturn)) static void zygote_exec(const struct child_args *a)
     /* The zygote's own /workspace and /dev/shm would lie beneath every
      * task's: a task's mount namespace is a copy the kernel locks (no
      * unmount there may show what a mount covers), so they go now; the
-     * zygote writes to neither. /tmp stays (matplotlib reads its font list
-     * there at import, made before any task), and so does /proc (the
-     * zygote reads it): SECURITY.md. */
+     * zygote writes to neither. /tmp goes once its imports are done
+     * (matplotlib needs it writable then): ci-zygote's main. /proc stays:
+     * the kernel mounts a task's fresh /proc in a user namespace only where
+     * a whole proc is already visible. */
     static const char *const own[] = {"/workspace", "/dev/shm"};
     for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
         if (umount2(own[i], MNT_DETACH) != 0)
             child_fail(FD_SOCK, STEP_ZYGOTE_MOUNTS, 0, errno);
-    /* With task uids the zygote writes its spares' uid maps, which needs
-     * CAP_SETUID and CAP_SETGID in its namespace (ambient: they survive the
-     * exec). Its namespace maps only the sandbox's ids. */
-    uint64_t keep = a->task_uids ? (1ull << CAP_SETUID) | (1ull << CAP_SETGID) : 0;
+    /* The zygote keeps CAP_SYS_ADMIN in its namespace (ambient: it
+     * survives the exec) until its imports are done, to detach its own
+     * /tmp then (ci-zygote's main); with task uids it writes its spares'
+     * uid maps, which needs CAP_SETUID and CAP_SETGID there. Its namespace
+     * maps only the sandbox's ids. */
+    uint64_t keep = 1ull << CAP_SYS_ADMIN;
+    if (a->task_uids)
+        keep |= (1ull << CAP_SETUID) | (1ull << CAP_SETGID);
     enum step failed = child_drop_privileges(keep);
     if (failed)
         child_fail(FD_SOCK, failed, 0, errno);

@@ -1181,6 +1181,21 @@ __attribute__((noreturn)) static void serve(void)
     }
 }
 
+/* Our /tmp (matplotlib's cache dir, which its import needs writable)
+ * would lie beneath every task's: a task's mount namespace is a copy the
+ * kernel locks, where nothing could detach it. Our imports are done:
+ * detach it now and give up CAP_SYS_ADMIN, which our init left us for
+ * this only (init.c, zygote_exec). */
+static void detach_own_tmp(void)
+{
+    if (umount2("/tmp", MNT_DETACH) != 0)
+        fail(errno, "cannot detach the runtime's own /tmp");
+    uint64_t keep = z.uid_block ? (1ull << CAP_SETUID) | (1ull << CAP_SETGID) : 0;
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    if ((keep ? sys_capset_keep(keep) : sys_capset_zero()) != 0)
+        fail(errno, "cannot drop CAP_SYS_ADMIN");
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -1196,6 +1211,7 @@ int main(int argc, char **argv)
     python_start();
     check_fds();
     z.task_dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    detach_own_tmp();
     int threads = count_threads(z.task_dir);
     if (threads != 1)
         fail(EBUSY, "the runtime started %d threads; a zygote must have exactly one "
