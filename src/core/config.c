@@ -165,7 +165,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_STR("local.python", local.python, "/usr/bin/python3", CS_ABSPATH),
     KEY_U32("local.sandbox_uid", local.sandbox_uid, 65534, 1, 4294967294u),
     KEY_U32("local.sandbox_gid", local.sandbox_gid, 65534, 1, 4294967294u),
-    KEY_U32("local.task_uid_first", local.task_uid_first, 60000, 1, 4294967294u),
+    KEY_U32("local.task_uid_first", local.task_uid_first, 2000000000u, 1, 4294967294u),
     KEY_U32("local.task_uid_count", local.task_uid_count, 5000, 0, 1u << 24),
     KEY_U32("local.workspace_mb", local.workspace_mb, 256, 1, 65536),
     KEY_U32("local.tmp_mb", local.tmp_mb, 64, 1, 65536),
@@ -1149,6 +1149,15 @@ static ci_status check_task_uids(struct parser *p)
                     "the range %" PRIu64 "-%" PRIu64 " holds local.sandbox_uid (%u), the "
                     "sandbox's init: the tasks' uids must be others",
                     first, first + count - 1, c->local.sandbox_uid);
+    struct ci_task_uid_layout l;
+    ci_config_task_uid_layout(c, &l);
+    uint32_t need = c->local.mode == CI_MODE_WARM ? l.need_warm : l.cold;
+    if (count < need)
+        return fail(p, line, "local.task_uid_count",
+                    "%" PRIu64 " is too small: %u task slots%s need %u uids (0 runs every task "
+                    "as local.sandbox_uid)",
+                    count, l.cold,
+                    c->local.mode == CI_MODE_WARM ? " and the warm pool" : "", need);
     return CI_OK;
 }
 
@@ -1466,6 +1475,16 @@ void ci_config_dump(const struct ci_config *cfg, FILE *out)
         }
         fputc('\n', out);
     }
+}
+
+void ci_config_task_uid_layout(const struct ci_config *cfg, struct ci_task_uid_layout *ret)
+{
+    uint32_t slots = ci_config_slots(cfg);
+    uint32_t spares = cfg->local.warm_spares ? cfg->local.warm_spares : slots;
+    uint32_t pool = cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1;
+    ret->cold = slots;
+    ret->block = slots + spares + 2;
+    ret->need_warm = slots + (pool + 1) * ret->block;
 }
 
 uint32_t ci_config_slots(const struct ci_config *cfg)

@@ -94,7 +94,7 @@ struct ci_config {
         /* A worker that is root runs each task's code as a uid of its own
          * from this range (the kernel counts some resources per user), and
          * the sandbox's init as sandbox_uid. 0: every task as sandbox_uid. */
-        uint32_t task_uid_first; /* 60000 */
+        uint32_t task_uid_first; /* 2000000000 */
         uint32_t task_uid_count; /* 5000 */
         uint32_t workspace_mb; /* 256: tmpfs size of /workspace */
         uint32_t tmp_mb;       /* 64: tmpfs size of /tmp */
@@ -149,6 +149,15 @@ void ci_config_dump(const struct ci_config *cfg, FILE *out);
 /* Whether key ("worker.metrics_addr") was set in the file rather than
  * left to its default: a default may give way where a choice must not. */
 bool ci_config_was_set(const struct ci_config *cfg, const char *key);
+
+/* How the task uid range (local.task_uid_first, _count) is cut: one uid
+ * per task slot for cold runs, then a block per zygote - one uid per task
+ * or spare it holds at once. A zygote and its replacement live together
+ * while it rotates, so warm mode needs (warm_pool_size + 1) blocks. */
+struct ci_task_uid_layout {
+    uint32_t cold, block, need_warm;
+};
+void ci_config_task_uid_layout(const struct ci_config *cfg, struct ci_task_uid_layout *ret);
 
 /* Task slots of a worker: worker.concurrency, or the online CPUs when 0. */
 uint32_t ci_config_slots(const struct ci_config *cfg);

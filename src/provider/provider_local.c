@@ -343,6 +343,10 @@ ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider 
              strcmp(ci_sandbox_mode(sb), "warm") != 0)
         snprintf(err->msg, sizeof(err->msg), "warm mode is unavailable, tasks run cold: %.400s",
                  probe.warm_failure[0] ? probe.warm_failure : "the zygotes did not start");
+    else if (err && probe.task_uids_off)
+        snprintf(err->msg, sizeof(err->msg), "every task runs as local.sandbox_uid: the task "
+                 "uids (local.task_uid_first, task_uid_count) could not be used: %.380s",
+                 probe.task_uids_failure);
     else if (err)
         err->msg[0] = '\0';
     *ret = CI_STEAL(&p);

@@ -223,6 +223,6 @@ int child_limit_inotify(const char *instances, const char *watches)
 {
     if (child_write_file("/proc/sys/user/max_inotify_instances", instances, strlen(instances),
                          0) != 0)
-        return errno == ENOENT ? 0 : -1; /* a kernel before 4.9: no quota to set */
+        return -1;
     return child_write_file("/proc/sys/user/max_inotify_watches", watches, strlen(watches), 0);
 }

@@ -92,7 +92,8 @@ static inline bool child_is_stop_request(int sig, const siginfo_t *si)
 }
 
 /* Sets the sandbox's own inotify quota (its user namespace's sysctls,
- * under a mounted /proc; the caller still has its capabilities). */
+ * under a mounted /proc; the caller still has its capabilities); -1 with
+ * errno if it could not. */
 int child_limit_inotify(const char *instances, const char *watches);
 
 /* Adds what one reaped process used to a DONE message. */

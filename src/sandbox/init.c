@@ -239,9 +239,8 @@ __attribute__((noreturn)) void init_main(const struct child_args *a)
         child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
     if (a->zygote)
         zygote_exec(a);
-    if (sb->inotify_instances &&
-        child_limit_inotify(sb->inotify_instances, sb->inotify_watches) != 0)
-        child_fail(FD_SOCK, STEP_INOTIFY, 0, errno);
+    if (sb->inotify_instances) /* best effort: a /proc/sys that refuses costs no task */
+        (void)child_limit_inotify(sb->inotify_instances, sb->inotify_watches);
 
     /* The task process is forked before READY, so that the worker can set
      * its OOM score with privilege (pin_oom_score) before any code runs; it

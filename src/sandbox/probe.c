@@ -211,7 +211,7 @@ ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe 
     struct ci_error err = {{0}};
     if (all_required) {
         opts.with_proc = true;
-        for (int attempt = 0; attempt < 2; attempt++) {
+        for (int attempt = 0; attempt < 3; attempt++) {
             struct ci_sandbox *sb = NULL;
             ci_status s = sandbox_build(cfg, &opts, &sb, &err);
             if (s == CI_ERR_NOMEM) {
@@ -232,6 +232,14 @@ ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe 
             if (opts.with_proc && strstr(err.msg, "mount /proc")) {
                 opts.with_proc = false; /* again, without a fresh /proc */
                 snprintf(p.proc_failure, sizeof(p.proc_failure), "%.200s", err.msg);
+                continue;
+            }
+            /* The task uids (a range this machine may not map, or too
+             * small) must never cost the sandbox: again, with one uid. */
+            if (!opts.no_task_uids && geteuid() == 0 && cfg->local.task_uid_count) {
+                opts.no_task_uids = true;
+                p.task_uids_off = true;
+                snprintf(p.task_uids_failure, sizeof(p.task_uids_failure), "%.300s", err.msg);
                 continue;
             }
             snprintf(p.failure, sizeof(p.failure), "%s", err.msg);
@@ -313,6 +321,9 @@ void ci_sandbox_probe_print(const struct ci_sandbox_probe *p, FILE *out)
         fprintf(out, "proc: unavailable, the sandbox's /proc stays empty (%s)\n", p->proc_failure);
     else
         fprintf(out, "proc: not tried\n");
+    if (p->task_uids_off)
+        fprintf(out, "task uids: FAILED (%s) - every task runs as local.sandbox_uid\n",
+                p->task_uids_failure);
     fprintf(out, "root (tmpfs, read-only binds, pivot_root): %s\n", p->setup_ok ? "ok" : "FAILED");
     if (p->python_ok)
         fprintf(out, "python: ok\n");

@@ -180,13 +180,16 @@ static void plan_limits(struct child_args *a, const struct ci_sandbox *sb,
     set_limit(a, RLIMIT_MSGQUEUE, 1024, 1024);
     set_limit(a, RLIMIT_RTPRIO, 0, 0);
     set_limit(a, RLIMIT_STACK, 8 * MiB, 8 * MiB);
+    /* Queued signals are counted per user in each user namespace and again
+     * for the namespace's owner (us): with no limit of its own a task could
+     * queue up to ours and make every other task's sigqueue() fail. */
+    set_limit(a, RLIMIT_SIGPENDING, 256, 256);
+    set_limit(a, RLIMIT_LOCKS, 256, 256);
     if (!sb->ns) {
         /* Without namespaces, the rest too: no higher priority, no
-         * real-time time, few queued signals (counted per uid as well). */
+         * real-time time. */
         set_limit(a, RLIMIT_NICE, 0, 0);
         set_limit(a, RLIMIT_RTTIME, 0, 0);
-        set_limit(a, RLIMIT_SIGPENDING, 256, 256);
-        set_limit(a, RLIMIT_LOCKS, 256, 256);
     }
 }
 
@@ -553,8 +556,10 @@ static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_job *job,
             return ci_error_set(err, CI_ERR_LIMIT, "every task uid of the cold runs is taken "
                                 "(more runs at once than task slots)");
         run->task_uid = sb->uids.first + run->uid_slot;
-        snprintf(run->uid_map, sizeof(run->uid_map), "%d %u 1\n%d %u 1\n", SANDBOX_ID,
-                 (unsigned)run->task_uid, INIT_ID, (unsigned)sb->outside_uid);
+        int n = snprintf(run->uid_map, sizeof(run->uid_map), "%d %u 1\n%d %u 1\n", SANDBOX_ID,
+                         (unsigned)run->task_uid, INIT_ID, (unsigned)sb->outside_uid);
+        if (n <= 0 || (size_t)n >= sizeof(run->uid_map))
+            return ci_error_set(err, CI_ERR_SYS, "the task's uid map does not fit");
         uid_map = run->uid_map;
         run->args.task_uids = true;
     }

@@ -80,7 +80,7 @@ const char *ci_sandbox_isolation(const struct ci_sandbox *sb) { return sb->isola
  * owner of every sandbox's namespace (us, and our uid's other processes):
  * half of it split between the task slots, so that no task can take what
  * another task, or the host, needs. */
-static uint32_t inotify_share(const char *path, uint32_t slots)
+static uint32_t inotify_share(const char *path, uint32_t fallback, uint32_t slots)
 {
     char buf[32];
     unsigned long v = 0;
@@ -90,7 +90,7 @@ static uint32_t inotify_share(const char *path, uint32_t slots)
     if (f)
         fclose(f);
     if (v == 0 || v > 1u << 30)
-        v = 128; /* the kernel's default for instances: a safe guess for both */
+        v = fallback; /* unreadable, or INT_MAX (a user namespace's own): the kernel's default */
     unsigned long share = v / 2 / (slots ? slots : 1);
     return share ? (uint32_t)share : 1;
 }
@@ -152,7 +152,8 @@ ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
 
     ci_status s = CI_OK;
     if (sb->ns) {
-        s = uids_init(&sb->uids, cfg, root, cfg->local.mode == CI_MODE_WARM, err);
+        s = uids_init(&sb->uids, cfg, root && !o->no_task_uids, cfg->local.mode == CI_MODE_WARM,
+                      err);
         if (s) {
             struct ci_sandbox *tmp = CI_STEAL(&sb);
             ci_sandbox_free(tmp);
@@ -161,9 +162,9 @@ ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
         if (o->with_proc) {
             uint32_t slots = ci_config_slots(cfg);
             sb->inotify_instances = plan_str(
-                sb, "%u", inotify_share("/proc/sys/user/max_inotify_instances", slots));
+                sb, "%u", inotify_share("/proc/sys/user/max_inotify_instances", 128, slots));
             sb->inotify_watches = plan_str(
-                sb, "%u", inotify_share("/proc/sys/user/max_inotify_watches", slots));
+                sb, "%u", inotify_share("/proc/sys/user/max_inotify_watches", 8192, slots));
             if (!sb->inotify_instances || !sb->inotify_watches)
                 s = CI_ERR_NOMEM;
         }
@@ -214,7 +215,8 @@ ci_status ci_sandbox_new(const struct ci_config *cfg, const struct ci_sandbox_pr
                             probe->python_failure[0] ? probe->python_failure : probe->failure);
     if (cfg->local.require_cgroup && !probe->cgroup_version)
         return ci_error_set(err, CI_ERR_UNSUPPORTED, "%s", probe->failure);
-    struct build_opts opts = {.with_proc = probe->proc_ok, .with_seccomp = probe->seccomp_ok};
+    struct build_opts opts = {.with_proc = probe->proc_ok, .with_seccomp = probe->seccomp_ok,
+                              .no_task_uids = probe->task_uids_off};
     if (probe->sandboxed)
         for (int i = 0; i < CI_LAYER_COUNT; i++)
             if (probe->layer_ok[i])

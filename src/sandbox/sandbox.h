@@ -121,6 +121,10 @@ struct ci_sandbox_probe {
     bool warm_ok;
     int64_t warm_start_ms;  /* from the launch to that task's end */
     char warm_failure[480]; /* why not; "" when it worked or was not asked for */
+    /* Task uids (local.task_uid_*, root only) failed where one uid works:
+     * then every task runs as local.sandbox_uid. */
+    bool task_uids_off;
+    char task_uids_failure[320];
 };
 
 /* Tries every layer the sandbox needs (clone with each namespace, the uid

@@ -98,6 +98,7 @@ struct build_opts {
     bool with_proc;
     bool with_seccomp;
     struct ci_cgroup_root *cgroups; /* namespace mode only; the sandbox takes it on success */
+    bool no_task_uids; /* every task as local.sandbox_uid (the probe found task uids failing) */
 };
 
 /* What one run hands to its child: all prepared before the clone. */

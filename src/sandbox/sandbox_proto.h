@@ -65,7 +65,6 @@ enum step {
     STEP_HELLO,          /* the task's init sends pidfds of itself and the task */
     STEP_PYTHON,         /* the task could not call the driver */
     STEP_ZYGOTE_MOUNTS,  /* a zygote's init detaches its own /workspace and /dev/shm */
-    STEP_INOTIFY,        /* init sets the sandbox's inotify quota */
     STEP_COUNT,
 };
 
@@ -97,7 +96,6 @@ static const char *const step_names[STEP_COUNT] = {
     [STEP_HELLO] = "report the task's processes to the worker",
     [STEP_PYTHON] = "start the driver in the warm runtime",
     [STEP_ZYGOTE_MOUNTS] = "detach the warm runtime's own /workspace and /dev/shm",
-    [STEP_INOTIFY] = "set the sandbox's inotify quota in /proc/sys/user",
 };
 
 enum msg_type { MSG_READY = 1, MSG_FAILED, MSG_DONE, MSG_HELLO };
@@ -115,7 +113,8 @@ struct msg {
 /* --- the zygote --- */
 
 #define ZYGOTE_FD_REQ 4        /* the request socket in the zygote (its init's FD_SOCK) */
-#define ZYGOTE_PROTO_VERSION 3 /* 2: HELLO carries the task process's pidfd too; 3: spares */
+#define ZYGOTE_PROTO_VERSION 4 /* 2: HELLO carries the task process's pidfd too; 3: spares;
+                                * 4: task uids, inotify quota */
 #define ZYGOTE_MAX_OPS 16
 #define ZYGOTE_MAX_SPARES 16
 #define ZYGOTE_SETUP_MAX (4u << 20) /* bytes of one SETUP message, font list included */

@@ -30,24 +30,20 @@ ci_status uids_init(struct task_uids *u, const struct ci_config *cfg, bool root,
         u->block_pidfd[i] = -1;
     if (!root || cfg->local.task_uid_count == 0)
         return CI_OK;
-    uint32_t slots = ci_config_slots(cfg);
-    uint32_t spares = cfg->local.warm_spares ? cfg->local.warm_spares : slots;
-    uint32_t pool = cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1;
+    struct ci_task_uid_layout l;
+    ci_config_task_uid_layout(cfg, &l);
     u->first = cfg->local.task_uid_first;
     u->count = cfg->local.task_uid_count;
-    u->cold = slots;
-    u->block = slots + spares + 2;
+    u->cold = l.cold;
+    u->block = l.block;
     uint32_t rest = u->count > u->cold ? u->count - u->cold : 0;
     u->blocks = rest / u->block;
     if (u->blocks > UIDS_MAX_BLOCKS)
         u->blocks = UIDS_MAX_BLOCKS;
-    /* A zygote and its replacement live together while it rotates. */
-    uint32_t need = u->cold + (warm ? (pool + 1) * u->block : 0);
-    if (u->count < need)
-        return ci_error_set(err, CI_ERR_INVALID,
-                            "local.task_uid_count %u is too small: %u task slots%s need %u uids "
-                            "(or 0: every task as local.sandbox_uid)",
-                            u->count, slots, warm ? " and the warm pool" : "", need);
+    uint32_t need = warm ? l.need_warm : l.cold;
+    if (u->count < need) /* the config's check says it at load; a defence only */
+        return ci_error_set(err, CI_ERR_INVALID, "local.task_uid_count %u is too small: %u "
+                            "needed", u->count, need);
     u->cold_used = calloc(u->cold, 1);
     if (!u->cold_used)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
@@ -121,6 +117,12 @@ void uids_block_held_by(struct task_uids *u, int block, int pidfd)
 {
     if (block < 0 || (uint32_t)block >= u->blocks)
         return;
-    /* -1 (no zygote after all, or no fd to watch it by): free again. */
-    u->block_pidfd[block] = pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 3) : -1;
+    if (pidfd < 0) {
+        u->block_pidfd[block] = -1; /* no zygote after all: free again */
+        return;
+    }
+    int fd = fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
+    /* No fd to watch it by: the block stays taken for good (-2) rather than
+     * be handed to another zygote while this one lives. */
+    u->block_pidfd[block] = fd >= 0 ? fd : -2;
 }

@@ -158,10 +158,14 @@ static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_
         if (block < 0)
             return ci_error_set(err, CI_ERR_LIMIT, "no block of task uids is free for another "
                                 "zygote (local.task_uid_count)");
-        snprintf(block_map, sizeof(block_map), "%d %u 1\n%d %u %u\n", SANDBOX_ID,
-                 (unsigned)sb->outside_uid, TASK_IDS_INSIDE,
-                 sb->uids.first + sb->uids.cold + (unsigned)block * sb->uids.block,
-                 sb->uids.block);
+        int n = snprintf(block_map, sizeof(block_map), "%d %u 1\n%d %u %u\n", SANDBOX_ID,
+                         (unsigned)sb->outside_uid, TASK_IDS_INSIDE,
+                         sb->uids.first + sb->uids.cold + (unsigned)block * sb->uids.block,
+                         sb->uids.block);
+        if (n <= 0 || (size_t)n >= sizeof(block_map)) {
+            uids_block_held_by(&sb->uids, block, -1);
+            return ci_error_set(err, CI_ERR_SYS, "the zygote's uid map does not fit");
+        }
         uid_map = block_map;
         a.task_uids = true;
     }
@@ -226,12 +230,12 @@ static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_
     uids_block_held_by(&sb->uids, block, pidfd);
     return CI_OK;
 out:
-    uids_block_held_by(&sb->uids, block, -1);
     if (pid > 0) {
         kill(pid, SIGKILL);
         while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
             ;
     }
+    uids_block_held_by(&sb->uids, block, -1); /* its zygote is dead */
     close_fd(&pidfd);
     close_fd(&prog);
     close_fd(&null);
@@ -376,10 +380,17 @@ ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
         }
     }
     pin_oom_score(sb, task_pid);
-    /* The zygote chose the code's uid: the inputs are written as it. */
-    if (sb->uids.on && (run->task_uid = outside_uid_of(run->pid, SANDBOX_ID)) == (uid_t)-1) {
-        close(pfd[1]);
-        return ci_error_set(err, CI_ERR_SYS, "the task's uid could not be read from its init");
+    /* The zygote chose the code's uid: the inputs are written as it. It
+     * must be one of the zygotes' blocks (never init's, nor a cold run's),
+     * read while init is known to live (its pid cannot be another's). */
+    if (sb->uids.on) {
+        run->task_uid = outside_uid_of(run->pid, SANDBOX_ID);
+        uint32_t warm_first = sb->uids.first + sb->uids.cold;
+        if (warm_exited(run, 0) || run->task_uid == (uid_t)-1 || run->task_uid < warm_first ||
+            run->task_uid - warm_first >= sb->uids.blocks * sb->uids.block) {
+            close(pfd[1]);
+            return ci_error_set(err, CI_ERR_SYS, "the task's init has no task uid of the range");
+        }
     }
     /* Its warm-up ran at SCHED_IDLE: the task runs at the normal policy. */
     struct sched_param normal = {.sched_priority = 0};

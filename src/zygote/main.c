@@ -101,6 +101,7 @@ extern const size_t ci_driver_py_len;
 #define SETUP_TIMEOUT_MS 30000
 #define SPARE_FD 3 /* in a spare's init until its SPAWN: the socket to the zygote */
 #define WARM_UP_DELAY_MS 150 /* a spare idle this long starts to warm up */
+#define SPARE_MAP_TIMEOUT_MS 10000 /* longest wait for a new spare to ask for its maps */
 
 /* The task process to its init, last thing before the task's code runs:
  * the CPU time it spent before (its warm-up), and its keeper. */
@@ -621,9 +622,12 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
     int failed_err = 0, chan = -1;
     pid_t task = -1;
     if (z.uid_block) {
-        /* The zygote writes our maps (spare_make): a byte says done. We
-         * are INIT_ID from then on, as the zygote is, outside. */
-        if (!child_wait_byte(SPARE_FD))
+        /* The zygote writes our maps (spare_make): dumpable for that (our
+         * /proc files are then ours, which is its uid), we ask with a byte
+         * and a byte says done. We are INIT_ID from then on, as the zygote
+         * is, outside. */
+        prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+        if (send(SPARE_FD, "m", 1, MSG_NOSIGNAL) != 1 || !child_wait_byte(SPARE_FD))
             _exit(1);
         prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     } else if (write_own_maps() != 0) {
@@ -717,8 +721,8 @@ __attribute__((noreturn)) static void spare_init_main(int sock)
             child_fail(FD_SOCK, STEP_OP, (int)i, errno);
     if (sethostname("sandbox", 7) != 0 || setdomainname("sandbox", 7) != 0)
         child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
-    if (z.inotify[0][0] && child_limit_inotify(z.inotify[0], z.inotify[1]) != 0)
-        child_fail(FD_SOCK, STEP_INOTIFY, 0, errno);
+    if (z.inotify[0][0]) /* best effort, as in init.c */
+        (void)child_limit_inotify(z.inotify[0], z.inotify[1]);
     uint64_t keep = 0;
     if (z.uid_block) {
         if (sys_setresuid(INIT_ID) != 0)
@@ -1058,16 +1062,10 @@ static enum step spare_make(unsigned long *children)
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) != 0)
         return STEP_ZYGOTE_CLONE;
-    /* Dumpable for the clone, so that the child's /proc files are ours to
-     * write its maps to (it turns itself back once they are written). */
-    if (z.uid_block)
-        prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     pid_t pid = sys_clone(z.clone_flags | SIGCHLD);
     if (pid == 0)
         spare_init_main(sp[1]);
     int e = errno;
-    if (z.uid_block)
-        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     close(sp[1]);
     if (pid < 0) {
         close(sp[0]);
@@ -1077,7 +1075,11 @@ static enum step spare_make(unsigned long *children)
     (*children)++;
     if (z.uid_block) {
         uid_holder[uid] = pid; /* until we reap it, whatever happens now */
-        if (write_spare_maps(pid, TASK_IDS_INSIDE + uid) != 0 ||
+        /* It asks once it is dumpable (its /proc files ours to write). */
+        struct pollfd p = {.fd = sp[0], .events = POLLIN};
+        char ask;
+        if (poll(&p, 1, SPARE_MAP_TIMEOUT_MS) != 1 || recv(sp[0], &ask, 1, 0) != 1 ||
+            write_spare_maps(pid, TASK_IDS_INSIDE + uid) != 0 ||
             send(sp[0], "m", 1, MSG_NOSIGNAL) != 1) {
             e = errno;
             kill(pid, SIGKILL);

@@ -6,13 +6,17 @@
 // signal its init. Unprivileged, the worker can map one uid only: the file
 // skips then, loudly.
 import { describe } from "node:test";
+import { spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
+import { join } from "node:path";
 
 import { assert, blockUntilReleased, releaseMarker, show, startBattery, waitProcessWith } from "./lib/battery.mjs";
+import { WORKER_BIN } from "../integration/lib/worker.mjs";
 
 const root = process.getuid?.() === 0;
-const FIRST = 60000, COUNT = 5000; // the defaults
-const b = await startBattery("task_uids");
+const FIRST = 2000000000, COUNT = 5000; // the defaults
+const SLOTS = 2; // the battery's worker.concurrency
+const b = await startBattery("task_uids", { concurrency: SLOTS });
 const notRoot = root ? undefined : "the worker is not root: it can map one uid only, and every task shares it";
 
 // The uid outside of a host process.
@@ -41,7 +45,11 @@ describe("task_uids", { concurrency: 1 }, () => {
   }, { skip: notRoot });
 
   b.attack("a task holding every inotify instance it may have does not take another task's", async () => {
-    // The kernel allows fs.inotify.max_user_instances (128) per user.
+    // The kernel allows fs.inotify.max_user_instances (128) per user, and
+    // counts them for the owner of each sandbox's user namespace (the
+    // worker) too: each sandbox gets half of it split between the slots.
+    const host = Number(readFileSync("/proc/sys/user/max_inotify_instances", "utf8"));
+    const share = Math.max(1, Math.floor(host / 2 / SLOTS));
     const hold = b.marker();
     const greedy = `
 import ctypes, os
@@ -71,9 +79,12 @@ report(fd=fd, errno=ctypes.get_errno())
     }
     const { result: g } = await first;
     assert.equal(g.status, "TASK_STATUS_SUCCEEDED", show(g));
-    assert.match(g.stdout, /HELD \d+ 24\n/, `the first task did not run into EMFILE: ${show(g)}`);
+    const held = /HELD (\d+) (\d+)\n/.exec(g.stdout);
+    assert.ok(held, show(g));
+    assert.equal(Number(held[2]), 24, `the first task did not run into EMFILE: ${show(g)}`);
+    assert.ok(Number(held[1]) <= share, `the first task held ${held[1]} instances, above its share of ${share}`);
     assert.ok(second.report.fd >= 0, `the second task's inotify_init1 failed with errno ${second.report.errno} while the first held its instances: ${show(second.result)}`);
-  }, { skip: notRoot });
+  });
 
   b.attack("the code cannot prlimit, renice or signal its init", async () => {
     const code = `
@@ -81,7 +92,6 @@ import os, resource, signal
 attempt("prlimit", lambda: resource.prlimit(1, resource.RLIMIT_NOFILE, (4, 4)))
 attempt("renice", lambda: os.setpriority(os.PRIO_PROCESS, 1, 19))
 attempt("signal", lambda: os.kill(1, signal.SIGUSR1))
-attempt("init_uid", lambda: os.stat("/proc/1").st_uid)
 report(uid=os.getuid())
 `;
     const { result: r, report: rep } = await b.run(code);
@@ -92,6 +102,34 @@ report(uid=os.getuid())
     assert.equal(rep.prlimit.errno, 1, "EPERM");
     assert.ok([1, 13].includes(rep.renice.errno), "EPERM or EACCES");
     assert.equal(rep.signal.errno, 1, "EPERM");
+  }, { skip: notRoot });
+  b.attack("uids come back: more tasks than the range has room for at once, one of them killed, and the last still runs as it should", async () => {
+    // A cold run's uid returns when its processes are dead, a warm task's
+    // when its init is reaped: a leak would end in "every task uid ... is
+    // taken" (cold) or spares that cannot be made (warm: a cold fallback).
+    const runs = 14; // above the cold slots (2) and a zygote's block (2 + 2 spares + 2)
+    for (let i = 0; i < runs; i++) {
+      const killed = i === 3;
+      const { result: r } = await b.run(killed ? "import time\ntime.sleep(60)" : "print('ok')", { limits: killed ? { timeoutMs: 1000 } : {} });
+      assert.equal(r.status, killed ? "TASK_STATUS_TIMED_OUT" : "TASK_STATUS_SUCCEEDED", `run ${i}: ${show(r)}`);
+    }
+    const { result: last } = await b.run("import sys\nprint('warm', 'pandas' in sys.modules)");
+    assert.equal(last.status, "TASK_STATUS_SUCCEEDED", show(last));
+    if (process.env.CI_SANDBOX_MODE === "warm")
+      assert.match(last.stdout, /warm True/, `the last task ran cold: ${show(last)}`);
+  }, { skip: notRoot });
+
+  b.attack("a range this machine cannot map costs the task uids, never the sandbox", async () => {
+    // As root of a user namespace that maps only 0..65535 (a pod with
+    // hostUsers: false), the default range does not exist.
+    const helper = join(import.meta.dirname, "../integration/lib/fewuids.py");
+    const r = spawnSync("python3", [helper, WORKER_BIN, "--probe"], { encoding: "utf8", timeout: 120000 });
+    if (r.status === 77) {
+      assert.fail(`the user namespace could not be made here: ${r.stderr}`);
+    }
+    const out = r.stdout + r.stderr;
+    assert.match(out, /task uids: FAILED .* every task runs as local\.sandbox_uid/, out);
+    assert.match(out, /^mode: sandbox \(/m, out);
   }, { skip: notRoot });
 });
 

@@ -569,6 +569,30 @@ static void load_ok(const char *text)
     ci_config_free(cfg);
 }
 
+/* local.task_uid_*: a range of its own, not holding init's uid, not past
+ * the last uid, large enough for the slots (and the warm pool). */
+static void test_task_uids(void)
+{
+    static const struct error_case cases[] = {
+        {"local:\n  task_uid_first: 65000\n",
+         "worker.yaml:2: key 'local.task_uid_first': the range 65000-69999 holds "
+         "local.sandbox_uid (65534), the sandbox's init: the tasks' uids must be others"},
+        {"local:\n  task_uid_first: 4294967000\n",
+         "worker.yaml:2: key 'local.task_uid_count': 5000 uids from 4294967000 go past the last "
+         "uid (4294967294)"},
+        {"worker:\n  concurrency: 4\nlocal:\n  task_uid_count: 17\n",
+         "worker.yaml:4: key 'local.task_uid_count': 17 is too small: 4 task slots and the warm "
+         "pool need 18 uids (0 runs every task as local.sandbox_uid)"},
+        {"worker:\n  concurrency: 4\nlocal:\n  mode: cold\n  task_uid_count: 3\n",
+         "worker.yaml:5: key 'local.task_uid_count': 3 is too small: 4 task slots need 4 uids "
+         "(0 runs every task as local.sandbox_uid)"},
+    };
+    check_errors(cases, sizeof(cases) / sizeof(cases[0]));
+    load_ok("worker:\n  concurrency: 4\nlocal:\n  task_uid_count: 18\n");
+    load_ok("worker:\n  concurrency: 4\nlocal:\n  mode: cold\n  task_uid_count: 4\n");
+    load_ok("local:\n  task_uid_first: 65000\n  task_uid_count: 0\n");
+}
+
 /* cloudrun.service_url: https anywhere, plain http only to loopback (the
  * ID token is a bearer credential), a base URL without user, query or
  * fragment; checked whenever it is set. */
@@ -886,6 +910,7 @@ static const struct t_case cases[] = {
     T(test_cross_field_rules),
     T(test_cloudrun_service_url),
     T(test_cloudrun_ca_file),
+    T(test_task_uids),
     T(test_file_errors),
     T(test_parse_from_memory),
     T(test_env_overrides_url),
