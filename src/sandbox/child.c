@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -225,4 +226,31 @@ int child_limit_inotify(const char *instances, const char *watches)
                          0) != 0)
         return -1;
     return child_write_file("/proc/sys/user/max_inotify_watches", watches, strlen(watches), 0);
+}
+
+int child_stat_fields(const char *path, int first, int n, unsigned long long *ret)
+{
+    char buf[1024];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (len <= 0)
+        return -1;
+    buf[len] = '\0';
+    char *p = strrchr(buf, ')'); /* the end of field 2: the name may hold any ')' */
+    if (!p || first < 3)
+        return -1;
+    for (int field = 3; field < first + n; field++) { /* from field - 1 to field */
+        while (*p && *p != ' ')
+            p++;
+        while (*p == ' ')
+            p++;
+        if (!*p)
+            return -1;
+        if (field >= first)
+            ret[field - first] = strtoull(p, NULL, 10);
+    }
+    return 0;
 }

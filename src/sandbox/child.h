@@ -96,6 +96,10 @@ static inline bool child_is_stop_request(int sig, const siginfo_t *si)
  * errno if it could not. */
 int child_limit_inotify(const char *instances, const char *watches);
 
+/* Reads n numeric fields of a /proc/<pid>/stat file from field `first`
+ * (numbered from 1, as in proc(5); first >= 3) into ret; 0, or -1. */
+int child_stat_fields(const char *path, int first, int n, unsigned long long *ret);
+
 /* Adds what one reaped process used to a DONE message. */
 void child_add_rusage(struct msg *m, const struct rusage *ru);
 

@@ -156,29 +156,12 @@ __attribute__((noreturn)) static void zygote_exec(const struct child_args *a)
 /* /proc/1/cmdline is anyone's to read, and a cold init's arguments are the
  * worker's (its program and config paths, a copy in our memory): zero
  * them where the kernel reads them (arg_start..arg_end, fields 48-49 of
- * /proc/self/stat, counted after the last ')'). Best effort. */
+ * /proc/self/stat). Best effort. */
 static void blank_cmdline(void)
 {
-    char buf[1024];
-    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
-    unsigned long long at[2] = {0, 0};
-    for (int field = 3; p && *p && field <= 49; field++) { /* from field - 1 to field */
-        while (*p && *p != ' ')
-            p++;
-        while (*p == ' ')
-            p++;
-        if (field >= 48)
-            at[field - 48] = strtoull(p, NULL, 10);
-    }
-    if (at[0] && at[1] > at[0] && at[1] - at[0] < (1u << 20))
+    unsigned long long at[2]; /* arg_start, arg_end */
+    if (child_stat_fields("/proc/self/stat", 48, 2, at) == 0 && at[0] && at[1] > at[0] &&
+        at[1] - at[0] < (1u << 20))
         memset((void *)(uintptr_t)at[0], 0, (size_t)(at[1] - at[0]));
 }
 

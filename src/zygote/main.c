@@ -451,38 +451,18 @@ static bool only_keeper_left(pid_t keeper)
 /* Adds the keeper's CPU time so far to done: its exit is not waited for
  * (see reap_all), but it runs in the code's memory, so code that patches
  * the instructions it sleeps on can make it compute, and that time is the
- * task's. Read from /proc/<keeper>/stat (utime and stime, fields 14-15,
- * counted after the last ')', as the name may hold one). Called once it
- * has its SIGKILL: what it adds after that is its exit. */
+ * task's. Read from /proc/<keeper>/stat (utime and stime, fields 14-15).
+ * Called once it has its SIGKILL: what it adds after that is its exit. */
 static void add_keeper_cpu(pid_t keeper, struct msg *done)
 {
-    char path[32], buf[1024];
+    char path[32];
+    unsigned long long ticks[2]; /* utime, stime */
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)keeper);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
-    if (!p)
-        return;
-    long long ticks[2] = {0, 0};
-    for (int field = 3; field <= 15 && *p; field++) { /* from field - 1 to field */
-        while (*p && *p != ' ')
-            p++;
-        while (*p == ' ')
-            p++;
-        if (field >= 14)
-            ticks[field - 14] = strtoll(p, NULL, 10);
-    }
     long hz = sysconf(_SC_CLK_TCK);
-    if (hz <= 0 || ticks[0] < 0 || ticks[1] < 0)
+    if (hz <= 0 || child_stat_fields(path, 14, 2, ticks) != 0)
         return;
-    done->utime_us += ticks[0] * 1000000 / hz;
-    done->stime_us += ticks[1] * 1000000 / hz;
+    done->utime_us += (int64_t)(ticks[0] * 1000000 / (unsigned long long)hz);
+    done->stime_us += (int64_t)(ticks[1] * 1000000 / (unsigned long long)hz);
 }
 
 /* As init.c's reap_all(): reap until the task is gone or the worker

@@ -3,6 +3,9 @@
 
     nouserns.py UID CMD [ARG...]    exec CMD in the namespace, as UID
     nouserns.py --check             prints "ok" if the setup works here
+    nouserns.py --ids-only CMD ...  only the ids: exec CMD as root of a user
+                                    namespace that maps 0..65535 and may make
+                                    more (as a pod with hostUsers: false)
 
 How: this process enters a new user namespace (ids 0..65535 mapped to the
 same ids outside, written by a helper child that stays outside), is root
@@ -26,7 +29,7 @@ def fail(why):
     sys.exit(77)
 
 
-def enter():
+def enter(no_more=True):
     libc = ctypes.CDLL(None, use_errno=True)
     if os.geteuid() != 0:
         fail("needs root outside (to map the ids of the new user namespace)")
@@ -54,6 +57,8 @@ def enter():
     _, st = os.waitpid(pid, 0)
     if st != 0:
         fail("cannot write the new namespace's uid_map/gid_map")
+    if not no_more:
+        return libc
     try:
         with open("/proc/sys/user/max_user_namespaces", "w") as fh:
             fh.write("0\n")
@@ -74,6 +79,11 @@ def main():
             fail("a user namespace could still be created after max_user_namespaces=0")
         print("ok")
         return
+    if len(sys.argv) >= 3 and sys.argv[1] == "--ids-only":
+        enter(no_more=False)
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        os.execvp(sys.argv[2], sys.argv[2:])
     if len(sys.argv) < 3:
         sys.stderr.write(__doc__)
         sys.exit(2)
