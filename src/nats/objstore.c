@@ -384,23 +384,83 @@ static natsStatus purge_subject(struct ci_objstore *os, const char *subject, jsE
 }
 
 /* Publishes one message to the bucket's stream and waits for its ack. */
+/* Publishes one message; *ret_seq (if not NULL) gets its stream sequence. */
 static natsStatus publish(struct ci_objstore *os, const char *subject, const void *data, int len,
-                          bool rollup, jsErrCode *jerr)
+                          bool rollup, uint64_t *ret_seq, jsErrCode *jerr)
 {
     jsPubOptions po;
     jsPubOptions_Init(&po);
     po.MaxWait = API_WAIT_MS;
     po.ExpectStream = os->stream;
     CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
-    if (!rollup)
-        return js_Publish(&pa, os->js, subject, data, len, &po, jerr);
-    CI_CLEANUP(natsMsg_Destroy) natsMsg *msg = NULL;
-    natsStatus ns = natsMsg_Create(&msg, subject, NULL, data, len);
-    if (ns == NATS_OK)
-        ns = natsMsgHeader_Set(msg, "Nats-Rollup", "sub");
-    if (ns == NATS_OK)
-        ns = js_PublishMsg(&pa, os->js, msg, &po, jerr);
+    natsStatus ns;
+    if (!rollup) {
+        ns = js_Publish(&pa, os->js, subject, data, len, &po, jerr);
+    } else {
+        CI_CLEANUP(natsMsg_Destroy) natsMsg *msg = NULL;
+        ns = natsMsg_Create(&msg, subject, NULL, data, len);
+        if (ns == NATS_OK)
+            ns = natsMsgHeader_Set(msg, "Nats-Rollup", "sub");
+        if (ns == NATS_OK)
+            ns = js_PublishMsg(&pa, os->js, msg, &po, jerr);
+    }
+    if (ns == NATS_OK && ret_seq)
+        *ret_seq = pa ? pa->Sequence : 0;
     return ns;
+}
+
+void ci_objstore_undo_release(struct ci_objstore_undo *u)
+{
+    if (!u)
+        return;
+    free(u->seqs);
+    memset(u, 0, sizeof(*u));
+}
+
+static ci_status undo_add(struct ci_objstore_undo *u, uint64_t seq)
+{
+    if (!seq)
+        return CI_OK;
+    if (u->n == u->cap) {
+        size_t cap = u->cap ? u->cap * 2 : 16;
+        uint64_t *p = realloc(u->seqs, cap * sizeof(*p));
+        if (!p)
+            return CI_ERR_NOMEM;
+        u->seqs = p;
+        u->cap = cap;
+    }
+    u->seqs[u->n++] = seq;
+    return CI_OK;
+}
+
+/* Deletes the messages of u, newest first (the meta before its chunks:
+ * never an object whose chunks are gone). Those already gone count as
+ * deleted. */
+static ci_status delete_seqs(struct ci_objstore *os, struct ci_objstore_undo *u,
+                             struct ci_error *err)
+{
+    jsOptions o;
+    api_opts(&o);
+    while (u->n) {
+        jsErrCode jerr = 0;
+        natsStatus ns = js_DeleteMsg(os->js, os->stream, u->seqs[u->n - 1], &o, &jerr);
+        /* Gone already (expired, or a delete whose answer was lost): 10057
+         * is what nats-server 2.9 says of a sequence it no longer has. */
+        if (ns != NATS_OK && ns != NATS_NOT_FOUND && jerr != JSSequenceNotFoundErr &&
+            jerr != JSNoMessageFoundErr && jerr != JSStreamMsgDeleteFailed)
+            return ci_nats_fail(err, ns, jerr, "taking back what was stored in bucket '%s' "
+                                "failed", os->bucket);
+        u->n--;
+    }
+    return CI_OK;
+}
+
+ci_status ci_objstore_undo(struct ci_objstore *os, struct ci_objstore_undo *undo,
+                           struct ci_error *err)
+{
+    if (!os || !undo)
+        return ci_error_set(err, CI_ERR_INVALID, "object store: missing argument");
+    return delete_seqs(os, undo, err);
 }
 
 static ci_status check_name(const char *name, struct ci_error *err)
@@ -651,8 +711,16 @@ static bool recreate(struct ci_objstore *os, ci_status failed)
 
 /* ---- put ------------------------------------------------------------- */
 
+/* The chunks of a put that failed: by sequence, else (a delete refused)
+ * by their subject. */
+static void take_back(struct ci_objstore *os, struct ci_objstore_undo *mine, const char *subject)
+{
+    if (delete_seqs(os, mine, NULL) != CI_OK)
+        purge_subject(os, subject, NULL);
+}
+
 static ci_status put_once(struct ci_objstore *os, const char *name, const void *data, size_t len,
-                          struct ci_error *err)
+                          struct ci_objstore_undo *undo, struct ci_error *err)
 {
     if (!os || (!data && len))
         return ci_error_set(err, CI_ERR_INVALID, "object store: missing argument");
@@ -698,15 +766,22 @@ static ci_status put_once(struct ci_objstore *os, const char *name, const void *
         goto out;
     }
 
+    /* This put's messages: a failed one's chunks go by sequence, which
+     * gives their room back to a full store at once (a purge of their
+     * subject does not, in nats-server 2.9). */
+    struct ci_objstore_undo mine = {0};
     jsErrCode jerr = 0;
     natsStatus ns = NATS_OK;
     for (size_t off = 0; off < len; off += CI_OBJ_CHUNK_SIZE) {
         size_t n = len - off < CI_OBJ_CHUNK_SIZE ? len - off : CI_OBJ_CHUNK_SIZE;
-        ns = publish(os, chunk_subj, (const uint8_t *)data + off, (int)n, false, &jerr);
+        uint64_t seq = 0;
+        ns = publish(os, chunk_subj, (const uint8_t *)data + off, (int)n, false, &seq, &jerr);
+        if (ns == NATS_OK && undo_add(&mine, seq) != CI_OK)
+            ns = NATS_NO_MEMORY;
         if (ns != NATS_OK) {
             s = ci_nats_fail(err, ns, jerr, "storing object '%s' in bucket '%s' failed", SHOW(name),
                           os->bucket);
-            purge_subject(os, chunk_subj, NULL);
+            take_back(os, &mine, chunk_subj);
             goto out;
         }
     }
@@ -723,16 +798,28 @@ static ci_status put_once(struct ci_objstore *os, const char *name, const void *
         .max_chunk_size = CI_OBJ_CHUNK_SIZE,
     };
     if ((s = ci_objmeta_to_json(&m, &json, err))) {
-        purge_subject(os, chunk_subj, NULL);
+        take_back(os, &mine, chunk_subj);
         goto out;
     }
     jerr = 0;
-    ns = publish(os, meta_subj, json, (int)strlen(json), true, &jerr);
+    uint64_t meta_seq = 0;
+    ns = publish(os, meta_subj, json, (int)strlen(json), true, &meta_seq, &jerr);
     if (ns != NATS_OK) {
         s = ci_nats_fail(err, ns, jerr, "storing object '%s' in bucket '%s' failed", SHOW(name),
                       os->bucket);
-        purge_subject(os, chunk_subj, NULL);
+        take_back(os, &mine, chunk_subj);
         goto out;
+    }
+    if (undo) {
+        /* The caller may take it all back: chunks first, meta last. */
+        for (size_t i = 0; i < mine.n && s == CI_OK; i++)
+            s = undo_add(undo, mine.seqs[i]);
+        if (s == CI_OK)
+            s = undo_add(undo, meta_seq);
+        if (s) {
+            s = ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+            goto out;
+        }
     }
     /* The new version is live. Failing to purge the old chunks leaves only
      * garbage that max_age removes, so it does not fail the put. */
@@ -743,17 +830,25 @@ static ci_status put_once(struct ci_objstore *os, const char *name, const void *
     }
     s = CI_OK;
 out:
+    ci_objstore_undo_release(&mine);
     ci_objmeta_release(&old);
+    return s;
+}
+
+ci_status ci_objstore_put_undoable(struct ci_objstore *os, const char *name, const void *data,
+                                   size_t len, struct ci_objstore_undo *undo,
+                                   struct ci_error *err)
+{
+    ci_status s = put_once(os, name, data, len, undo, err);
+    if (s && recreate(os, s))
+        s = put_once(os, name, data, len, undo, err);
     return s;
 }
 
 ci_status ci_objstore_put(struct ci_objstore *os, const char *name, const void *data, size_t len,
                           struct ci_error *err)
 {
-    ci_status s = put_once(os, name, data, len, err);
-    if (s && recreate(os, s))
-        s = put_once(os, name, data, len, err);
-    return s;
+    return ci_objstore_put_undoable(os, name, data, len, NULL, err);
 }
 
 /* ---- get ------------------------------------------------------------- */
@@ -988,7 +1083,7 @@ ci_status ci_objstore_delete(struct ci_objstore *os, const char *name, struct ci
     if (!json || !subject)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory deleting object '%s'", SHOW(name));
     jsErrCode jerr = 0;
-    natsStatus ns = publish(os, subject, json, (int)strlen(json), true, &jerr);
+    natsStatus ns = publish(os, subject, json, (int)strlen(json), true, NULL, &jerr);
     if (ns != NATS_OK)
         return ci_nats_fail(err, ns, jerr, "deleting object '%s' in bucket '%s' failed", SHOW(name),
                          os->bucket);

@@ -47,6 +47,26 @@ void ci_objstore_free(struct ci_objstore *os);
 ci_status ci_objstore_put(struct ci_objstore *os, const char *name, const void *data,
                           size_t len, struct ci_error *err);
 
+/* What puts stored (the stream sequences of their messages), to take back
+ * with ci_objstore_undo(). */
+struct ci_objstore_undo {
+    uint64_t *seqs;
+    size_t n, cap;
+};
+void ci_objstore_undo_release(struct ci_objstore_undo *u);
+
+/* As ci_objstore_put(), adding what it stored to *undo. */
+ci_status ci_objstore_put_undoable(struct ci_objstore *os, const char *name, const void *data,
+                                   size_t len, struct ci_objstore_undo *undo,
+                                   struct ci_error *err);
+
+/* Deletes every message in *undo, one by one: the objects they made are
+ * gone (the previous version, if any, was already replaced) and their
+ * room is the store's again at once - unlike a purge of their subject,
+ * whose bytes nats-server 2.9 goes on counting against a full store. */
+ci_status ci_objstore_undo(struct ci_objstore *os, struct ci_objstore_undo *undo,
+                           struct ci_error *err);
+
 /* Reads the object into a malloc'd buffer. CI_ERR_NOT_FOUND when absent or
  * deleted, CI_ERR_LIMIT when larger than max_len (nothing is read then),
  * CI_ERR_INTEGRITY when the chunks do not match the size or digest. */

@@ -68,6 +68,8 @@ struct result {
     Ci__V1__ExecutionResult__LabelsEntry *labels;
     Ci__V1__ExecutionResult__LabelsEntry **label_ptrs;
     struct ci_result_text text; /* output, error and hint the message points to */
+    struct ci_objstore_undo undo; /* what this attempt stored of its artifacts */
+    size_t n_stored;              /* artifacts it stored */
 };
 
 static void result_init(struct result *r, const struct task *t, Ci__V1__TaskStatus status)
@@ -113,6 +115,7 @@ static void result_release(struct result *r)
     free(r->labels);
     free(r->label_ptrs);
     ci_result_text_release(&r->text);
+    ci_objstore_undo_release(&r->undo);
 }
 
 static void result_fail(struct result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -532,7 +535,8 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
         snprintf(obj, n, "%s/%s", t->id, a->name);
         r->art_objects[i] = obj;
         r->n_art_objects = i + 1;
-        ci_status s = ci_objstore_put(ci_broker_objstore(t->env->broker), obj, a->data, a->len, err);
+        ci_status s = ci_objstore_put_undoable(ci_broker_objstore(t->env->broker), obj, a->data,
+                                               a->len, &r->undo, err);
         if (s == CI_ERR_FULL) {
             full++;
             full_bytes += a->len;
@@ -551,6 +555,7 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
         if (s)
             return s;
         t->artifact_bytes += a->len;
+        r->n_stored++;
         ci_metrics_objstore_bytes(t->env->metrics, CI_METRICS_UPLOAD, a->len);
         size_t k = r->msg.n_artifacts; /* only entries that are filled in */
         Ci__V1__Artifact *pa = &r->arts[k];
@@ -779,6 +784,23 @@ static enum ci_task_end finish(struct task *t, struct result *r)
         r->msg.n_artifacts = 0;
         r->msg.n_labels = 0;
         s = write_fenced(t, r, true, &fence, &e);
+    }
+    if (s == CI_ERR_FULL && !t->final_stored && r->undo.n) {
+        /* Not even that fits: the artifacts this attempt stored go (their
+         * room is the store's again at once), and the result says so. */
+        size_t kept = r->n_stored;
+        struct ci_error ue = {{0}};
+        if (ci_objstore_undo(ci_broker_objstore(t->env->broker), &r->undo, &ue) == CI_OK) {
+            size_t used = strlen(r->text.error);
+            snprintf(r->text.error + used, sizeof(r->text.error) - used,
+                     "; the JetStream store was full: the %zu artifact%s stored for this task "
+                     "%s taken back to make room for this result",
+                     kept, kept == 1 ? "" : "s", kept == 1 ? "was" : "were");
+            r->msg.n_artifacts = 0;
+            s = write_fenced(t, r, true, &fence, &e);
+        } else {
+            ci_log(CI_LOG_WARN, "task.undo_failed", "task_id", t->id, "error", ue.msg, NULL);
+        }
     }
     if (s == CI_ERR_CONFLICT)
         return fence == FENCE_ENDED ? ended_meanwhile(t, r) : superseded(t, r);

@@ -124,3 +124,39 @@ describe("a full files bucket: a terminal result all the same", () => {
   });
 });
 
+// The server's own JetStream store full, with no bucket limit below it (the
+// shipped config): before, the task whose artifacts filled it stayed
+// RUNNING, retried five times, while the room of its failed upload stayed
+// counted as used. A failed upload, or a result that does not fit, now
+// gives the room of what this attempt stored back (by sequence): every
+// task ends, FAILED saying what was not kept.
+describe("the server's store full: every task still ends", () => {
+  let stack;
+  before(async () => {
+    stack = await startStack({ workers: 1, jetstreamConfig: "max_file_store: 64MB" });
+  });
+  after(async () => {
+    await stack?.stop();
+  });
+
+  test("tasks of 16 MiB of artifacts each, past the store's size: each ends, none is left RUNNING", async () => {
+    const code = "import os\nopen('big.csv', 'wb').write(b'a,b\\n' + os.urandom(8 << 20).hex().encode()[: 16 << 20] + b'\\n')\nprint('made')";
+    const ends = [];
+    for (let i = 0; i < 6; i++) {
+      const { result: r } = await runTask(stack.client, { code }, { timeoutMs: 120000 });
+      ends.push(r.status);
+      if (r.status === "TASK_STATUS_FAILED") {
+        assert.equal(r.attempt, 1, "not retried: the store stays full");
+        assert.match(r.error, /full/, show(r));
+        assert.equal(r.stdout, "made\n");
+        const evs = await stack.client.events(r.taskId);
+        assert.equal(evs.filter((e) => e.event.status === "TASK_STATUS_FAILED").length, 1, "and its terminal event");
+      } else {
+        assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+      }
+    }
+    assert.ok(ends.includes("TASK_STATUS_FAILED"), `the store never filled: ${ends}`);
+    const { result: next } = await runTask(stack.client, { code: "print('next')" });
+    assert.equal(next.status, "TASK_STATUS_SUCCEEDED", show(next));
+  });
+});

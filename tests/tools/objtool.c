@@ -4,6 +4,7 @@
  *   objtool [--ttl S] [--memory] [--replicas N] [--max BYTES] URL BUCKET COMMAND ...
  *     create                 create or update the bucket's stream
  *     put NAME FILE          store FILE ("-" = stdin) as NAME
+ *     put-undo NAME FILE     store it, then take it back (ci_objstore_undo)
  *     get NAME FILE          write NAME to FILE ("-" = stdout)
  *     info NAME              print NAME's metadata as JSON
  *     delete NAME            delete NAME
@@ -28,7 +29,8 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: objtool [--ttl S] [--memory] [--replicas N] [--max BYTES] URL BUCKET "
-                    "create | put NAME FILE | get NAME FILE | info NAME | delete NAME | "
+                    "create | put NAME FILE | put-undo NAME FILE | get NAME FILE | info NAME | "
+                    "delete NAME | "
                     "stress THREADS ITERS\n");
     return 2;
 }
@@ -219,7 +221,8 @@ static ci_status stress(struct ci_objstore *os, int threads, int iters)
 static int run(jsCtx *js, const struct ci_objstore_opts *o, uint64_t max, int argc, char **argv)
 {
     const char *cmd = argv[0];
-    bool create = strcmp(cmd, "create") == 0 || strcmp(cmd, "put") == 0 ||
+    bool put_undo = strcmp(cmd, "put-undo") == 0;
+    bool create = strcmp(cmd, "create") == 0 || strcmp(cmd, "put") == 0 || put_undo ||
                   strcmp(cmd, "stress") == 0;
     int want_args = strcmp(cmd, "create") == 0                                ? 1
                     : strcmp(cmd, "info") == 0 || strcmp(cmd, "delete") == 0 ? 2
@@ -233,11 +236,16 @@ static int run(jsCtx *js, const struct ci_objstore_opts *o, uint64_t max, int ar
         return fail(s, &err);
     if (strcmp(cmd, "create") == 0) {
         s = CI_OK;
-    } else if (strcmp(cmd, "put") == 0) {
+    } else if (strcmp(cmd, "put") == 0 || put_undo) {
         struct ci_buf b = CI_BUF_INIT;
+        struct ci_objstore_undo undo = {0};
         s = read_file(argv[2], &b, &err);
         if (!s)
-            s = ci_objstore_put(os, argv[1], b.data, b.len, &err);
+            s = ci_objstore_put_undoable(os, argv[1], b.data, b.len, put_undo ? &undo : NULL,
+                                         &err);
+        if (!s && put_undo)
+            s = ci_objstore_undo(os, &undo, &err);
+        ci_objstore_undo_release(&undo);
         ci_buf_release(&b);
     } else if (strcmp(cmd, "get") == 0) {
         uint8_t *data = NULL;
