@@ -38,9 +38,9 @@ struct task_uids {
     uint32_t cold;         /* its first `cold` uids: one per cold run at a time */
     uint32_t block;        /* then blocks of `block`: one per zygote */
     uint32_t blocks;
-    pthread_mutex_t lock;  /* cold_used */
+    pthread_mutex_t lock;  /* cold_used, block_taken */
     uint8_t *cold_used;
-    int block_pidfd[UIDS_MAX_BLOCKS]; /* the zygote holding a block; -1 free (pool thread only) */
+    bool block_taken[UIDS_MAX_BLOCKS]; /* a zygote holds it, until the pool reaps it */
 };
 
 /* A prepared sandbox: the plan every run of it follows (plan.c, seccomp.c),
@@ -217,8 +217,8 @@ ci_status uids_init(struct task_uids *u, const struct ci_config *cfg, bool root,
 void uids_release(struct task_uids *u);
 ci_status uids_take_cold(struct task_uids *u, uint32_t *ret_slot); /* CI_ERR_LIMIT: none free */
 void uids_give_cold(struct task_uids *u, uint32_t slot);
-int uids_take_block(struct task_uids *u); /* the pool's thread; -1: none free */
-void uids_block_held_by(struct task_uids *u, int block, int pidfd);
+int uids_take_block(struct task_uids *u); /* -1: none free */
+void uids_give_block(struct task_uids *u, int block);
 
 /* warm.c: the zygotes of a sandbox, and a run's start in one. */
 ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error *err);

@@ -11,10 +11,9 @@
  * dead. Each zygote gets a block of `block` uids (one per task or spare it
  * may hold at once), mapped into its namespace at TASK_IDS_INSIDE; it hands
  * them to its spares itself (src/zygote/main.c). A block is free again once
- * the zygote that held it is gone: its tasks died with it. */
+ * the zygote that held it is reaped (the pool's reaped callback): its
+ * tasks died with it. */
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +25,6 @@ ci_status uids_init(struct task_uids *u, const struct ci_config *cfg, bool root,
                     struct ci_error *err)
 {
     memset(u, 0, sizeof(*u));
-    for (size_t i = 0; i < UIDS_MAX_BLOCKS; i++)
-        u->block_pidfd[i] = -1;
     if (!root || cfg->local.task_uid_count == 0)
         return CI_OK;
     struct ci_task_uid_layout l;
@@ -58,9 +55,6 @@ ci_status uids_init(struct task_uids *u, const struct ci_config *cfg, bool root,
 
 void uids_release(struct task_uids *u)
 {
-    for (size_t i = 0; i < UIDS_MAX_BLOCKS; i++)
-        if (u->block_pidfd[i] >= 0)
-            close(u->block_pidfd[i]);
     if (u->on)
         pthread_mutex_destroy(&u->lock);
     free(u->cold_used);
@@ -91,38 +85,25 @@ void uids_give_cold(struct task_uids *u, uint32_t slot)
     pthread_mutex_unlock(&u->lock);
 }
 
-/* Has the process behind pidfd exited? */
-static bool gone(int pidfd)
-{
-    struct pollfd p = {.fd = pidfd, .events = POLLIN};
-    return poll(&p, 1, 0) != 0;
-}
-
 int uids_take_block(struct task_uids *u)
 {
-    for (uint32_t b = 0; b < u->blocks; b++) {
-        if (u->block_pidfd[b] >= 0 && gone(u->block_pidfd[b])) {
-            close(u->block_pidfd[b]);
-            u->block_pidfd[b] = -1;
+    int b = -1;
+    pthread_mutex_lock(&u->lock);
+    for (uint32_t i = 0; i < u->blocks; i++)
+        if (!u->block_taken[i]) {
+            u->block_taken[i] = true;
+            b = (int)i;
+            break;
         }
-        if (u->block_pidfd[b] == -1) {
-            u->block_pidfd[b] = -2; /* taken, its zygote not started yet */
-            return (int)b;
-        }
-    }
-    return -1;
+    pthread_mutex_unlock(&u->lock);
+    return b;
 }
 
-void uids_block_held_by(struct task_uids *u, int block, int pidfd)
+void uids_give_block(struct task_uids *u, int block)
 {
-    if (block < 0 || (uint32_t)block >= u->blocks)
+    if (!u->on || block < 0 || (uint32_t)block >= u->blocks)
         return;
-    if (pidfd < 0) {
-        u->block_pidfd[block] = -1; /* no zygote after all: free again */
-        return;
-    }
-    int fd = fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
-    /* No fd to watch it by: the block stays taken for good (-2) rather than
-     * be handed to another zygote while this one lives. */
-    u->block_pidfd[block] = fd >= 0 ? fd : -2;
+    pthread_mutex_lock(&u->lock);
+    u->block_taken[block] = false;
+    pthread_mutex_unlock(&u->lock);
 }

@@ -133,6 +133,13 @@ static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
     return s;
 }
 
+/* The pool's reaped callback: the zygote and every task it ran are gone. */
+static void zygote_reaped(void *ctx, const struct ci_zygote_proc *proc)
+{
+    struct ci_sandbox *sb = ctx;
+    uids_give_block(&sb->uids, proc->tag);
+}
+
 /* The pool's launch callback: a cold sandbox's init that becomes a zygote.
  * Runs on the pool's thread, which the zygote dies with. */
 static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_error *err)
@@ -163,7 +170,7 @@ static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_
                          sb->uids.first + sb->uids.cold + (unsigned)block * sb->uids.block,
                          sb->uids.block);
         if (n <= 0 || (size_t)n >= sizeof(block_map)) {
-            uids_block_held_by(&sb->uids, block, -1);
+            uids_give_block(&sb->uids, block);
             return ci_error_set(err, CI_ERR_SYS, "the zygote's uid map does not fit");
         }
         uid_map = block_map;
@@ -227,7 +234,7 @@ static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_
     ret->pidfd = pidfd;
     ret->sock = sv[0];
     ret->err_fd = errp[0];
-    uids_block_held_by(&sb->uids, block, pidfd);
+    ret->tag = block; /* given back when the pool reaps it (zygote_reaped) */
     return CI_OK;
 out:
     if (pid > 0) {
@@ -235,7 +242,7 @@ out:
         while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
             ;
     }
-    uids_block_held_by(&sb->uids, block, -1); /* its zygote is dead */
+    uids_give_block(&sb->uids, block); /* its zygote is dead */
     close_fd(&pidfd);
     close_fd(&prog);
     close_fd(&null);
@@ -299,6 +306,7 @@ ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error 
         .setup = setup.data,
         .setup_len = setup.len,
         .launch = launch_zygote,
+        .reaped = zygote_reaped,
         .launch_ctx = sb,
     };
     s = ci_zygote_pool_new(&zc, &sb->warm, err);

@@ -46,6 +46,7 @@ struct ci_zygote_pool {
     int setup_fd; /* a sealed memfd with the SETUP plan, shared by every zygote */
     uint64_t setup_len;
     ci_status (*launch)(void *ctx, struct ci_zygote_proc *ret, struct ci_error *err);
+    void (*reaped)(void *ctx, const struct ci_zygote_proc *proc);
     void *launch_ctx;
 
     pthread_mutex_t mu;
@@ -89,13 +90,17 @@ static void zygote_kill(struct zygote *z)
         sys_pidfd_send_signal(z->proc.pidfd, SIGKILL);
 }
 
-/* Reaps z (it has exited, or was just killed) and frees it. */
-static void zygote_free(struct zygote *z, int *ret_status)
+/* Reaps z (it has exited, or was just killed) and frees it; the launcher
+ * hears of it (reaped) once every process the zygote started is gone. */
+static void zygote_free(struct ci_zygote_pool *p, struct zygote *z, int *ret_status)
 {
     int st = 0;
-    if (z->proc.pid > 0)
+    if (z->proc.pid > 0) {
         while (waitpid(z->proc.pid, &st, __WALL) < 0 && errno == EINTR)
             ;
+        if (p->reaped)
+            p->reaped(p->launch_ctx, &z->proc);
+    }
     if (ret_status)
         *ret_status = st;
     close_fd(&z->proc.pidfd);
@@ -222,7 +227,7 @@ static void launch_one(struct ci_zygote_pool *p)
     pthread_mutex_lock(&p->mu);
     if (s) {
         zygote_kill(z);
-        zygote_free(z, NULL);
+        zygote_free(p, z, NULL);
         record_failure(p, "%s", err.msg);
         return;
     }
@@ -265,7 +270,7 @@ static void zygote_gone(struct ci_zygote_pool *p, struct zygote **link)
     char why[480];
     snprintf(why, sizeof(why), "%s", z->failure[0] ? z->failure : z->err_tail);
     int st = 0;
-    zygote_free(z, &st);
+    zygote_free(p, z, &st);
     if (was == Z_STARTING) {
         char ws[64];
         if (WIFSIGNALED(st))
@@ -383,7 +388,7 @@ static void *pool_thread(void *arg)
         struct zygote *z = p->list;
         p->list = z->next;
         zygote_kill(z);
-        zygote_free(z, NULL);
+        zygote_free(p, z, NULL);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -442,6 +447,7 @@ ci_status ci_zygote_pool_new(const struct ci_zygote_pool_config *cfg,
     p->replace_at = cfg->rotate_after * 3 / 4 > 0 ? cfg->rotate_after * 3 / 4 : 1;
     p->start_timeout_ms = cfg->start_timeout_ms ? cfg->start_timeout_ms : 60000;
     p->launch = cfg->launch;
+    p->reaped = cfg->reaped;
     p->launch_ctx = cfg->launch_ctx;
     pthread_mutex_init(&p->mu, NULL);
     pthread_condattr_t ca;

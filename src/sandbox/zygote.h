@@ -35,6 +35,7 @@ struct ci_zygote_proc {
     int pidfd;
     int sock;   /* the request socket (SOCK_SEQPACKET) */
     int err_fd; /* its stderr (a pipe), or -1 */
+    int tag;    /* the launcher's own (warm.c: the zygote's block of task uids) */
 };
 
 struct ci_zygote_pool_config {
@@ -45,6 +46,10 @@ struct ci_zygote_pool_config {
     size_t setup_len;
     /* Starts one zygote up to its exec (called from the pool's thread). */
     ci_status (*launch)(void *ctx, struct ci_zygote_proc *ret, struct ci_error *err);
+    /* Optional: a zygote launch() started is reaped, every process it
+     * started gone with it (called from the pool's thread, or from
+     * ci_zygote_pool_free()). */
+    void (*reaped)(void *ctx, const struct ci_zygote_proc *proc);
     void *launch_ctx;
     uint32_t start_timeout_ms; /* longest wait for a zygote's READY (0: 60 s) */
 };
