@@ -33,6 +33,8 @@
 #include "core/log.h"
 #include "core/util.h"
 
+/* The executor's word that a request's code did not start (executor.proto). */
+#define NOT_RUN_HEADER "Ci-Not-Run"
 /* Bytes of an oversize body read and dropped so that its 413 arrives. */
 #define DISCARD_MAX ((uint64_t)64 * 1024 * 1024)
 
@@ -98,6 +100,8 @@ static enum MHD_Result send_response(struct MHD_Connection *c, struct ci_httpd_r
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (resp->www_authenticate)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, resp->www_authenticate);
+    if (resp->not_run)
+        MHD_add_response_header(r, NOT_RUN_HEADER, "1");
     if (resp->retry_after_s) {
         char v[16];
         snprintf(v, sizeof(v), "%u", resp->retry_after_s);
@@ -225,9 +229,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         return MHD_YES;
     }
-    if (st->nomem)
-        return send_error(c, MHD_HTTP_SERVICE_UNAVAILABLE,
-                          "the executor ran out of memory reading the request");
+    if (st->nomem) {
+        struct ci_httpd_response nm = {.not_run = true};
+        ci_httpd_error(&nm, MHD_HTTP_SERVICE_UNAVAILABLE,
+                       "the executor ran out of memory reading the request");
+        return send_response(c, &nm);
+    }
     if (st->answered)
         return MHD_YES;
     if (st->denied) {

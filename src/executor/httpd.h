@@ -37,6 +37,9 @@ struct ci_httpd_response {
     size_t body_len;
     uint32_t retry_after_s;   /* 0 = no Retry-After header */
     const char *www_authenticate; /* static string; NULL = no WWW-Authenticate header */
+    /* Adds "Ci-Not-Run: 1": the request's code did not start and will not
+     * (schemas/ci/v1/executor.proto); a worker may send it again. */
+    bool not_run;
 };
 
 typedef void (*ci_httpd_handler)(void *ctx, const struct ci_httpd_request *req,

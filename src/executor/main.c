@@ -284,7 +284,7 @@ int main(int argc, char **argv)
     if (ci_service_running(service) > 0) {
         ci_log(CI_LOG_WARN, "executor.drain_timeout", NULL);
         ci_service_cancel_all(service);
-        /* A cancelled run ends within a second; its 503 is still to be sent. */
+        /* A cancelled run ends within a second; its 500 is still to be sent. */
         deadline = ci_mono_ms() + 3000;
         while (ci_service_running(service) > 0 && ci_mono_ms() < deadline)
             sleep_ms(20);

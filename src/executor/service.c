@@ -40,7 +40,7 @@ struct entry {
     struct ci_run *run; /* NULL until started */
     bool cancel_requested;
     bool client_gone;
-    bool shutdown; /* cancelled because the instance stops: answer 503, to be tried elsewhere */
+    bool shutdown; /* cancelled because the instance stops: answered 500, the code ran */
     struct entry *next;
 };
 
@@ -300,7 +300,8 @@ static void rejected(struct ci_service *s, struct ci_httpd_response *resp, unsig
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     ci_httpd_error(resp, status, "%s", msg);
-    atomic_fetch_add(status == 429 ? &s->c_busy : &s->c_rejected, 1);
+    /* A 500 comes after the code started: a failed run, not a refusal. */
+    atomic_fetch_add(status == 429 ? &s->c_busy : status == 500 ? &s->c_failed : &s->c_rejected, 1);
     /* The reason may quote request text: only the status is logged. */
     ci_log_num(CI_LOG_INFO, "execute.rejected", "http_status", status, "task_id",
                task_id ? task_id : "", NULL);
@@ -382,13 +383,17 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
                      "this executor instance runs %u tasks, its limit; try again shortly",
                      s->max_running);
         resp->retry_after_s = 1;
+        resp->not_run = true;
         goto out_answer;
     case ADMIT_DRAINING:
         rejected(s, resp, 503, id, "this executor instance is shutting down; run the task again");
+        resp->not_run = true;
         goto out_answer;
     case ADMIT_DUPLICATE:
+        /* Not run now, but sending it again once the other copy ends would
+         * run the code twice: no Retry-After. */
         rejected(s, resp, 409, id, "task %s is already running on this executor instance", id);
-        resp->retry_after_s = 1;
+        resp->not_run = true;
         goto out_answer;
     case ADMIT_CANCELLED:
         answer_error(&a, CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED,
@@ -442,13 +447,16 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
             sweep_leftovers(s, id);
         /* Only now may the next task come in (bare: nothing of this one is left). */
         entry_remove(s, &ent);
+        /* From here on the code has run: a failure is a 500, which no
+         * worker sends again (never the not-run 503). */
         if (ent.shutdown) {
-            rejected(s, resp, 503, id,
-                     "this executor instance is shutting down and stopped the task; run it again");
+            rejected(s, resp, 500, id,
+                     "this executor instance was shut down while the task ran and stopped it "
+                     "(worker.drain_timeout_s passed); the code may have run in part");
             goto out_answer;
         }
         if (run && answer_outcome(&a, s, &o)) {
-            rejected(s, resp, 503, id, "the executor ran out of memory building the answer");
+            rejected(s, resp, 500, id, "the executor ran out of memory building the answer");
             goto out_answer;
         }
     }
@@ -457,7 +465,8 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
     uint8_t *body = NULL;
     size_t body_len = 0;
     if (ci_message_encode(enc, &a.msg.base, &body, &body_len, &e)) {
-        rejected(s, resp, 503, id, "the executor could not encode the answer: %s", e.msg);
+        /* A 500 whether the code ran or not (cancelled before it ran). */
+        rejected(s, resp, 500, id, "the executor could not encode the answer: %s", e.msg);
         goto out_answer;
     }
     resp->status = 200;
@@ -629,6 +638,7 @@ bool ci_service_authorize(void *ctx, const char *method, const char *path,
     atomic_fetch_add(&s->c_unauthorized, 1);
     if (st == CI_ERR_NOMEM) {
         ci_httpd_error(resp, 503, "the executor ran out of memory checking the ID token");
+        resp->not_run = true;
         return false;
     }
     bool missing = strcmp(v.reason, "missing") == 0;

@@ -16,8 +16,11 @@
  *
  * A bad request is a 4xx with {"error": "..."}: 400 malformed or against the
  * contract, 413 over a size limit, 415 unknown Content-Type, 409 the task
- * already runs here, 429 every slot is busy. A run whose client went away
- * (the connection closed) is cancelled. Logs carry task ids, sizes,
+ * already runs here, 429 every slot is busy. 409, 429 and 503 (draining)
+ * carry "Ci-Not-Run: 1": the code did not start. A failure after the code
+ * started (the instance stopped it, no memory for the answer) is a 500,
+ * which a worker never sends again. A run whose client went away (the
+ * connection closed) is cancelled. Logs carry task ids, sizes,
  * statuses and durations only: never code, output, files or tokens. */
 #ifndef CI_SERVICE_H
 #define CI_SERVICE_H
@@ -59,13 +62,13 @@ bool ci_service_authorize(void *ctx, const char *method, const char *path,
                           const char *authorization, struct ci_httpd_response *resp);
 void ci_service_edge_reject(void *ctx, const char *method, const char *path, unsigned status);
 
-/* From now on /execute answers 503 (the instance is stopping; a worker
- * tries again elsewhere); running tasks go on. */
+/* From now on /execute answers 503 with Ci-Not-Run (the instance is
+ * stopping; a worker tries again elsewhere); running tasks go on. */
 void ci_service_drain(struct ci_service *s);
 /* Tasks running now. */
 uint32_t ci_service_running(struct ci_service *s);
 /* Cancels every running task (shutdown after the drain time); their
- * requests are answered 503, which a worker tries again elsewhere. */
+ * requests are answered 500: the code ran, so no worker sends it again. */
 void ci_service_cancel_all(struct ci_service *s);
 
 #endif

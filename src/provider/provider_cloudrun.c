@@ -12,11 +12,14 @@
  *            only what cannot have run the code: an ID token that could not
  *            be had, a request that never left (no address, no connection,
  *            no TLS handshake: an executor restarting), and the answers 408,
- *            409, 429, 502 and 503 (not run: busy, no instance, draining). A
- *            request that went out is never sent again: ci-executor does not
+ *            429, 502 and 503 (not run: busy, no instance, draining) and any
+ *            5xx with the executor's "Ci-Not-Run: 1" (http.h). A request that
+ *            went out is never sent again otherwise: ci-executor does not
  *            recognise a task it has already run, so a connection that
  *            breaks after sending, a 500 or a 504 ends the run FAILED saying
- *            the code may have run. Any other 4xx ends it FAILED with the
+ *            the code may have run, and so does 409 (another copy of the
+ *            task runs there: once it ends, the same request would run the
+ *            code again). Any other 4xx ends it FAILED with the
  *            executor's reason. It always ends with an outcome: a service
  *            or token source that cannot be reached gives FAILED with an
  *            error that names it, never a lost or RUNNING task.
@@ -53,6 +56,8 @@
 #define TOKEN_TIMEOUT_MS 10000 /* one metadata server request, at most */
 #define REMOTE_TEXT_MAX 400    /* bytes kept of the executor's error text */
 #define MAX_ARTIFACTS 4096
+/* ci-executor's word that the code did not start (executor.proto). */
+#define NOT_RUN_HEADER "Ci-Not-Run"
 
 struct cancel_item {
     char task_id[65];
@@ -608,6 +613,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
              * once the request is out, it is never sent again. */
             .no_resend = true,
             .ret_sent = &sent,
+            .keep_header = NOT_RUN_HEADER,
         };
         struct ci_http_response resp;
         ci_status hs = ci_http_do(cr->http, &req, &resp, &e);
@@ -669,6 +675,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
         }
         char *why = error_text(&resp);
         long status = resp.status;
+        bool not_run = strcmp(resp.kept_header, "1") == 0;
         ci_http_response_release(&resp);
         if ((status == 401 || status == 403) && !token_retried) {
             /* An expired or revoked token: one more try with a fresh one.
@@ -689,9 +696,18 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
                                   cr->base_url, status));
             break;
         }
-        if (ci_http_status_retryable(status)) {
-            snprintf(last, sizeof(last), "the service answered HTTP %ld%s%s", status,
-                     why ? ": " : "", why ? why : "");
+        if (status == 409) {
+            s = end_error(&o, fmt("the executor service at %s is already running another copy of "
+                                  "this task (HTTP 409: %s), e.g. one sent for an earlier "
+                                  "delivery; it is not sent again, so that the code does not run "
+                                  "twice",
+                                  cr->base_url, why ? why : "no reason given"));
+            free(why);
+            break;
+        }
+        if (ci_http_status_retryable(status, not_run)) {
+            snprintf(last, sizeof(last), "the service answered HTTP %ld%s%s%s", status,
+                     not_run ? " (not run)" : "", why ? ": " : "", why ? why : "");
             last_kind = LAST_SERVICE;
             free(why);
             goto retry;

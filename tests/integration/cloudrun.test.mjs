@@ -7,6 +7,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { createHmac, generateKeyPairSync } from "node:crypto";
+import { Agent, request as httpRequest } from "node:http";
 import { chownSync, chmodSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -584,8 +585,8 @@ describe("cloudrun provider", () => {
     assert.equal(executor.exited(), null, "still running");
   });
 
-  test("an executor told to stop answers 503 for the tasks it had to stop, and exits 0", async () => {
-    const ex2 = await startExecutor({ worker: { drain_timeout_s: 1 } });
+  test("an executor told to stop: a task it had to stop ran, so 500 (no Ci-Not-Run); one that comes during the drain is 503 with Ci-Not-Run; exit 0", async () => {
+    const ex2 = await startExecutor({ worker: { drain_timeout_s: 2 } });
     try {
       const pending = fetch(`${ex2.url}/execute`, {
         method: "POST",
@@ -593,18 +594,92 @@ describe("cloudrun provider", () => {
         body: JSON.stringify({ taskId: "drain-1", language: "python", code: "import time\ntime.sleep(30)" }),
       });
       await untilRunning(ex2);
+      // A connection the executor accepted before its drain, idle (keep-alive).
+      const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+      const viaAgent = (path, body) =>
+        new Promise((resolve, reject) => {
+          const rq = httpRequest(`${ex2.url}${path}`, { agent, method: body ? "POST" : "GET", headers: body ? { "Content-Type": "application/json" } : {} }, (res) => {
+            let text = "";
+            res.on("data", (c) => (text += c));
+            res.on("end", () => resolve({ status: res.statusCode, headers: res.headers, text }));
+          });
+          rq.on("error", reject);
+          rq.end(body);
+        });
+      assert.equal((await viaAgent("/healthz")).status, 200);
       const t0 = Date.now();
       const exit = ex2.stop("SIGTERM");
+      for (const deadline = Date.now() + 10000; !ex2.lines().some((l) => l.event === "executor.draining"); await sleep(20))
+        if (Date.now() > deadline) assert.fail(`no executor.draining after SIGTERM:\n${ex2.logText()}`);
+      // A request during the drain (on a connection accepted before): not run.
+      const late = await viaAgent("/execute", JSON.stringify({ taskId: "drain-2", language: "python", code: "print(1)" }));
+      agent.destroy();
+      assert.equal(late.status, 503);
+      assert.equal(late.headers["ci-not-run"], "1", "the draining 503 says the code did not start");
+      assert.match(JSON.parse(late.text).error, /shutting down; run the task again/);
       const r = await pending;
-      assert.equal(r.status, 503);
-      assert.match((await r.json()).error, /shutting down/);
+      assert.equal(r.status, 500, "the stopped task's code ran: not a 503 that a worker would send again");
+      assert.equal(r.headers.get("ci-not-run"), null);
+      assert.match((await r.json()).error, /shut down while the task ran and stopped it .*the code may have run in part/);
       assert.deepEqual(await exit, { code: 0, signal: null }, ex2.logText().slice(-4000));
-      // The drain (1 s) cut the task short: it would have run 30 s. Not a
+      // The drain (2 s) cut the task short: it would have run 30 s. Not a
       // tighter bound: a loaded machine takes seconds to tear a sandbox down.
       assert.ok(Date.now() - t0 < 25000, `stopped the task at its drain time, not its end (${Date.now() - t0} ms)`);
     } finally {
       await ex2.cleanup();
     }
+  });
+
+  test("a task the executor stopped at its shutdown is not sent again: FAILED, the code may have run", async () => {
+    const ex2 = await startExecutor({ limits: EXECUTOR_LIMITS, worker: { drain_timeout_s: 1 } });
+    try {
+      const px = await startProxy(ex2.url);
+      others.push(px);
+      const w = await cloudrunWorker({ service_url: px.url });
+      const taskId = newTaskId("cr-stopped");
+      taskIds.push(taskId);
+      await stack.client.submit({ taskId, language: "python", code: "import time\nprint('started', flush=True)\ntime.sleep(30)", limits: { timeoutMs: 8000 } });
+      await untilRunning(ex2);
+      const exit = ex2.stop("SIGTERM");
+      const { result: res } = await stack.client.waitResult(taskId, 60000);
+      assert.equal(res.status, "TASK_STATUS_FAILED", show(res));
+      assert.match(
+        res.error,
+        /^the executor service at http:\/\/127\.0\.0\.1:\d+ answered HTTP 500 \(this executor instance was shut down while the task ran and stopped it .*\); the code may have run, so the task is not sent again$/,
+        show(res),
+      );
+      assert.equal(px.count("/execute"), 1, "sent once: the stopped run is not sent again (to the next instance)");
+      assert.deepEqual(await exit, { code: 0, signal: null });
+      await w.stop();
+    } finally {
+      await ex2.cleanup();
+    }
+  });
+
+  test("409: another copy of the task runs on the executor: FAILED at once, not sent again (once that copy ends it would run again)", async () => {
+    const before = await executor.healthz();
+    const taskId = newTaskId("cr-dup");
+    // The first copy, straight to the executor, runs 4 s.
+    const first = postJson(executor.url, { taskId, code: "import time\ntime.sleep(4)\nprint('first copy')" });
+    await untilRunning(executor);
+    const px = await startProxy(executor.url);
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url });
+    const t0 = Date.now();
+    const r = await run({ taskId, code: "print('second copy')" });
+    assert.equal(r.result.status, "TASK_STATUS_FAILED", show(r.result));
+    assert.match(
+      r.result.error,
+      /^the executor service at http:\/\/127\.0\.0\.1:\d+ is already running another copy of this task \(HTTP 409: task cr-dup-\S+ is already running on this executor instance\), e\.g\. one sent for an earlier delivery; it is not sent again, so that the code does not run twice$/,
+      show(r.result),
+    );
+    assert.equal(px.count("/execute"), 1, "one request: a 409 is not tried again");
+    assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not once the other copy ended`);
+    const f = await (await first).json();
+    assert.equal(f.result.stdout, "first copy\n");
+    const after = await executor.healthz();
+    assert.equal(after.started - before.started, 1, "the code ran once");
+    await w.stop();
   });
 
   // ---- without user namespaces (executor's local.isolation) -------------
@@ -672,6 +747,7 @@ describe("cloudrun provider", () => {
       const busy = await postJson(ex.url, { taskId: "bare-second", code: "print('second')" });
       assert.equal(busy.status, 429, "a second task while one runs is refused");
       assert.equal(busy.headers.get("retry-after"), "1");
+      assert.equal(busy.headers.get("ci-not-run"), "1", "the 429 says the code did not start");
       assert.match((await busy.json()).error, /runs one task at a time \(no namespace sandbox, local\.isolation: none\) and is busy/);
       const cancel = await fetch(`${ex.url}/cancel/bare-long`, { method: "POST" });
       assert.equal(cancel.status, 200);
