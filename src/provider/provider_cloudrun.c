@@ -5,10 +5,14 @@
  *
  * Life of a run:
  *   start()  encodes the ExecutionRequest (inputs inline) and returns;
- *   wait()   sends it on the calling slot's thread. It tries again, with
- *            exponential backoff and jitter until the deadline (the task's
- *            time limit plus cloudrun.timeout_margin_ms from the start of
- *            wait(); cloudrun.max_attempts, 0 by default, can cap the tries),
+ *   wait()   sends it on the calling slot's thread. Each try has the
+ *            whole of the task's time limit plus cloudrun.timeout_margin_ms
+ *            for its answer, however long the task waited to be admitted.
+ *            It tries again, with exponential backoff and jitter, while the
+ *            admission deadline (the same limit plus margin, from the start
+ *            of wait()) has not passed: that deadline decides only whether
+ *            another try starts (cloudrun.max_attempts, 0 by default, can
+ *            cap the tries),
  *            only what cannot have run the code: an ID token that could not
  *            be had, a request that never left (no address, no connection,
  *            no TLS handshake: an executor restarting), and the answers 408,
@@ -553,7 +557,12 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
     struct cloudrun *cr = ctx;
     const struct ci_config *cfg = cr->cfg;
     int64_t t0 = ci_mono_ms();
-    int64_t deadline = t0 + run->timeout_ms + cfg->cloudrun.timeout_margin_ms;
+    /* Each try gets all of this for its answer: time spent waiting to be
+     * admitted (429, a restarting executor) must not shorten the run. */
+    uint32_t attempt_ms = run->timeout_ms + cfg->cloudrun.timeout_margin_ms;
+    /* Until then a new try may start (how long to keep trying to get the
+     * task admitted); a try that started runs its course. */
+    int64_t deadline = t0 + attempt_ms;
     struct ci_outcome o;
     memset(&o, 0, sizeof(o));
     char last[512] = "";
@@ -592,9 +601,6 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             s = end_cancelled(&o);
             break;
         }
-        left = deadline - ci_mono_ms(); /* the token may have taken a while */
-        if (left <= 0)
-            left = 1;
 
         const char *headers[] = {auth, "Content-Type: application/protobuf",
                                  "Accept: application/protobuf", NULL};
@@ -605,7 +611,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             .headers = headers,
             .body = run->body,
             .body_len = run->body_len,
-            .timeout_ms = (uint32_t)left,
+            .timeout_ms = attempt_ms,
             .max_response_bytes = cr->max_response,
             .should_abort = abort_after_grace,
             .abort_arg = run,
@@ -616,6 +622,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             .keep_header = NOT_RUN_HEADER,
         };
         struct ci_http_response resp;
+        int64_t sent_at = ci_mono_ms();
         ci_status hs = ci_http_do(cr->http, &req, &resp, &e);
         ci_idtoken_header_free(auth);
         if (hs == CI_ERR_CANCELLED) {
@@ -638,7 +645,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             s = end_error(&o, fmt("the executor service at %s did not answer within %" PRId64
                                   " ms (the task's time limit of %u ms plus "
                                   "cloudrun.timeout_margin_ms)",
-                                  cr->base_url, ci_mono_ms() - t0, run->timeout_ms));
+                                  cr->base_url, ci_mono_ms() - sent_at, run->timeout_ms));
             break;
         }
         if (hs == CI_ERR_HTTP) {

@@ -302,6 +302,30 @@ describe("cloudrun provider", () => {
     await w.stop();
   });
 
+  test("waiting to be admitted does not shorten the run: a task admitted late still has its whole time limit", async () => {
+    // 429 for 6 s from the first try on, then forwarded; the deadline for
+    // tries is 7 s + 3 s. The code sleeps 4.5 s of its 7 s limit: a try
+    // admitted at ~6-7 s must still wait ~5 s for the answer.
+    let first = 0;
+    const px = await startProxy(executor.url, {
+      fault: (n, req) => {
+        if (req.path !== "/execute") return null;
+        first ||= Date.now();
+        return Date.now() - first < 6000 ? { status: 429, body: '{"error":"injected: busy"}', headers: { "Retry-After": "1" } } : null;
+      },
+    });
+    others.push(px);
+    const before = await executor.healthz();
+    const w = await cloudrunWorker({ service_url: px.url, timeout_margin_ms: 3000, backoff_initial_ms: 100, backoff_max_ms: 1000 });
+    const r = await run({ code: "import time\ntime.sleep(4.5)\nprint('admitted late, ran in full')", limits: { timeoutMs: 7000 } }, { timeoutMs: 60000 });
+    assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+    assert.equal(r.result.stdout, "admitted late, ran in full\n");
+    assert.ok(px.count("/execute") >= 3, `it waited through 429s (${px.count("/execute")} requests)`);
+    const after = await executor.healthz();
+    assert.equal(after.started - before.started, 1, "the code ran once");
+    await w.stop();
+  });
+
   test("an executor that restarts while a task waits: tried until the task's deadline, then the task succeeds", async () => {
     const ex = await startExecutor({ limits: EXECUTOR_LIMITS });
     const port = ex.port;
