@@ -14,7 +14,10 @@
  *            another try starts (cloudrun.max_attempts, 0 by default, can
  *            cap the tries),
  *            only what cannot have run the code: an ID token that could not
- *            be had, a request that never left (no address, no connection,
+ *            be had for a reason that may pass (the metadata server could
+ *            not be reached, or answered 5xx or 429: a 403, a 404, an answer
+ *            that is not a JWT or a token file that cannot be read ends the
+ *            run FAILED at once), a request that never left (no address, no connection,
  *            no TLS handshake: an executor restarting), and the answers 408,
  *            429, 502 and 503 (not run: busy, no instance, draining) and any
  *            5xx with the executor's "Ci-Not-Run: 1" (http.h). A request that
@@ -591,10 +594,18 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             s = CI_ERR_NOMEM;
             break;
         }
-        if (ts) { /* the metadata server or the token file; idtoken.c names it */
+        if (ts == CI_ERR_HTTP || ts == CI_ERR_TIMEOUT) {
+            /* The metadata server could not be reached, or failed (5xx,
+             * 429): it may answer the next time. idtoken.c names it. */
             snprintf(last, sizeof(last), "%s", e.msg);
             last_kind = LAST_TOKEN;
             goto retry;
+        }
+        if (ts) {
+            /* A 403/404, an answer that is not a JWT, a token file that
+             * cannot be read: asking again gives the same. */
+            s = end_error(&o, fmt("%s (the executor service was not called)", e.msg));
+            break;
         }
         if (!mark_sent(run)) {
             ci_idtoken_header_free(auth);

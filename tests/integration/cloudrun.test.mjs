@@ -382,6 +382,34 @@ describe("cloudrun provider", () => {
     await w.stop();
   });
 
+  test("a token error that asking again cannot fix (metadata server 404, a missing token file): FAILED at once, the executor not called", async () => {
+    const md404 = await startMetadataServer({ failStatus: 404 });
+    others.push(md404);
+    const px = await startProxy(executor.url);
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url, metadata_url: md404.url });
+    let t0 = Date.now();
+    const r = await run({ code: "print('never runs')", limits: { timeoutMs: 5000 } }, { timeoutMs: 30000 });
+    assert.equal(r.result.status, "TASK_STATUS_FAILED", show(r.result));
+    assert.equal(
+      r.result.error,
+      `could not get an ID token from the metadata server at ${md404.url}: it answered HTTP 404 (is a service account attached to this machine?) (the executor service was not called)`,
+    );
+    assert.equal(md404.failed, 1, "asked once: a 404 does not go away by asking again");
+    assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not at the task's deadline`);
+    await w.stop();
+
+    const missing = join(tmpdir(), `ci-no-such-token-${process.pid}`);
+    const w2 = await cloudrunWorker({ service_url: px.url, token_file: missing });
+    t0 = Date.now();
+    const r2 = await run({ code: "print('never runs')", limits: { timeoutMs: 5000 } }, { timeoutMs: 30000 });
+    assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
+    assert.equal(r2.result.error, `cannot open the token file ${missing}: No such file or directory (the executor service was not called)`);
+    assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once`);
+    assert.equal(px.count("/execute"), 0, "no request without a token");
+    await w2.stop();
+  });
+
   test("TLS: cloudrun.ca_file vouches for the service; a certificate it does not vouch for fails at once, not retried", async () => {
     const dir = mkdtempSync(join(tmpdir(), "ci-crtls-"));
     try {
