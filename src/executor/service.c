@@ -309,17 +309,33 @@ static void rejected(struct ci_service *s, struct ci_httpd_response *resp, unsig
 
 static void num(char *out, size_t n, uint64_t v) { snprintf(out, n, "%" PRIu64, v); }
 
-/* Bare mode, after a task: every process it left (out of its process
- * group, by setsid) is killed before the next task may start. */
-static void sweep_leftovers(struct ci_service *s, const char *task_id)
+/* Bare mode: what one task left behind (out of its process group, by
+ * setsid) is swept once the sandbox has reaped the task's own process,
+ * before it reads the artifacts and removes the task's directory (the
+ * job's bare_hooks, job.h). */
+struct bare_sweep {
+    bool done;
+    unsigned killed, left;
+};
+
+static void bare_task_ended(void *ctx)
 {
-    unsigned left = 0;
-    unsigned killed = ci_sweep_children(SWEEP_MS, &left);
-    if (killed == 0 && left == 0)
+    struct bare_sweep *b = ctx;
+    b->killed = ci_sweep_children(SWEEP_MS, &b->left);
+    b->done = true;
+}
+
+/* After the run: sweeps now if the sandbox never did (no task process was
+ * started), then counts and logs. */
+static void sweep_report(struct ci_service *s, const char *task_id, struct bare_sweep *b)
+{
+    if (!b->done)
+        bare_task_ended(b);
+    if (b->killed == 0 && b->left == 0)
         return;
-    atomic_fetch_add(&s->c_leftovers_killed, killed);
-    ci_log_num(left ? CI_LOG_ERROR : CI_LOG_WARN, "execute.leftovers_killed", "processes",
-               killed, "task_id", task_id, "still_alive", left ? "true" : "false", NULL);
+    atomic_fetch_add(&s->c_leftovers_killed, b->killed);
+    ci_log_num(b->left ? CI_LOG_ERROR : CI_LOG_WARN, "execute.leftovers_killed", "processes",
+               b->killed, "task_id", task_id, "still_alive", b->left ? "true" : "false", NULL);
 }
 
 static void handle_execute(struct ci_service *s, const struct ci_httpd_request *hr,
@@ -405,6 +421,8 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
     }
 
     atomic_fetch_add(&s->c_started, 1);
+    struct bare_sweep sweep = {0};
+    const struct ci_bare_hooks bare_hooks = {.ended = bare_task_ended, .ctx = &sweep};
     if (admitted) {
         /* The connection waits for as long as the task runs. */
         ci_httpd_set_idle_timeout(hr, 0);
@@ -427,6 +445,7 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
                 .n_files = req->n_files,
                 .timeout_ms = timeout_ms,
                 .memory_mb = memory_mb,
+                .bare_hooks = s->bare ? &bare_hooks : NULL,
             };
             if (ci_provider_start(s->provider, &job, &run, &e)) {
                 answer_error(&a, CI__V1__TASK_STATUS__TASK_STATUS_FAILED, "%s", e.msg);
@@ -444,7 +463,7 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
         entry_clear_run(s, &ent);
         ci_provider_release(s->provider, run);
         if (s->bare)
-            sweep_leftovers(s, id);
+            sweep_report(s, id, &sweep);
         /* Only now may the next task come in (bare: nothing of this one is left). */
         entry_remove(s, &ent);
         /* From here on the code has run: a failure is a 500, which no

@@ -43,8 +43,9 @@ struct ci_service_options {
     const char *instance_id;      /* ExecutionResult.worker */
     struct ci_auth *auth;         /* callers' ID tokens; NULL = no check; borrowed */
     /* Tasks run without namespaces (local.isolation: none): max_running
-     * must be 1, and after each task every process it left is killed
-     * (sweep.h) before the next may start. */
+     * must be 1, and every process a task left is killed (sweep.h) once
+     * its own process has been reaped, before its artifacts are read and
+     * before the next task may start. */
     bool bare;
 };
 

@@ -5,8 +5,11 @@
  * but a process that called setsid() (or double-forked into a new session)
  * is out of that group and would live on, as the same uid as the next
  * task, to watch it. So the executor makes itself a child subreaper: every
- * orphan of a task becomes its child instead of init's, and after each task
- * (one at a time in this mode) it kills and reaps every child it has. */
+ * orphan of a task becomes its child instead of init's, and as soon as the
+ * sandbox has reaped a task's own process (one task at a time in this mode;
+ * the job's bare_hooks, core/job.h) it kills and reaps every child it has,
+ * before the sandbox reads the task's artifacts and removes its directory:
+ * nothing of the task runs while they are. */
 #ifndef CI_SWEEP_H
 #define CI_SWEEP_H
 

@@ -899,6 +899,39 @@ describe("cloudrun provider", () => {
     }
   });
 
+  test("isolation none: a process that left the task's group is killed when the task ends, before its files are read and removed", async (t) => {
+    if (!needNoUserns(t)) return;
+    const marker = `ci-itest-bare-late-${process.pid}-${Date.now()}`;
+    try {
+      await withBareExecutor(10001, {}, async (ex, tmp) => {
+        // In a session of its own, holding stdout open: it waits for the
+        // task's process to end, then writes an artifact half a second later.
+        const late = [
+          "import os, sys, time",
+          "parent = int(sys.argv[1])",
+          "while os.getppid() == parent:",
+          "    time.sleep(0.01)",
+          "time.sleep(0.5)",
+          "open('late.csv', 'w').write('written,late\\n1,2\\n')",
+          "time.sleep(120)",
+        ].join("\n");
+        const r = await postJson(ex.url, {
+          taskId: "bare-late",
+          code: ["import os, subprocess, sys", `subprocess.Popen([sys.executable, '-c', ${JSON.stringify(late)}, str(os.getpid()), '${marker}'], start_new_session=True)`, "print('main done')"].join("\n"),
+        });
+        assert.equal(r.status, 200);
+        const res = (await r.json()).result;
+        assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
+        assert.equal(res.stdout, "main done\n");
+        assert.deepEqual(res.artifacts ?? [], [], "a process of the task wrote while its artifacts were read: it was still alive");
+        assert.deepEqual(processesWith(marker), [], "a process of the task outlived it");
+        assert.deepEqual(readdirSync(tmp), [], "the task's directory is gone");
+      });
+    } finally {
+      for (const pid of processesWith(marker)) try { process.kill(pid, "SIGKILL"); } catch { /* gone */ }
+    }
+  });
+
   test("isolation none, executor as root: the task runs as local.sandbox_uid and can neither read nor signal the executor", async (t) => {
     if (!needNoUserns(t)) return;
     const tmp = bareTmp(0);
