@@ -56,6 +56,7 @@ struct ci_service {
     char instance_id[128];
     struct ci_auth *auth;
     bool bare;
+    struct ci_reaper *reaper; /* bare mode: reaps a task's orphans while it runs */
 
     pthread_mutex_t lock;
     struct entry *running;
@@ -314,13 +315,21 @@ static void num(char *out, size_t n, uint64_t v) { snprintf(out, n, "%" PRIu64, 
  * before it reads the artifacts and removes the task's directory (the
  * job's bare_hooks, job.h). */
 struct bare_sweep {
+    struct ci_reaper *reaper;
     bool done;
     unsigned killed, left;
 };
 
+static void bare_task_started(void *ctx, pid_t task)
+{
+    struct bare_sweep *b = ctx;
+    ci_reaper_watch(b->reaper, task);
+}
+
 static void bare_task_ended(void *ctx)
 {
     struct bare_sweep *b = ctx;
+    ci_reaper_unwatch(b->reaper);
     b->killed = ci_sweep_children(SWEEP_MS, &b->left);
     b->done = true;
 }
@@ -421,8 +430,9 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
     }
 
     atomic_fetch_add(&s->c_started, 1);
-    struct bare_sweep sweep = {0};
-    const struct ci_bare_hooks bare_hooks = {.ended = bare_task_ended, .ctx = &sweep};
+    struct bare_sweep sweep = {.reaper = s->reaper};
+    const struct ci_bare_hooks bare_hooks = {
+        .started = bare_task_started, .ended = bare_task_ended, .ctx = &sweep};
     if (admitted) {
         /* The connection waits for as long as the task runs. */
         ci_httpd_set_idle_timeout(hr, 0);
@@ -702,6 +712,13 @@ ci_status ci_service_new(const struct ci_service_options *o, struct ci_service *
                             "without a namespace sandbox the executor runs one task at a time");
     }
     snprintf(s->instance_id, sizeof(s->instance_id), "%s", o->instance_id ? o->instance_id : "");
+    if (s->bare) {
+        ci_status rs = ci_reaper_new(&s->reaper, err);
+        if (rs) {
+            free(s);
+            return rs;
+        }
+    }
     pthread_mutex_init(&s->lock, NULL);
     if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
         ci_service_free(s);
@@ -719,6 +736,7 @@ void ci_service_free(struct ci_service *s)
     atomic_store(&s->stopping, true);
     if (s->watchdog_started)
         pthread_join(s->watchdog, NULL);
+    ci_reaper_free(s->reaper);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }

@@ -13,11 +13,29 @@
 #ifndef CI_SWEEP_H
 #define CI_SWEEP_H
 
+#include <sys/types.h>
+
 #include "core/status.h"
 
 /* Makes this process the reaper of its descendants' orphans
  * (PR_SET_CHILD_SUBREAPER). */
 ci_status ci_sweep_init(struct ci_error *err);
+
+/* While a bare task runs, its orphans that exit stay zombies until reaped,
+ * and a zombie still counts against the task's RLIMIT_NPROC (`sh -c 'x &'`
+ * in a loop would soon fail with EAGAIN). A reaper is a thread that, from
+ * ci_reaper_watch(task) to ci_reaper_unwatch(), reaps every child of this
+ * process that has exited except task, which the sandbox waits for. */
+struct ci_reaper;
+
+ci_status ci_reaper_new(struct ci_reaper **ret, struct ci_error *err);
+/* Stops the thread. Accepts NULL. */
+void ci_reaper_free(struct ci_reaper *r);
+/* task is the bare task's process, just started: reap its orphans. */
+void ci_reaper_watch(struct ci_reaper *r, pid_t task);
+/* Stops reaping; returns once no waitpid() of the reaper is in progress
+ * (the caller may then reap and reuse pids freely). */
+void ci_reaper_unwatch(struct ci_reaper *r);
 
 /* Kills (SIGKILL) and reaps every child of this process, again and again
  * as their own children are handed over, until none is left or timeout_ms

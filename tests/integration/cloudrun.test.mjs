@@ -932,6 +932,23 @@ describe("cloudrun provider", () => {
     }
   });
 
+  test("isolation none: orphans that exit during the task are reaped at once, not left as zombies against its process limit", async (t) => {
+    if (!needNoUserns(t)) return;
+    await withBareExecutor(10001, {}, async (ex) => {
+      // Each `sh -c 'sleep 0 &'` leaves an orphan that exits at once: 150 of
+      // them, twice local.max_processes (64), in 1.5 s or more.
+      const r = await postJson(ex.url, {
+        taskId: "bare-orphans",
+        code: ["import subprocess, time", "for i in range(150):", "    subprocess.run(['sh', '-c', 'sleep 0 &'], check=True)", "    time.sleep(0.01)", "print('150 orphans')"].join("\n"),
+        limits: { timeoutMs: 30000 },
+      });
+      assert.equal(r.status, 200);
+      const res = (await r.json()).result;
+      assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
+      assert.equal(res.stdout, "150 orphans\n");
+    });
+  });
+
   test("isolation none, executor as root: the task runs as local.sandbox_uid and can neither read nor signal the executor", async (t) => {
     if (!needNoUserns(t)) return;
     const tmp = bareTmp(0);
