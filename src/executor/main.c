@@ -3,6 +3,8 @@
  * runs each task in the same sandbox as the `local` provider of ci-worker.
  * Until SIGTERM or SIGINT; then it stops accepting, lets running tasks
  * finish (at most worker.drain_timeout_s), cancels the rest and exits 0.
+ * Without namespaces, a task that left a process the sweep could not remove
+ * makes it stop the same way and exit 1 (the platform starts a new one).
  * SIGHUP re-reads the key set of executor.jwks_file.
  *
  * Two choices it will not make for the operator (exit 2 until they are in
@@ -260,7 +262,7 @@ int main(int argc, char **argv)
     ci_log_num(CI_LOG_INFO, "executor.limits", "max_running", max_running, "auth",
                auth ? "google-id-token" : "none", "isolation", bare ? "none" : "sandbox", NULL);
 
-    while (!g_stop) {
+    while (!g_stop && !ci_service_unhealthy(service)) {
         sleep_ms(100);
         if (g_reload) {
             g_reload = 0;
@@ -275,7 +277,11 @@ int main(int argc, char **argv)
         }
     }
 
-    ci_log(CI_LOG_INFO, "executor.draining", NULL);
+    /* A bare task left a process the sweep could not remove: stop, as on
+     * SIGTERM, and exit 1, so that the platform starts a fresh instance. */
+    bool unhealthy = ci_service_unhealthy(service);
+    ci_log(unhealthy ? CI_LOG_ERROR : CI_LOG_INFO, "executor.draining", "reason",
+           unhealthy ? "unhealthy" : "signal", NULL);
     ci_httpd_quiesce(httpd);
     ci_service_drain(service);
     int64_t deadline = ci_mono_ms() + (int64_t)cfg->worker.drain_timeout_s * 1000;
@@ -293,7 +299,7 @@ int main(int argc, char **argv)
     deadline = ci_mono_ms() + 2000;
     while (ci_httpd_connections(httpd) > 0 && ci_mono_ms() < deadline)
         sleep_ms(20);
-    rc = 0;
+    rc = unhealthy ? 1 : 0;
 out:
     ci_httpd_stop(httpd); /* waits for every handler */
     ci_service_free(service);

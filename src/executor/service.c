@@ -68,6 +68,10 @@ struct ci_service {
     bool watchdog_started;
     atomic_bool stopping;
     atomic_bool draining;
+    /* Bare mode: a sweep left a process of a task alive. No task may run
+     * beside it: every /execute is refused from then on, /healthz says so,
+     * and main() stops the instance (the platform starts a fresh one). */
+    atomic_bool unhealthy;
 
     /* Counters for /healthz. */
     atomic_uint_fast64_t c_requests, c_started, c_finished, c_succeeded, c_failed, c_timed_out,
@@ -110,13 +114,16 @@ static bool tombstoned(struct ci_service *s, const char *id)
     return false;
 }
 
-enum admit { ADMIT_OK, ADMIT_BUSY, ADMIT_DUPLICATE, ADMIT_CANCELLED, ADMIT_DRAINING };
+enum admit { ADMIT_OK, ADMIT_BUSY, ADMIT_DUPLICATE, ADMIT_CANCELLED, ADMIT_DRAINING,
+             ADMIT_UNHEALTHY };
 
 static enum admit admit(struct ci_service *s, struct entry *e)
 {
     enum admit a = ADMIT_OK;
     pthread_mutex_lock(&s->lock);
-    if (atomic_load(&s->draining))
+    if (atomic_load(&s->unhealthy))
+        a = ADMIT_UNHEALTHY;
+    else if (atomic_load(&s->draining))
         a = ADMIT_DRAINING;
     else if (tombstoned(s, e->id))
         a = ADMIT_CANCELLED;
@@ -166,6 +173,8 @@ static void entry_remove(struct ci_service *s, struct entry *e)
 }
 
 void ci_service_drain(struct ci_service *s) { atomic_store(&s->draining, true); }
+
+bool ci_service_unhealthy(struct ci_service *s) { return atomic_load(&s->unhealthy); }
 
 uint32_t ci_service_running(struct ci_service *s)
 {
@@ -335,7 +344,9 @@ static void bare_task_ended(void *ctx)
 }
 
 /* After the run: sweeps now if the sandbox never did (no task process was
- * started), then counts and logs. */
+ * started), then counts and logs. Something still there after the sweep
+ * (a process that cannot be killed, or a child that cannot be reaped) could
+ * watch the next task: the instance takes no more. */
 static void sweep_report(struct ci_service *s, const char *task_id, struct bare_sweep *b)
 {
     if (!b->done)
@@ -345,6 +356,14 @@ static void sweep_report(struct ci_service *s, const char *task_id, struct bare_
     atomic_fetch_add(&s->c_leftovers_killed, b->killed);
     ci_log_num(b->left ? CI_LOG_ERROR : CI_LOG_WARN, "execute.leftovers_killed", "processes",
                b->killed, "task_id", task_id, "still_alive", b->left ? "true" : "false", NULL);
+    if (b->left) {
+        atomic_store(&s->unhealthy, true);
+        ci_log_num(CI_LOG_ERROR, "executor.unhealthy", "children_left", b->left, "task_id",
+                   task_id, "error",
+                   "a process the task left is still there after the sweep; this instance "
+                   "takes no more tasks and stops",
+                   NULL);
+    }
 }
 
 static void handle_execute(struct ci_service *s, const struct ci_httpd_request *hr,
@@ -412,6 +431,12 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
         goto out_answer;
     case ADMIT_DRAINING:
         rejected(s, resp, 503, id, "this executor instance is shutting down; run the task again");
+        resp->not_run = true;
+        goto out_answer;
+    case ADMIT_UNHEALTHY:
+        rejected(s, resp, 503, id,
+                 "this executor instance could not end every process an earlier task left "
+                 "(local.isolation: none) and takes no more tasks; run the task again");
         resp->not_run = true;
         goto out_answer;
     case ADMIT_DUPLICATE:
@@ -573,10 +598,11 @@ static void handle_cancel(struct ci_service *s, const char *id, struct ci_httpd_
 
 static void handle_healthz(struct ci_service *s, struct ci_httpd_response *resp)
 {
+    bool unhealthy = atomic_load(&s->unhealthy);
 #define C(x) (json_int_t) atomic_load(&s->x)
     json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
                           "s:I, s:I, s:s, s:s}",
-                          "status", "ok", "running", (json_int_t)ci_service_running(s),
+                          "status", unhealthy ? "unhealthy" : "ok", "running", (json_int_t)ci_service_running(s),
                           "maxRunning", (json_int_t)s->max_running, "requests", C(c_requests),
                           "started", C(c_started), "finished", C(c_finished), "succeeded",
                           C(c_succeeded), "failed", C(c_failed), "timedOut", C(c_timed_out),
@@ -593,7 +619,8 @@ static void handle_healthz(struct ci_service *s, struct ci_httpd_response *resp)
         ci_httpd_error(resp, 503, "out of memory");
         return;
     }
-    resp->status = 200;
+    /* 503 for a liveness probe: this instance must be replaced. */
+    resp->status = unhealthy ? 503 : 200;
     resp->content_type = "application/json";
     resp->body = (uint8_t *)text;
     resp->body_len = strlen(text);

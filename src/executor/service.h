@@ -8,7 +8,9 @@
  *   POST /cancel/{taskId}  kills the run of that task (200), or remembers the
  *                          id for two minutes so that a request for it that
  *                          arrives late never runs (404).
- *   GET  /healthz          200 with counters as JSON.
+ *   GET  /healthz          200 with counters as JSON ("status": "ok"); 503
+ *                          with "status": "unhealthy" once a bare task left
+ *                          a process the sweep could not remove.
  *
  * With an auth (auth.h), every route but /healthz first needs a valid ID
  * token: 401 with WWW-Authenticate and a short reason otherwise, decided
@@ -66,6 +68,10 @@ void ci_service_edge_reject(void *ctx, const char *method, const char *path, uns
 /* From now on /execute answers 503 with Ci-Not-Run (the instance is
  * stopping; a worker tries again elsewhere); running tasks go on. */
 void ci_service_drain(struct ci_service *s);
+/* Whether a bare task left something the sweep could not remove: /execute
+ * answers 503 with Ci-Not-Run and /healthz 503 from then on; the caller
+ * should stop the instance. */
+bool ci_service_unhealthy(struct ci_service *s);
 /* Tasks running now. */
 uint32_t ci_service_running(struct ci_service *s);
 /* Cancels every running task (shutdown after the drain time); their

@@ -132,10 +132,11 @@ ci_status ci_sweep_init(struct ci_error *err)
 }
 
 /* The parent of pid, from /proc/PID/stat ("pid (comm) state ppid ..."; the
- * comm may hold spaces and parentheses: the last ')' ends it); -1 for a
- * zombie, which needs reaping, not killing. */
-static pid_t parent_of(const char *pid)
+ * comm may hold spaces and parentheses: the last ')' ends it); -1 when it
+ * is gone. *ret_zombie: it has exited (it needs reaping, not killing). */
+static pid_t parent_of(const char *pid, bool *ret_zombie)
 {
+    *ret_zombie = false;
     char path[64], buf[512];
     snprintf(path, sizeof(path), "/proc/%s/stat", pid);
     CI_AUTOCLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -150,8 +151,9 @@ static pid_t parent_of(const char *pid)
         return -1;
     char state;
     int ppid;
-    if (sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2 || state == 'Z')
+    if (sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2)
         return -1;
+    *ret_zombie = state == 'Z';
     return (pid_t)ppid;
 }
 
@@ -167,7 +169,8 @@ static unsigned kill_children(void)
     while (n < MAX_ROUND && (e = readdir(d)) != NULL) {
         if (!isdigit((unsigned char)e->d_name[0]))
             continue;
-        if (parent_of(e->d_name) != self)
+        bool zombie;
+        if (parent_of(e->d_name, &zombie) != self || zombie)
             continue;
         pid_t pid = (pid_t)strtol(e->d_name, NULL, 10);
         if (pid > 0 && kill(pid, SIGKILL) == 0)
@@ -199,13 +202,16 @@ unsigned ci_sweep_children(int timeout_ms, unsigned *ret_left)
         struct timespec ts = {0, 5 * 1000000L};
         nanosleep(&ts, NULL);
     }
+    /* Whatever is still our child: alive, or a zombie we cannot reap (one
+     * that another process traces is reported to its tracer first). */
     unsigned left = 0;
     if (reap()) {
         DIR *d = opendir("/proc");
         struct dirent *e;
         pid_t self = getpid();
+        bool zombie;
         while (d && (e = readdir(d)) != NULL)
-            if (isdigit((unsigned char)e->d_name[0]) && parent_of(e->d_name) == self)
+            if (isdigit((unsigned char)e->d_name[0]) && parent_of(e->d_name, &zombie) == self)
                 left++;
         if (d)
             closedir(d);

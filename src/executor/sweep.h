@@ -41,7 +41,8 @@ void ci_reaper_unwatch(struct ci_reaper *r);
  * as their own children are handed over, until none is left or timeout_ms
  * passed. Call only when no task runs: it takes every child. Returns how
  * many processes it killed; *ret_left (may be NULL) is how many children
- * were still there at the end (0 unless something cannot be killed). */
+ * were still there at the end, alive or not reapable (0 unless something
+ * cannot be killed, or a zombie is held by a tracer). */
 unsigned ci_sweep_children(int timeout_ms, unsigned *ret_left);
 
 #endif

@@ -5,7 +5,7 @@
 // requests or injects failures. Nothing of ours is mocked.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { createHmac, generateKeyPairSync } from "node:crypto";
 import { Agent, request as httpRequest } from "node:http";
 import { chownSync, chmodSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
@@ -39,6 +39,24 @@ async function untilRunning(ex, ms = 30000) {
   }
 }
 const MiB = 1024 * 1024;
+
+// Requests to base over one kept-alive connection (node:http, one socket):
+// a connection the executor accepted before it began to stop stays usable.
+function keptAlive(base) {
+  const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+  const request = (path, body) =>
+    new Promise((resolve, reject) => {
+      const headers = body ? { "Content-Type": "application/json" } : {};
+      const rq = httpRequest(`${base}${path}`, { agent, method: body ? "POST" : "GET", headers }, (res) => {
+        let text = "";
+        res.on("data", (c) => (text += c));
+        res.on("end", () => resolve({ status: res.statusCode, headers: res.headers, text, json: () => JSON.parse(text) }));
+      });
+      rq.on("error", reject);
+      rq.end(body);
+    });
+  return { request, close: () => agent.destroy() };
+}
 
 const CSV = "region,amount\nnorth,4\neast,20\nwest,7\nnorth,6\neast,15\n";
 const MORE = "region,amount\nsouth,9\n";
@@ -647,25 +665,15 @@ describe("cloudrun provider", () => {
       });
       await untilRunning(ex2);
       // A connection the executor accepted before its drain, idle (keep-alive).
-      const agent = new Agent({ keepAlive: true, maxSockets: 1 });
-      const viaAgent = (path, body) =>
-        new Promise((resolve, reject) => {
-          const rq = httpRequest(`${ex2.url}${path}`, { agent, method: body ? "POST" : "GET", headers: body ? { "Content-Type": "application/json" } : {} }, (res) => {
-            let text = "";
-            res.on("data", (c) => (text += c));
-            res.on("end", () => resolve({ status: res.statusCode, headers: res.headers, text }));
-          });
-          rq.on("error", reject);
-          rq.end(body);
-        });
-      assert.equal((await viaAgent("/healthz")).status, 200);
+      const conn = keptAlive(ex2.url);
+      assert.equal((await conn.request("/healthz")).status, 200);
       const t0 = Date.now();
       const exit = ex2.stop("SIGTERM");
       for (const deadline = Date.now() + 10000; !ex2.lines().some((l) => l.event === "executor.draining"); await sleep(20))
         if (Date.now() > deadline) assert.fail(`no executor.draining after SIGTERM:\n${ex2.logText()}`);
       // A request during the drain (on a connection accepted before): not run.
-      const late = await viaAgent("/execute", JSON.stringify({ taskId: "drain-2", language: "python", code: "print(1)" }));
-      agent.destroy();
+      const late = await conn.request("/execute", JSON.stringify({ taskId: "drain-2", language: "python", code: "print(1)" }));
+      conn.close();
       assert.equal(late.status, 503);
       assert.equal(late.headers["ci-not-run"], "1", "the draining 503 says the code did not start");
       assert.match(JSON.parse(late.text).error, /shutting down; run the task again/);
@@ -947,6 +955,62 @@ describe("cloudrun provider", () => {
       assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
       assert.equal(res.stdout, "150 orphans\n");
     });
+  });
+
+  test("isolation none: a process the sweep cannot remove makes the executor refuse every task (503, Ci-Not-Run), /healthz 503, and exit 1", async (t) => {
+    if (!needNoUserns(t)) return;
+    const marker = `ci-itest-bare-held-${process.pid}-${Date.now()}`;
+    // Something the executor cannot end: a leftover traced from outside,
+    // which once killed stays a zombie only its tracer may release.
+    const TRACER = [
+      "import ctypes, sys, time",
+      "libc = ctypes.CDLL(None, use_errno=True)",
+      "if libc.ptrace(ctypes.c_long(0x4206), ctypes.c_long(int(sys.argv[1])), None, None) != 0:",
+      "    sys.exit(f'PTRACE_SEIZE: errno {ctypes.get_errno()}')",
+      "time.sleep(600)",
+    ].join("\n");
+    let tracer = null;
+    try {
+      await withBareExecutor(10001, {}, async (ex) => {
+        const conn = keptAlive(ex.url);
+        const answer = conn.request("/execute", JSON.stringify({
+          taskId: "bare-held",
+          language: "python",
+          code: [
+            "import subprocess, sys, time",
+            `p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '${marker}'], start_new_session=True)`,
+            "while 'TracerPid:\\t0\\n' in open(f'/proc/{p.pid}/status').read():",
+            "    time.sleep(0.05)",
+            "print('held')",
+          ].join("\n"),
+        }));
+        const [pid] = await waitProcessWith(marker, 30000);
+        tracer = spawn("python3", ["-c", TRACER, String(pid)], { stdio: ["ignore", "ignore", "inherit"] });
+        const r = await answer;
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.json().result.stdout, "held\n");
+        const killed = ex.lines().find((l) => l.event === "execute.leftovers_killed" && l.task_id === "bare-held");
+        assert.equal(killed?.still_alive, "true", ex.logText());
+        assert.ok(ex.lines().some((l) => l.event === "executor.unhealthy"), ex.logText());
+        // The next task is not let in beside what is left.
+        const next = await conn.request("/execute", JSON.stringify({ taskId: "bare-after", language: "python", code: "print('must not run')" }));
+        assert.equal(next.status, 503, next.text);
+        assert.equal(next.headers["ci-not-run"], "1");
+        assert.match(next.json().error, /could not end every process an earlier task left .* takes no more tasks; run the task again/);
+        const h = await conn.request("/healthz");
+        assert.equal(h.status, 503, "a liveness probe sees it");
+        assert.equal(h.json().status, "unhealthy");
+        assert.equal(h.json().started, 1, "nothing ran after");
+        conn.close();
+        // It stops by itself, so that the platform starts a fresh instance.
+        for (const deadline = Date.now() + 20000; !ex.exited(); await sleep(50))
+          if (Date.now() > deadline) assert.fail(`the unhealthy executor did not exit:\n${ex.logText()}`);
+        assert.deepEqual(ex.exited(), { code: 1, signal: null }, ex.logText().slice(-3000));
+      });
+    } finally {
+      tracer?.kill("SIGKILL");
+      for (const pid of processesWith(marker)) try { process.kill(pid, "SIGKILL"); } catch { /* gone */ }
+    }
   });
 
   test("isolation none, executor as root: the task runs as local.sandbox_uid and can neither read nor signal the executor", async (t) => {
