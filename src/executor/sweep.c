@@ -131,9 +131,11 @@ ci_status ci_sweep_init(struct ci_error *err)
     return CI_OK;
 }
 
-/* The parent of pid, from /proc/PID/stat ("pid (comm) state ppid ..."; the
- * comm may hold spaces and parentheses: the last ')' ends it); -1 when it
- * is gone. *ret_zombie: it has exited (it needs reaping, not killing). */
+/* The parent of pid, from /proc/PID/stat ("pid (comm) state ppid ...
+ * num_threads ..."; the comm may hold spaces and parentheses: the last ')'
+ * ends it); -1 when it is gone. *ret_zombie: nothing of it runs any more
+ * (it needs reaping, not killing). A first thread that called exit(2)
+ * alone shows as a zombie while the others run on: that process is alive. */
 static pid_t parent_of(const char *pid, bool *ret_zombie)
 {
     *ret_zombie = false;
@@ -151,9 +153,12 @@ static pid_t parent_of(const char *pid, bool *ret_zombie)
         return -1;
     char state;
     int ppid;
-    if (sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2)
+    long threads = 0;
+    if (sscanf(close_paren + 1,
+               " %c %d %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %ld", &state,
+               &ppid, &threads) != 3)
         return -1;
-    *ret_zombie = state == 'Z';
+    *ret_zombie = state == 'Z' && threads <= 1;
     return (pid_t)ppid;
 }
 

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { createHmac, generateKeyPairSync } from "node:crypto";
 import { Agent, request as httpRequest } from "node:http";
-import { chownSync, chmodSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { chownSync, chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -938,6 +938,41 @@ describe("cloudrun provider", () => {
     } finally {
       for (const pid of processesWith(marker)) try { process.kill(pid, "SIGKILL"); } catch { /* gone */ }
     }
+  });
+
+  test("isolation none: a leftover whose first thread exited alone (a zombie with live threads) is killed too", async (t) => {
+    if (!needNoUserns(t)) return;
+    // The processes whose parent is pid, from /proc/*/stat.
+    const childrenOf = (pid) =>
+      readdirSync("/proc").filter((d) => {
+        if (!/^\d+$/.test(d)) return false;
+        try {
+          const st = readFileSync(`/proc/${d}/stat`, "utf8");
+          return Number(st.slice(st.lastIndexOf(")") + 2).split(" ")[1]) === pid;
+        } catch {
+          return false;
+        }
+      });
+    await withBareExecutor(10001, {}, async (ex) => {
+      const half = ["import ctypes, threading, time", "threading.Thread(target=time.sleep, args=(120,)).start()", "ctypes.CDLL(None).syscall(60, 0)"].join("\n");
+      const r = await postJson(ex.url, {
+        taskId: "bare-half-exited",
+        code: [
+          "import subprocess, sys, time",
+          `p = subprocess.Popen([sys.executable, '-c', ${JSON.stringify(half)}], start_new_session=True)`,
+          "while open(f'/proc/{p.pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z':",
+          "    time.sleep(0.01)",
+          "print('its first thread is gone, another runs')",
+        ].join("\n"),
+      });
+      assert.equal(r.status, 200);
+      const res = (await r.json()).result;
+      assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
+      assert.deepEqual(childrenOf(ex.pid), [], "a process of the task is still the executor's child after the answer");
+      const killed = ex.lines().find((l) => l.event === "execute.leftovers_killed" && l.task_id === "bare-half-exited");
+      assert.equal(killed?.still_alive, "false", ex.logText());
+      assert.ok(killed.processes >= 1);
+    });
   });
 
   test("isolation none: orphans that exit during the task are reaped at once, not left as zombies against its process limit", async (t) => {
