@@ -246,6 +246,11 @@ int main(int argc, char **argv)
         .port = port,
         /* Room for health checks and quick 429s beside the running tasks. */
         .max_connections = max_running * 2 + 16,
+        /* So that one address (a caller without a token, too) cannot take
+         * them all: half and a bit, by default. */
+        .max_connections_per_ip = cfg->executor.max_connections_per_ip
+                                      ? cfg->executor.max_connections_per_ip
+                                      : max_running + 8,
         .idle_timeout_s = IDLE_TIMEOUT_S,
         .handler = ci_service_handle,
         .body_limit = ci_service_body_limit,

@@ -679,17 +679,26 @@ static const char *route_name(const char *path)
 }
 
 bool ci_service_authorize(void *ctx, const char *method, const char *path,
-                          const char *authorization, struct ci_httpd_response *resp)
+                          const char *authorization, bool *ret_trusted,
+                          struct ci_httpd_response *resp)
 {
     struct ci_service *s = ctx;
-    /* Counters only, for probes that hold no token (kubelet, Cloud Run's). */
+    /* No check here: whatever is in front checked (executor.auth none). */
+    if (!s->auth) {
+        *ret_trusted = true;
+        return true;
+    }
+    /* Counters only, for probes that hold no token (kubelet, Cloud Run's):
+     * open to anyone, so the connection stays untrusted. */
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    if (!s->auth || (get && strcmp(path, "/healthz") == 0))
+    if (get && strcmp(path, "/healthz") == 0)
         return true;
     struct ci_auth_verdict v;
     ci_status st = ci_auth_check(s->auth, authorization, ci_now_ms() / 1000, &v);
-    if (!st)
+    if (!st) {
+        *ret_trusted = true;
         return true;
+    }
     atomic_fetch_add(&s->c_requests, 1);
     atomic_fetch_add(&s->c_unauthorized, 1);
     if (st == CI_ERR_NOMEM) {

@@ -62,7 +62,8 @@ void ci_service_handle(void *ctx, const struct ci_httpd_request *req,
 size_t ci_service_body_limit(void *ctx, const char *method, const char *path,
                              const char *content_type);
 bool ci_service_authorize(void *ctx, const char *method, const char *path,
-                          const char *authorization, struct ci_httpd_response *resp);
+                          const char *authorization, bool *ret_trusted,
+                          struct ci_httpd_response *resp);
 void ci_service_edge_reject(void *ctx, const char *method, const char *path, unsigned status);
 
 /* From now on /execute answers 503 with Ci-Not-Run (the instance is

@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { createHmac, generateKeyPairSync } from "node:crypto";
 import { Agent, request as httpRequest } from "node:http";
+import { connect } from "node:net";
 import { chownSync, chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -39,6 +40,19 @@ async function untilRunning(ex, ms = 30000) {
   }
 }
 const MiB = 1024 * 1024;
+
+// A raw TCP connection to base's host and port: st.data (what came back,
+// latin1), st.closedAt (Date.now() when it closed, 0 while open), st.sock.
+function rawConn(base) {
+  const u = new URL(base);
+  const st = { data: "", closedAt: 0, openedAt: Date.now() };
+  st.sock = connect(Number(u.port), u.hostname);
+  st.sock.on("data", (d) => (st.data += d.toString("latin1")));
+  st.sock.on("close", () => (st.closedAt = Date.now()));
+  st.sock.on("error", () => {});
+  st.connected = new Promise((resolve) => st.sock.once("connect", resolve));
+  return st;
+}
 
 // Requests to base over one kept-alive connection (node:http, one socket):
 // a connection the executor accepted before it began to stop stays usable.
@@ -1222,6 +1236,70 @@ describe("cloudrun provider", () => {
       assert.ok(ex.lines().some((l) => l.event === "auth.refused" && /intruder@/.test(l.reason)));
       for (const t of [...mdg.tokens, ...mdx.tokens]) assert.ok(!ex.logText().includes(t.split(".")[2]), "a token appears in the executor's log");
     } finally {
+      await ex.cleanup();
+    }
+  });
+
+  test("callers without a token cannot hold connections: a trickled request is cut after 10 s, a 401 or /healthz answer closes the connection, a refused body is read 1 MiB at most, one address holds max_connections_per_ip", async () => {
+    const k = authSetup();
+    const ex = await startExecutor({ executor: authConfig({ max_connections_per_ip: 3 }) });
+    const opened = [];
+    try {
+      // One address: 3 connections; the 4th and 5th are closed at once.
+      for (let i = 0; i < 5; i++) opened.push(rawConn(ex.url));
+      await Promise.all(opened.map((c) => c.connected));
+      for (const deadline = Date.now() + 5000; opened.filter((c) => c.closedAt).length < 2 && Date.now() < deadline; ) await sleep(50);
+      await sleep(300); // a third close would come now, if it came
+      assert.equal(opened.filter((c) => c.closedAt).length, 2, "two connections over the per-address limit of 3 were closed");
+      for (const c of opened) c.sock.destroy();
+      await sleep(200);
+
+      // A request trickled a byte a second (the idle timer restarts on each).
+      const slow = rawConn(ex.url);
+      await slow.connected;
+      slow.sock.write("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+      for (let i = 0; !slow.closedAt && i < 20; i++) {
+        await sleep(1000);
+        if (!slow.closedAt) slow.sock.write("a");
+      }
+      assert.ok(slow.closedAt, "a connection that never finished its request is still open after 20 s");
+      const lived = slow.closedAt - slow.openedAt;
+      assert.ok(lived >= 9000 && lived < 14000, `cut after ${lived} ms: about 10 s after it opened`);
+
+      // A 401 closes the connection (no keep-alive for a caller without a
+      // token), and so does the answer of /healthz, open to anyone.
+      for (const req of ["POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"]) {
+        const c = rawConn(ex.url);
+        await c.connected;
+        c.sock.write(req);
+        for (const deadline = Date.now() + 5000; !c.closedAt && Date.now() < deadline; ) await sleep(20);
+        assert.ok(c.closedAt, `the connection stayed open after: ${c.data.slice(0, 200)}`);
+        assert.match(c.data, /^HTTP\/1\.1 (401|200) /);
+        assert.match(c.data, /\r\nconnection: close\r\n/i);
+      }
+
+      // A refused request announcing 32 MiB: answered at once, and the body
+      // is not read beyond 1 MiB (it was read up to 64 MiB, then answered).
+      const big = rawConn(ex.url);
+      await big.connected;
+      big.sock.write("POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33554432\r\n\r\n");
+      const chunk = Buffer.alloc(64 * 1024, 0x20);
+      let sent = 0;
+      let answeredAt = -1;
+      while (sent < 32 * MiB && !big.closedAt) {
+        if (answeredAt < 0 && big.data.startsWith("HTTP/1.1 401")) answeredAt = sent;
+        if (!big.sock.write(chunk)) await Promise.race([new Promise((r) => big.sock.once("drain", r)), sleep(200)]);
+        sent += chunk.length;
+      }
+      if (answeredAt < 0 && big.data.startsWith("HTTP/1.1 401")) answeredAt = sent;
+      assert.ok(answeredAt >= 0, `no 401: ${big.data.slice(0, 200)}`);
+      assert.ok(answeredAt < 16 * MiB, `the 401 came only after ${answeredAt} bytes of the body`);
+      for (const deadline = Date.now() + 5000; !big.closedAt && Date.now() < deadline; ) await sleep(20);
+      assert.ok(big.closedAt, "the connection was closed");
+      big.sock.destroy();
+      assert.equal(ex.exited(), null, "the executor lives on");
+    } finally {
+      for (const c of opened) c.sock.destroy();
       await ex.cleanup();
     }
   });
