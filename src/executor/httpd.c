@@ -509,8 +509,16 @@ void ci_httpd_quiesce(struct ci_httpd *h)
 {
     if (!h)
         return;
-    if (h->quiesced_fd == MHD_INVALID_SOCKET)
+    if (h->quiesced_fd == MHD_INVALID_SOCKET) {
         h->quiesced_fd = MHD_quiesce_daemon(h->daemon);
+        /* Still listening, nobody would accept: a client's connection would
+         * wait in the backlog, send its request, and be reset at exit - to
+         * a worker, a request that broke after it was sent. Shut down, the
+         * socket refuses new connections at once (a worker tries again:
+         * nothing was sent). It stays open until MHD has stopped. */
+        if (h->quiesced_fd != MHD_INVALID_SOCKET)
+            shutdown(h->quiesced_fd, SHUT_RDWR);
+    }
 }
 
 void ci_httpd_stop(struct ci_httpd *h)

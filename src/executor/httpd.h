@@ -91,7 +91,8 @@ uint16_t ci_httpd_port(const struct ci_httpd *h);
 /* Connections open now (requests in progress, answers being sent, idle
  * keep-alive). */
 unsigned ci_httpd_connections(struct ci_httpd *h);
-/* Stops accepting new connections; requests in progress go on. */
+/* Stops accepting new connections (they are refused from now on); requests
+ * in progress, and kept-alive connections, go on. */
 void ci_httpd_quiesce(struct ci_httpd *h);
 /* Stops serving: waits for every handler to return, closes every
  * connection, frees h. Accepts NULL. */

@@ -285,10 +285,12 @@ int main(int argc, char **argv)
     /* A bare task left a process the sweep could not remove: stop, as on
      * SIGTERM, and exit 1, so that the platform starts a fresh instance. */
     bool unhealthy = ci_service_unhealthy(service);
+    /* No new task from here on, then no new connection; logged once both
+     * hold. */
+    ci_service_drain(service);
+    ci_httpd_quiesce(httpd);
     ci_log(unhealthy ? CI_LOG_ERROR : CI_LOG_INFO, "executor.draining", "reason",
            unhealthy ? "unhealthy" : "signal", NULL);
-    ci_httpd_quiesce(httpd);
-    ci_service_drain(service);
     int64_t deadline = ci_mono_ms() + (int64_t)cfg->worker.drain_timeout_s * 1000;
     while (ci_service_running(service) > 0 && ci_mono_ms() < deadline)
         sleep_ms(50);

@@ -689,6 +689,14 @@ describe("cloudrun provider", () => {
       assert.equal(late.status, 503);
       assert.equal(late.headers["ci-not-run"], "1", "the draining 503 says the code did not start");
       assert.match(JSON.parse(late.text).error, /shutting down; run the task again/);
+      // A new connection is refused at once (a worker tries again: nothing
+      // sent), not left in the listen backlog to be reset at exit.
+      const fresh = rawConn(ex2.url);
+      const refused = await new Promise((resolve) => {
+        fresh.sock.once("error", (e) => resolve(e.code));
+        fresh.sock.once("connect", () => resolve("connected"));
+      });
+      assert.equal(refused, "ECONNREFUSED");
       const r = await pending;
       assert.equal(r.status, 500, "the stopped task's code ran: not a 503 that a worker would send again");
       assert.equal(r.headers.get("ci-not-run"), null);
