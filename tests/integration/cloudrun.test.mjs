@@ -1293,24 +1293,28 @@ describe("cloudrun provider", () => {
         assert.match(c.data, /\r\nconnection: close\r\n/i);
       }
 
-      // A refused request announcing 32 MiB: answered at once, and the body
-      // is not read beyond 1 MiB (it was read up to 64 MiB, then answered).
+      // A refused request announcing 32 MiB, sent without waiting for an
+      // answer: the executor answers 401 at once and stops reading after
+      // 1 MiB of the body, closing the connection (it read up to 64 MiB,
+      // then answered and kept the connection). The client sends only as
+      // fast as the executor (and the socket buffers) take it. The 401 may
+      // be lost to the reset a close with unread data causes: a client that
+      // sends a large body without "Expect: 100-continue" (libcurl asks for
+      // one, so the worker does) has to live with that.
       const big = rawConn(ex.url);
       await big.connected;
       big.sock.write("POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33554432\r\n\r\n");
       const chunk = Buffer.alloc(64 * 1024, 0x20);
       let sent = 0;
-      let answeredAt = -1;
-      while (sent < 32 * MiB && !big.closedAt) {
-        if (answeredAt < 0 && big.data.startsWith("HTTP/1.1 401")) answeredAt = sent;
-        if (!big.sock.write(chunk)) await Promise.race([new Promise((r) => big.sock.once("drain", r)), sleep(200)]);
+      for (const deadline = Date.now() + 30000; sent < 32 * MiB && !big.closedAt && Date.now() < deadline; ) {
+        const more = big.sock.write(chunk);
         sent += chunk.length;
+        if (!more) await Promise.race([new Promise((r) => big.sock.once("drain", r)), new Promise((r) => big.sock.once("close", r)), sleep(5000)]);
       }
-      if (answeredAt < 0 && big.data.startsWith("HTTP/1.1 401")) answeredAt = sent;
-      assert.ok(answeredAt >= 0, `no 401: ${big.data.slice(0, 200)}`);
-      assert.ok(answeredAt < 16 * MiB, `the 401 came only after ${answeredAt} bytes of the body`);
       for (const deadline = Date.now() + 5000; !big.closedAt && Date.now() < deadline; ) await sleep(20);
-      assert.ok(big.closedAt, "the connection was closed");
+      assert.ok(big.closedAt, `the connection was not closed: the executor read all ${sent} bytes`);
+      assert.ok(sent < 24 * MiB, `the executor took ${sent} bytes of a refused body before it closed the connection`);
+      if (big.data) assert.match(big.data, /^HTTP\/1\.1 401 /);
       big.sock.destroy();
       assert.equal(ex.exited(), null, "the executor lives on");
     } finally {
