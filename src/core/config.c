@@ -199,6 +199,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_STR("executor.jwks_file", executor.jwks_file, "", CS_ANY),
     KEY_STR("executor.allowed_emails", executor.allowed_emails, "", CS_ANY),
     KEY_U32("executor.clock_skew_s", executor.clock_skew_s, 60, 0, 300),
+    KEY_U32("executor.max_connections_per_ip", executor.max_connections_per_ip, 0, 0, 65535),
 };
 
 #define CI_N_KEYS (sizeof(ci_config_keys) / sizeof(ci_config_keys[0]))

@@ -128,6 +128,7 @@ struct ci_config {
         char *jwks_file;      /* "" ; the signing keys (a JWK set, JSON) */
         char *allowed_emails; /* "" ; comma-separated service-account emails */
         uint32_t clock_skew_s; /* 60: leeway for exp, iat and nbf */
+        uint32_t max_connections_per_ip; /* 0: tasks at once + 8 */
     } executor;
     /* Bit i: the table's key i was set in the file (ci_config_was_set). */
     uint64_t set_in_file[2];

@@ -9,12 +9,32 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* An input file, already fetched (inline or from the object store). */
 struct ci_file {
     char *name;
     uint8_t *data;
     size_t len;
+};
+
+/* For a caller that runs one bare task at a time (local.isolation none) as
+ * the child subreaper of its orphans (ci-executor, src/executor/sweep.h).
+ * A bare task's own process group is killed when it ends, but a process it
+ * put in a session of its own lives on as the caller's child; only such a
+ * caller can find it, and only it knows that every child it has is the
+ * task's. So the sandbox tells it when the task's process exists
+ * (started: from then on it may reap the task's other children as they
+ * exit, never this pid, which the sandbox waits for) and when that process
+ * has been reaped (ended: it kills and reaps every child it has, before the
+ * sandbox reads the artifacts and removes the task's directory). Both are
+ * called on the thread that starts and waits for the run, ended at most
+ * once. The namespace sandbox ignores them (its init's death kills every
+ * process of the task), and so do remote providers. */
+struct ci_bare_hooks {
+    void (*started)(void *ctx, pid_t task);
+    void (*ended)(void *ctx);
+    void *ctx;
 };
 
 /* What to run: borrowed from the caller for the whole run. Limits are
@@ -28,6 +48,7 @@ struct ci_job {
     size_t n_files;
     uint32_t timeout_ms;
     uint32_t memory_mb;
+    const struct ci_bare_hooks *bare_hooks; /* NULL: none (copied at start) */
 };
 
 struct ci_artifact {

@@ -103,7 +103,7 @@ static ci_status read_file(const char *path, char **ret, size_t *ret_len, struct
 }
 
 /* The RSA signing keys of a JWK set ({"keys": [...]}). Keys of another
- * type or use are skipped; every usable key must have a kid. */
+ * type or use are skipped; every usable key must have a kid of its own. */
 static ci_status parse_keyset(const char *path, const char *text, size_t len,
                               struct keyset *ret, struct ci_error *err)
 {
@@ -137,6 +137,16 @@ static ci_status parse_keyset(const char *path, const char *text, size_t len,
                              "executor.jwks_file: key %zu of '%s' has no usable \"kid\" (1 to "
                              "127 characters): tokens name their key by it",
                              i + 1, path);
+            break;
+        }
+        /* A token names its key by kid: two keys of one kid would make
+         * which one checks it a matter of order in the file. */
+        bool dup = false;
+        for (size_t j = 0; j < ks.n && !dup; j++)
+            dup = strcmp(ks.keys[j].kid, kid) == 0;
+        if (dup) {
+            s = ci_error_set(err, CI_ERR_INVALID,
+                             "executor.jwks_file: '%s' has two keys with kid '%.127s'", path, kid);
             break;
         }
         if (ks.n >= MAX_KEYS) {

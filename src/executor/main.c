@@ -3,6 +3,8 @@
  * runs each task in the same sandbox as the `local` provider of ci-worker.
  * Until SIGTERM or SIGINT; then it stops accepting, lets running tasks
  * finish (at most worker.drain_timeout_s), cancels the rest and exits 0.
+ * Without namespaces, a task that left a process the sweep could not remove
+ * makes it stop the same way and exit 1 (the platform starts a new one).
  * SIGHUP re-reads the key set of executor.jwks_file.
  *
  * Two choices it will not make for the operator (exit 2 until they are in
@@ -244,6 +246,11 @@ int main(int argc, char **argv)
         .port = port,
         /* Room for health checks and quick 429s beside the running tasks. */
         .max_connections = max_running * 2 + 16,
+        /* So that one address (a caller without a token, too) cannot take
+         * them all: half and a bit, by default. */
+        .max_connections_per_ip = cfg->executor.max_connections_per_ip
+                                      ? cfg->executor.max_connections_per_ip
+                                      : max_running + 8,
         .idle_timeout_s = IDLE_TIMEOUT_S,
         .handler = ci_service_handle,
         .body_limit = ci_service_body_limit,
@@ -260,7 +267,7 @@ int main(int argc, char **argv)
     ci_log_num(CI_LOG_INFO, "executor.limits", "max_running", max_running, "auth",
                auth ? "google-id-token" : "none", "isolation", bare ? "none" : "sandbox", NULL);
 
-    while (!g_stop) {
+    while (!g_stop && !ci_service_unhealthy(service)) {
         sleep_ms(100);
         if (g_reload) {
             g_reload = 0;
@@ -275,16 +282,22 @@ int main(int argc, char **argv)
         }
     }
 
-    ci_log(CI_LOG_INFO, "executor.draining", NULL);
-    ci_httpd_quiesce(httpd);
+    /* A bare task left a process the sweep could not remove: stop, as on
+     * SIGTERM, and exit 1, so that the platform starts a fresh instance. */
+    bool unhealthy = ci_service_unhealthy(service);
+    /* No new task from here on, then no new connection; logged once both
+     * hold. */
     ci_service_drain(service);
+    ci_httpd_quiesce(httpd);
+    ci_log(unhealthy ? CI_LOG_ERROR : CI_LOG_INFO, "executor.draining", "reason",
+           unhealthy ? "unhealthy" : "signal", NULL);
     int64_t deadline = ci_mono_ms() + (int64_t)cfg->worker.drain_timeout_s * 1000;
     while (ci_service_running(service) > 0 && ci_mono_ms() < deadline)
         sleep_ms(50);
     if (ci_service_running(service) > 0) {
         ci_log(CI_LOG_WARN, "executor.drain_timeout", NULL);
         ci_service_cancel_all(service);
-        /* A cancelled run ends within a second; its 503 is still to be sent. */
+        /* A cancelled run ends within a second; its 500 is still to be sent. */
         deadline = ci_mono_ms() + 3000;
         while (ci_service_running(service) > 0 && ci_mono_ms() < deadline)
             sleep_ms(20);
@@ -293,7 +306,7 @@ int main(int argc, char **argv)
     deadline = ci_mono_ms() + 2000;
     while (ci_httpd_connections(httpd) > 0 && ci_mono_ms() < deadline)
         sleep_ms(20);
-    rc = 0;
+    rc = unhealthy ? 1 : 0;
 out:
     ci_httpd_stop(httpd); /* waits for every handler */
     ci_service_free(service);

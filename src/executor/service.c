@@ -40,7 +40,7 @@ struct entry {
     struct ci_run *run; /* NULL until started */
     bool cancel_requested;
     bool client_gone;
-    bool shutdown; /* cancelled because the instance stops: answer 503, to be tried elsewhere */
+    bool shutdown; /* cancelled because the instance stops: answered 500, the code ran */
     struct entry *next;
 };
 
@@ -56,6 +56,7 @@ struct ci_service {
     char instance_id[128];
     struct ci_auth *auth;
     bool bare;
+    struct ci_reaper *reaper; /* bare mode: reaps a task's orphans while it runs */
 
     pthread_mutex_t lock;
     struct entry *running;
@@ -67,6 +68,10 @@ struct ci_service {
     bool watchdog_started;
     atomic_bool stopping;
     atomic_bool draining;
+    /* Bare mode: a sweep left a process of a task alive. No task may run
+     * beside it: every /execute is refused from then on, /healthz says so,
+     * and main() stops the instance (the platform starts a fresh one). */
+    atomic_bool unhealthy;
 
     /* Counters for /healthz. */
     atomic_uint_fast64_t c_requests, c_started, c_finished, c_succeeded, c_failed, c_timed_out,
@@ -109,13 +114,16 @@ static bool tombstoned(struct ci_service *s, const char *id)
     return false;
 }
 
-enum admit { ADMIT_OK, ADMIT_BUSY, ADMIT_DUPLICATE, ADMIT_CANCELLED, ADMIT_DRAINING };
+enum admit { ADMIT_OK, ADMIT_BUSY, ADMIT_DUPLICATE, ADMIT_CANCELLED, ADMIT_DRAINING,
+             ADMIT_UNHEALTHY };
 
 static enum admit admit(struct ci_service *s, struct entry *e)
 {
     enum admit a = ADMIT_OK;
     pthread_mutex_lock(&s->lock);
-    if (atomic_load(&s->draining))
+    if (atomic_load(&s->unhealthy))
+        a = ADMIT_UNHEALTHY;
+    else if (atomic_load(&s->draining))
         a = ADMIT_DRAINING;
     else if (tombstoned(s, e->id))
         a = ADMIT_CANCELLED;
@@ -165,6 +173,8 @@ static void entry_remove(struct ci_service *s, struct entry *e)
 }
 
 void ci_service_drain(struct ci_service *s) { atomic_store(&s->draining, true); }
+
+bool ci_service_unhealthy(struct ci_service *s) { return atomic_load(&s->unhealthy); }
 
 uint32_t ci_service_running(struct ci_service *s)
 {
@@ -300,7 +310,8 @@ static void rejected(struct ci_service *s, struct ci_httpd_response *resp, unsig
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     ci_httpd_error(resp, status, "%s", msg);
-    atomic_fetch_add(status == 429 ? &s->c_busy : &s->c_rejected, 1);
+    /* A 500 comes after the code started: a failed run, not a refusal. */
+    atomic_fetch_add(status == 429 ? &s->c_busy : status == 500 ? &s->c_failed : &s->c_rejected, 1);
     /* The reason may quote request text: only the status is logged. */
     ci_log_num(CI_LOG_INFO, "execute.rejected", "http_status", status, "task_id",
                task_id ? task_id : "", NULL);
@@ -308,17 +319,51 @@ static void rejected(struct ci_service *s, struct ci_httpd_response *resp, unsig
 
 static void num(char *out, size_t n, uint64_t v) { snprintf(out, n, "%" PRIu64, v); }
 
-/* Bare mode, after a task: every process it left (out of its process
- * group, by setsid) is killed before the next task may start. */
-static void sweep_leftovers(struct ci_service *s, const char *task_id)
+/* Bare mode: what one task left behind (out of its process group, by
+ * setsid) is swept once the sandbox has reaped the task's own process,
+ * before it reads the artifacts and removes the task's directory (the
+ * job's bare_hooks, job.h). */
+struct bare_sweep {
+    struct ci_reaper *reaper;
+    bool done;
+    unsigned killed, left;
+};
+
+static void bare_task_started(void *ctx, pid_t task)
 {
-    unsigned left = 0;
-    unsigned killed = ci_sweep_children(SWEEP_MS, &left);
-    if (killed == 0 && left == 0)
+    struct bare_sweep *b = ctx;
+    ci_reaper_watch(b->reaper, task);
+}
+
+static void bare_task_ended(void *ctx)
+{
+    struct bare_sweep *b = ctx;
+    ci_reaper_unwatch(b->reaper);
+    b->killed = ci_sweep_children(SWEEP_MS, &b->left);
+    b->done = true;
+}
+
+/* After the run: sweeps now if the sandbox never did (no task process was
+ * started), then counts and logs. Something still there after the sweep
+ * (a process that cannot be killed, or a child that cannot be reaped) could
+ * watch the next task: the instance takes no more. */
+static void sweep_report(struct ci_service *s, const char *task_id, struct bare_sweep *b)
+{
+    if (!b->done)
+        bare_task_ended(b);
+    if (b->killed == 0 && b->left == 0)
         return;
-    atomic_fetch_add(&s->c_leftovers_killed, killed);
-    ci_log_num(left ? CI_LOG_ERROR : CI_LOG_WARN, "execute.leftovers_killed", "processes",
-               killed, "task_id", task_id, "still_alive", left ? "true" : "false", NULL);
+    atomic_fetch_add(&s->c_leftovers_killed, b->killed);
+    ci_log_num(b->left ? CI_LOG_ERROR : CI_LOG_WARN, "execute.leftovers_killed", "processes",
+               b->killed, "task_id", task_id, "still_alive", b->left ? "true" : "false", NULL);
+    if (b->left) {
+        atomic_store(&s->unhealthy, true);
+        ci_log_num(CI_LOG_ERROR, "executor.unhealthy", "children_left", b->left, "task_id",
+                   task_id, "error",
+                   "a process the task left is still there after the sweep; this instance "
+                   "takes no more tasks and stops",
+                   NULL);
+    }
 }
 
 static void handle_execute(struct ci_service *s, const struct ci_httpd_request *hr,
@@ -382,13 +427,23 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
                      "this executor instance runs %u tasks, its limit; try again shortly",
                      s->max_running);
         resp->retry_after_s = 1;
+        resp->not_run = true;
         goto out_answer;
     case ADMIT_DRAINING:
         rejected(s, resp, 503, id, "this executor instance is shutting down; run the task again");
+        resp->not_run = true;
+        goto out_answer;
+    case ADMIT_UNHEALTHY:
+        rejected(s, resp, 503, id,
+                 "this executor instance could not end every process an earlier task left "
+                 "(local.isolation: none) and takes no more tasks; run the task again");
+        resp->not_run = true;
         goto out_answer;
     case ADMIT_DUPLICATE:
+        /* Not run now, but sending it again once the other copy ends would
+         * run the code twice: no Retry-After. */
         rejected(s, resp, 409, id, "task %s is already running on this executor instance", id);
-        resp->retry_after_s = 1;
+        resp->not_run = true;
         goto out_answer;
     case ADMIT_CANCELLED:
         answer_error(&a, CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED,
@@ -400,6 +455,9 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
     }
 
     atomic_fetch_add(&s->c_started, 1);
+    struct bare_sweep sweep = {.reaper = s->reaper};
+    const struct ci_bare_hooks bare_hooks = {
+        .started = bare_task_started, .ended = bare_task_ended, .ctx = &sweep};
     if (admitted) {
         /* The connection waits for as long as the task runs. */
         ci_httpd_set_idle_timeout(hr, 0);
@@ -422,6 +480,7 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
                 .n_files = req->n_files,
                 .timeout_ms = timeout_ms,
                 .memory_mb = memory_mb,
+                .bare_hooks = s->bare ? &bare_hooks : NULL,
             };
             if (ci_provider_start(s->provider, &job, &run, &e)) {
                 answer_error(&a, CI__V1__TASK_STATUS__TASK_STATUS_FAILED, "%s", e.msg);
@@ -439,16 +498,19 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
         entry_clear_run(s, &ent);
         ci_provider_release(s->provider, run);
         if (s->bare)
-            sweep_leftovers(s, id);
+            sweep_report(s, id, &sweep);
         /* Only now may the next task come in (bare: nothing of this one is left). */
         entry_remove(s, &ent);
+        /* From here on the code has run: a failure is a 500, which no
+         * worker sends again (never the not-run 503). */
         if (ent.shutdown) {
-            rejected(s, resp, 503, id,
-                     "this executor instance is shutting down and stopped the task; run it again");
+            rejected(s, resp, 500, id,
+                     "this executor instance was shut down while the task ran and stopped it "
+                     "(worker.drain_timeout_s passed); the code may have run in part");
             goto out_answer;
         }
         if (run && answer_outcome(&a, s, &o)) {
-            rejected(s, resp, 503, id, "the executor ran out of memory building the answer");
+            rejected(s, resp, 500, id, "the executor ran out of memory building the answer");
             goto out_answer;
         }
     }
@@ -457,7 +519,8 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
     uint8_t *body = NULL;
     size_t body_len = 0;
     if (ci_message_encode(enc, &a.msg.base, &body, &body_len, &e)) {
-        rejected(s, resp, 503, id, "the executor could not encode the answer: %s", e.msg);
+        /* A 500 whether the code ran or not (cancelled before it ran). */
+        rejected(s, resp, 500, id, "the executor could not encode the answer: %s", e.msg);
         goto out_answer;
     }
     resp->status = 200;
@@ -535,10 +598,11 @@ static void handle_cancel(struct ci_service *s, const char *id, struct ci_httpd_
 
 static void handle_healthz(struct ci_service *s, struct ci_httpd_response *resp)
 {
+    bool unhealthy = atomic_load(&s->unhealthy);
 #define C(x) (json_int_t) atomic_load(&s->x)
     json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
                           "s:I, s:I, s:s, s:s}",
-                          "status", "ok", "running", (json_int_t)ci_service_running(s),
+                          "status", unhealthy ? "unhealthy" : "ok", "running", (json_int_t)ci_service_running(s),
                           "maxRunning", (json_int_t)s->max_running, "requests", C(c_requests),
                           "started", C(c_started), "finished", C(c_finished), "succeeded",
                           C(c_succeeded), "failed", C(c_failed), "timedOut", C(c_timed_out),
@@ -555,7 +619,8 @@ static void handle_healthz(struct ci_service *s, struct ci_httpd_response *resp)
         ci_httpd_error(resp, 503, "out of memory");
         return;
     }
-    resp->status = 200;
+    /* 503 for a liveness probe: this instance must be replaced. */
+    resp->status = unhealthy ? 503 : 200;
     resp->content_type = "application/json";
     resp->body = (uint8_t *)text;
     resp->body_len = strlen(text);
@@ -614,21 +679,31 @@ static const char *route_name(const char *path)
 }
 
 bool ci_service_authorize(void *ctx, const char *method, const char *path,
-                          const char *authorization, struct ci_httpd_response *resp)
+                          const char *authorization, bool *ret_trusted,
+                          struct ci_httpd_response *resp)
 {
     struct ci_service *s = ctx;
-    /* Counters only, for probes that hold no token (kubelet, Cloud Run's). */
+    /* No check here: whatever is in front checked (executor.auth none). */
+    if (!s->auth) {
+        *ret_trusted = true;
+        return true;
+    }
+    /* Counters only, for probes that hold no token (kubelet, Cloud Run's):
+     * open to anyone, so the connection stays untrusted. */
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    if (!s->auth || (get && strcmp(path, "/healthz") == 0))
+    if (get && strcmp(path, "/healthz") == 0)
         return true;
     struct ci_auth_verdict v;
     ci_status st = ci_auth_check(s->auth, authorization, ci_now_ms() / 1000, &v);
-    if (!st)
+    if (!st) {
+        *ret_trusted = true;
         return true;
+    }
     atomic_fetch_add(&s->c_requests, 1);
     atomic_fetch_add(&s->c_unauthorized, 1);
     if (st == CI_ERR_NOMEM) {
         ci_httpd_error(resp, 503, "the executor ran out of memory checking the ID token");
+        resp->not_run = true;
         return false;
     }
     bool missing = strcmp(v.reason, "missing") == 0;
@@ -673,6 +748,13 @@ ci_status ci_service_new(const struct ci_service_options *o, struct ci_service *
                             "without a namespace sandbox the executor runs one task at a time");
     }
     snprintf(s->instance_id, sizeof(s->instance_id), "%s", o->instance_id ? o->instance_id : "");
+    if (s->bare) {
+        ci_status rs = ci_reaper_new(&s->reaper, err);
+        if (rs) {
+            free(s);
+            return rs;
+        }
+    }
     pthread_mutex_init(&s->lock, NULL);
     if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
         ci_service_free(s);
@@ -690,6 +772,7 @@ void ci_service_free(struct ci_service *s)
     atomic_store(&s->stopping, true);
     if (s->watchdog_started)
         pthread_join(s->watchdog, NULL);
+    ci_reaper_free(s->reaper);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }

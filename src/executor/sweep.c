@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,6 +23,104 @@
 #include "core/util.h"
 
 #define MAX_ROUND 4096 /* children killed per look at /proc */
+#define REAP_EVERY_MS 10 /* how often a watching reaper looks for exited orphans */
+
+struct ci_reaper {
+    pthread_mutex_t lock; /* held while reaping, so that unwatch() waits for it */
+    pthread_cond_t cond;
+    pid_t task; /* 0: not watching */
+    bool stopping;
+    pthread_t thread;
+};
+
+/* Reaps every exited child but task. waitid(WNOWAIT) looks without
+ * reaping; if the one it shows is the task itself, the task has ended: the
+ * sandbox reaps it and the sweep takes the rest. */
+static void reap_orphans(pid_t task)
+{
+    for (unsigned i = 0; i < MAX_ROUND; i++) {
+        siginfo_t si;
+        memset(&si, 0, sizeof(si));
+        if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT | __WALL) != 0 || si.si_pid == 0 ||
+            si.si_pid == task)
+            return;
+        if (waitpid(si.si_pid, NULL, WNOHANG | __WALL) <= 0)
+            return;
+    }
+}
+
+static void *reaper_main(void *arg)
+{
+    struct ci_reaper *r = arg;
+    pthread_mutex_lock(&r->lock);
+    while (!r->stopping) {
+        if (r->task <= 0) {
+            pthread_cond_wait(&r->cond, &r->lock);
+            continue;
+        }
+        reap_orphans(r->task);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += REAP_EVERY_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&r->cond, &r->lock, &ts);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+ci_status ci_reaper_new(struct ci_reaper **ret, struct ci_error *err)
+{
+    struct ci_reaper *r = calloc(1, sizeof(*r));
+    if (!r)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&r->thread, NULL, reaper_main, r) != 0) {
+        pthread_cond_destroy(&r->cond);
+        pthread_mutex_destroy(&r->lock);
+        free(r);
+        return ci_error_set(err, CI_ERR_SYS, "cannot start the executor's reaper thread");
+    }
+    *ret = r;
+    return CI_OK;
+}
+
+void ci_reaper_free(struct ci_reaper *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->lock);
+    r->stopping = true;
+    pthread_cond_signal(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+    pthread_join(r->thread, NULL);
+    pthread_cond_destroy(&r->cond);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+void ci_reaper_watch(struct ci_reaper *r, pid_t task)
+{
+    pthread_mutex_lock(&r->lock);
+    r->task = task;
+    pthread_cond_signal(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+}
+
+void ci_reaper_unwatch(struct ci_reaper *r)
+{
+    pthread_mutex_lock(&r->lock);
+    r->task = 0;
+    pthread_mutex_unlock(&r->lock);
+}
 
 ci_status ci_sweep_init(struct ci_error *err)
 {
@@ -32,11 +131,14 @@ ci_status ci_sweep_init(struct ci_error *err)
     return CI_OK;
 }
 
-/* The parent of pid, from /proc/PID/stat ("pid (comm) state ppid ..."; the
- * comm may hold spaces and parentheses: the last ')' ends it); -1 for a
- * zombie, which needs reaping, not killing. */
-static pid_t parent_of(const char *pid)
+/* The parent of pid, from /proc/PID/stat ("pid (comm) state ppid ...
+ * num_threads ..."; the comm may hold spaces and parentheses: the last ')'
+ * ends it); -1 when it is gone. *ret_zombie: nothing of it runs any more
+ * (it needs reaping, not killing). A first thread that called exit(2)
+ * alone shows as a zombie while the others run on: that process is alive. */
+static pid_t parent_of(const char *pid, bool *ret_zombie)
 {
+    *ret_zombie = false;
     char path[64], buf[512];
     snprintf(path, sizeof(path), "/proc/%s/stat", pid);
     CI_AUTOCLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -51,8 +153,12 @@ static pid_t parent_of(const char *pid)
         return -1;
     char state;
     int ppid;
-    if (sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2 || state == 'Z')
+    long threads = 0;
+    if (sscanf(close_paren + 1,
+               " %c %d %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %ld", &state,
+               &ppid, &threads) != 3)
         return -1;
+    *ret_zombie = state == 'Z' && threads <= 1;
     return (pid_t)ppid;
 }
 
@@ -68,7 +174,8 @@ static unsigned kill_children(void)
     while (n < MAX_ROUND && (e = readdir(d)) != NULL) {
         if (!isdigit((unsigned char)e->d_name[0]))
             continue;
-        if (parent_of(e->d_name) != self)
+        bool zombie;
+        if (parent_of(e->d_name, &zombie) != self || zombie)
             continue;
         pid_t pid = (pid_t)strtol(e->d_name, NULL, 10);
         if (pid > 0 && kill(pid, SIGKILL) == 0)
@@ -100,13 +207,16 @@ unsigned ci_sweep_children(int timeout_ms, unsigned *ret_left)
         struct timespec ts = {0, 5 * 1000000L};
         nanosleep(&ts, NULL);
     }
+    /* Whatever is still our child: alive, or a zombie we cannot reap (one
+     * that another process traces is reported to its tracer first). */
     unsigned left = 0;
     if (reap()) {
         DIR *d = opendir("/proc");
         struct dirent *e;
         pid_t self = getpid();
+        bool zombie;
         while (d && (e = readdir(d)) != NULL)
-            if (isdigit((unsigned char)e->d_name[0]) && parent_of(e->d_name) == self)
+            if (isdigit((unsigned char)e->d_name[0]) && parent_of(e->d_name, &zombie) == self)
                 left++;
         if (d)
             closedir(d);

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define USER_AGENT "ci-worker/0.1"
 /* An idle connection older than this is not reused: below the 30 s after
@@ -191,6 +192,9 @@ struct xfer {
     bool no_resend;
     unsigned sends;      /* pre-request calls: times the request went out */
     bool resend_refused;
+    const char *keep_header;
+    size_t keep_len;
+    char kept[64];
 };
 
 static size_t on_write(char *data, size_t size, size_t n, void *userp)
@@ -217,6 +221,30 @@ static int on_progress(void *userp, curl_off_t dltotal, curl_off_t dlnow, curl_o
     (void)ulnow;
     struct xfer *x = userp;
     return x->should_abort && x->should_abort(x->abort_arg) ? 1 : 0;
+}
+
+/* One header line of the answer ("Name: value\r\n", not NUL-terminated).
+ * A new status line (an interim 100 Continue before the real answer)
+ * forgets what an earlier one said. */
+static size_t on_header(char *data, size_t size, size_t n, void *userp)
+{
+    struct xfer *x = userp;
+    size_t len = size * n;
+    if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
+        x->kept[0] = '\0';
+    } else if (x->keep_header && len > x->keep_len &&
+               strncasecmp(data, x->keep_header, x->keep_len) == 0 && data[x->keep_len] == ':') {
+        size_t i = x->keep_len + 1, end = len;
+        while (i < end && (data[i] == ' ' || data[i] == '\t'))
+            i++;
+        while (end > i && (data[end - 1] == '\r' || data[end - 1] == '\n' ||
+                           data[end - 1] == ' ' || data[end - 1] == '\t'))
+            end--;
+        size_t v = end - i < sizeof(x->kept) - 1 ? end - i : sizeof(x->kept) - 1;
+        memcpy(x->kept, data + i, v);
+        x->kept[v] = '\0';
+    }
+    return len;
 }
 
 static int on_prereq(void *userp, char *conn_primary_ip, char *conn_local_ip,
@@ -298,7 +326,8 @@ ci_status ci_http_do(struct ci_http *h, const struct ci_http_request *req,
     snprintf(what, sizeof(what), "%s %s", req->method, url);
     struct xfer x = {.body = CI_BUF_INIT, .max = req->max_response_bytes,
                      .should_abort = req->should_abort, .abort_arg = req->abort_arg,
-                     .no_resend = req->no_resend};
+                     .no_resend = req->no_resend, .keep_header = req->keep_header,
+                     .keep_len = req->keep_header ? strlen(req->keep_header) : 0};
     if (req->ret_sent)
         *req->ret_sent = false;
     if (x.should_abort && x.should_abort(x.abort_arg))
@@ -336,6 +365,8 @@ ci_status ci_http_do(struct ci_http *h, const struct ci_http_request *req,
     SETOPT(CURLOPT_ERRORBUFFER, errbuf);
     SETOPT(CURLOPT_WRITEFUNCTION, on_write);
     SETOPT(CURLOPT_WRITEDATA, &x);
+    SETOPT(CURLOPT_HEADERFUNCTION, on_header);
+    SETOPT(CURLOPT_HEADERDATA, &x);
     SETOPT(CURLOPT_NOPROGRESS, 0L);
     SETOPT(CURLOPT_XFERINFOFUNCTION, on_progress);
     SETOPT(CURLOPT_XFERINFODATA, &x);
@@ -366,6 +397,7 @@ ci_status ci_http_do(struct ci_http *h, const struct ci_http_request *req,
         char *ct = NULL;
         if (curl_easy_getinfo(easy, CURLINFO_CONTENT_TYPE, &ct) == CURLE_OK && ct)
             snprintf(ret->content_type, sizeof(ret->content_type), "%s", ct);
+        memcpy(ret->kept_header, x.kept, sizeof(ret->kept_header));
         ret->body = x.body;
         x.body = (struct ci_buf)CI_BUF_INIT;
     }
@@ -406,7 +438,11 @@ uint32_t ci_http_backoff_ms(uint32_t retry, uint32_t initial_ms, uint32_t max_ms
     return (uint32_t)(d - half + (uint64_t)rnd % (half + 1));
 }
 
-bool ci_http_status_retryable(long status)
+bool ci_http_status_retryable(long status, bool not_run)
 {
-    return status == 408 || status == 409 || status == 429 || status == 502 || status == 503;
+    if (status == 409)
+        return false;
+    if (status == 408 || status == 429 || status == 502 || status == 503)
+        return true;
+    return not_run && status >= 500 && status <= 599;
 }

@@ -53,11 +53,15 @@ struct ci_http_request {
      * went out on a connection (so the server may have received it). False
      * means it never left: no address, no connection, no TLS handshake. */
     bool *ret_sent;
+    /* NULL, or the name of one response header to keep (its value is put
+     * in ci_http_response.kept_header). */
+    const char *keep_header;
 };
 
 struct ci_http_response {
     long status;                  /* the HTTP status code */
     char content_type[128];       /* "" when absent */
+    char kept_header[64];         /* the value of request.keep_header; "" when absent */
     struct ci_buf body;
 };
 
@@ -88,11 +92,17 @@ ci_status ci_http_urlencode(struct ci_buf *b, const char *s);
  * together. Deterministic in its arguments. */
 uint32_t ci_http_backoff_ms(uint32_t retry, uint32_t initial_ms, uint32_t max_ms, uint32_t rnd);
 
-/* Whether an HTTP status says that the request was not run and may be sent
- * again: 408 (the request did not arrive in time), 409 (the executor runs
- * another copy of this task), 429 (busy), 502 and 503 (a front with no
- * instance to give it to, or the executor's own "not run here: run it
- * again"). Not 500, 504 or other 5xx: the request may have run. */
-bool ci_http_status_retryable(long status);
+/* Whether an answer says that the request was not run, so that it may be
+ * sent again. not_run: the answer carries ci-executor's "Ci-Not-Run: 1"
+ * (schemas/ci/v1/executor.proto), its word that the code did not start.
+ *   408 (the request did not arrive in time) and 429 (busy): never run.
+ *   502 and 503: the executor's own 503 carries the marker; without it the
+ *     answer is a front's (no instance to give it to, or one that failed),
+ *     which is taken as "not run" too - a front that answers so after its
+ *     instance died mid-run makes the code run twice (docs/cloudrun.md).
+ *   Any other 5xx only with the marker: without it the code may have run.
+ *   409 (the executor runs another copy of this task) never: once that
+ *     copy ends, the same request would run the code again. */
+bool ci_http_status_retryable(long status, bool not_run);
 
 #endif

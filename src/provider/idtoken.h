@@ -37,9 +37,11 @@ void ci_idtoken_free(struct ci_idtoken *t);
  * is not about to expire, fetched if needed within timeout_ms. should_abort
  * (may be NULL) stops a fetch or a wait for another thread's fetch with
  * CI_ERR_CANCELLED. Errors: CI_ERR_HTTP / CI_ERR_TIMEOUT (the metadata
- * server could not be reached or failed: worth another try),
- * CI_ERR_INVALID (it answered something that is not a JWT), CI_ERR_IO (the
- * token file cannot be read), CI_ERR_CANCELLED, CI_ERR_NOMEM. The caller
+ * server could not be reached, or answered 5xx or 429: worth another try),
+ * CI_ERR_INVALID (it answered another status, e.g. 403 or 404, or
+ * something that is not a JWT, or an expired one: asking again would give
+ * the same), CI_ERR_IO (the token file cannot be read), CI_ERR_CANCELLED,
+ * CI_ERR_NOMEM. The caller
  * wipes and frees the line (ci_idtoken_header_free). */
 ci_status ci_idtoken_header(struct ci_idtoken *t, uint32_t timeout_ms,
                             bool (*should_abort)(void *arg), void *abort_arg, char **ret,

@@ -5,18 +5,28 @@
  *
  * Life of a run:
  *   start()  encodes the ExecutionRequest (inputs inline) and returns;
- *   wait()   sends it on the calling slot's thread. It tries again, with
- *            exponential backoff and jitter until the deadline (the task's
- *            time limit plus cloudrun.timeout_margin_ms from the start of
- *            wait(); cloudrun.max_attempts, 0 by default, can cap the tries),
+ *   wait()   sends it on the calling slot's thread. Each try has the
+ *            whole of the task's time limit plus cloudrun.timeout_margin_ms
+ *            for its answer, however long the task waited to be admitted.
+ *            It tries again, with exponential backoff and jitter, while the
+ *            admission deadline (the same limit plus margin, from the start
+ *            of wait()) has not passed: that deadline decides only whether
+ *            another try starts (cloudrun.max_attempts, 0 by default, can
+ *            cap the tries),
  *            only what cannot have run the code: an ID token that could not
- *            be had, a request that never left (no address, no connection,
+ *            be had for a reason that may pass (the metadata server could
+ *            not be reached, or answered 5xx or 429: a 403, a 404, an answer
+ *            that is not a JWT or a token file that cannot be read ends the
+ *            run FAILED at once), a request that never left (no address, no connection,
  *            no TLS handshake: an executor restarting), and the answers 408,
- *            409, 429, 502 and 503 (not run: busy, no instance, draining). A
- *            request that went out is never sent again: ci-executor does not
+ *            429, 502 and 503 (not run: busy, no instance, draining) and any
+ *            5xx with the executor's "Ci-Not-Run: 1" (http.h). A request that
+ *            went out is never sent again otherwise: ci-executor does not
  *            recognise a task it has already run, so a connection that
  *            breaks after sending, a 500 or a 504 ends the run FAILED saying
- *            the code may have run. Any other 4xx ends it FAILED with the
+ *            the code may have run, and so does 409 (another copy of the
+ *            task runs there: once it ends, the same request would run the
+ *            code again). Any other 4xx ends it FAILED with the
  *            executor's reason. It always ends with an outcome: a service
  *            or token source that cannot be reached gives FAILED with an
  *            error that names it, never a lost or RUNNING task.
@@ -53,6 +63,8 @@
 #define TOKEN_TIMEOUT_MS 10000 /* one metadata server request, at most */
 #define REMOTE_TEXT_MAX 400    /* bytes kept of the executor's error text */
 #define MAX_ARTIFACTS 4096
+/* ci-executor's word that the code did not start (executor.proto). */
+#define NOT_RUN_HEADER "Ci-Not-Run"
 
 struct cancel_item {
     char task_id[65];
@@ -548,7 +560,12 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
     struct cloudrun *cr = ctx;
     const struct ci_config *cfg = cr->cfg;
     int64_t t0 = ci_mono_ms();
-    int64_t deadline = t0 + run->timeout_ms + cfg->cloudrun.timeout_margin_ms;
+    /* Each try gets all of this for its answer: time spent waiting to be
+     * admitted (429, a restarting executor) must not shorten the run. */
+    uint32_t attempt_ms = run->timeout_ms + cfg->cloudrun.timeout_margin_ms;
+    /* Until then a new try may start (how long to keep trying to get the
+     * task admitted); a try that started runs its course. */
+    int64_t deadline = t0 + attempt_ms;
     struct ci_outcome o;
     memset(&o, 0, sizeof(o));
     char last[512] = "";
@@ -577,19 +594,24 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             s = CI_ERR_NOMEM;
             break;
         }
-        if (ts) { /* the metadata server or the token file; idtoken.c names it */
+        if (ts == CI_ERR_HTTP || ts == CI_ERR_TIMEOUT) {
+            /* The metadata server could not be reached, or failed (5xx,
+             * 429): it may answer the next time. idtoken.c names it. */
             snprintf(last, sizeof(last), "%s", e.msg);
             last_kind = LAST_TOKEN;
             goto retry;
+        }
+        if (ts) {
+            /* A 403/404, an answer that is not a JWT, a token file that
+             * cannot be read: asking again gives the same. */
+            s = end_error(&o, fmt("%s (the executor service was not called)", e.msg));
+            break;
         }
         if (!mark_sent(run)) {
             ci_idtoken_header_free(auth);
             s = end_cancelled(&o);
             break;
         }
-        left = deadline - ci_mono_ms(); /* the token may have taken a while */
-        if (left <= 0)
-            left = 1;
 
         const char *headers[] = {auth, "Content-Type: application/protobuf",
                                  "Accept: application/protobuf", NULL};
@@ -600,7 +622,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             .headers = headers,
             .body = run->body,
             .body_len = run->body_len,
-            .timeout_ms = (uint32_t)left,
+            .timeout_ms = attempt_ms,
             .max_response_bytes = cr->max_response,
             .should_abort = abort_after_grace,
             .abort_arg = run,
@@ -608,8 +630,10 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
              * once the request is out, it is never sent again. */
             .no_resend = true,
             .ret_sent = &sent,
+            .keep_header = NOT_RUN_HEADER,
         };
         struct ci_http_response resp;
+        int64_t sent_at = ci_mono_ms();
         ci_status hs = ci_http_do(cr->http, &req, &resp, &e);
         ci_idtoken_header_free(auth);
         if (hs == CI_ERR_CANCELLED) {
@@ -632,7 +656,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             s = end_error(&o, fmt("the executor service at %s did not answer within %" PRId64
                                   " ms (the task's time limit of %u ms plus "
                                   "cloudrun.timeout_margin_ms)",
-                                  cr->base_url, ci_mono_ms() - t0, run->timeout_ms));
+                                  cr->base_url, ci_mono_ms() - sent_at, run->timeout_ms));
             break;
         }
         if (hs == CI_ERR_HTTP) {
@@ -669,6 +693,7 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
         }
         char *why = error_text(&resp);
         long status = resp.status;
+        bool not_run = strcmp(resp.kept_header, "1") == 0;
         ci_http_response_release(&resp);
         if ((status == 401 || status == 403) && !token_retried) {
             /* An expired or revoked token: one more try with a fresh one.
@@ -689,9 +714,18 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
                                   cr->base_url, status));
             break;
         }
-        if (ci_http_status_retryable(status)) {
-            snprintf(last, sizeof(last), "the service answered HTTP %ld%s%s", status,
-                     why ? ": " : "", why ? why : "");
+        if (status == 409) {
+            s = end_error(&o, fmt("the executor service at %s is already running another copy of "
+                                  "this task (HTTP 409: %s), e.g. one sent for an earlier "
+                                  "delivery; it is not sent again, so that the code does not run "
+                                  "twice",
+                                  cr->base_url, why ? why : "no reason given"));
+            free(why);
+            break;
+        }
+        if (ci_http_status_retryable(status, not_run)) {
+            snprintf(last, sizeof(last), "the service answered HTTP %ld%s%s%s", status,
+                     not_run ? " (not run)" : "", why ? ": " : "", why ? why : "");
             last_kind = LAST_SERVICE;
             free(why);
             goto retry;

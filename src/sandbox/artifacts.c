@@ -1,5 +1,6 @@
 /* artifacts.c - what a run leaves behind: once every process of the run is
- * dead, the PNG and CSV files the code wrote into /workspace, read through
+ * dead (bare mode: its process group, and what left it where the job's
+ * bare_hooks swept it), the PNG and CSV files the code wrote into /workspace, read through
  * the workspace fd and following nothing (no symlink, no other mount, one
  * link only), at most ARTIFACT_MAX_DEPTH levels deep and ARTIFACT_MAX_ENTRIES
  * names in all, within limits.max_artifact_bytes (a note says what was
@@ -347,8 +348,10 @@ static bool remove_level(int top, int dirfd, int depth, unsigned *serial)
 }
 
 /* Removes a bare-mode task directory's content, fd-relative, following
- * nothing, however deep or locked its tree (the task's processes are all
- * dead by now). Bounded passes: a tree that outlives them is left. */
+ * nothing, however deep or locked its tree. The task's process group is
+ * dead by now; a process that left it is dead too only where the job's
+ * bare_hooks swept it (ci-executor). Bounded passes: a tree that something
+ * still alive keeps growing is left. */
 void remove_tree_at(int dirfd, int depth)
 {
     (void)depth;

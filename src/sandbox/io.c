@@ -87,7 +87,10 @@ static bool has_exited(struct ci_sandbox_run *run)
 }
 
 /* Reaps init (or the bare task, after killing its group) and returns its
- * rusage: everything it reaped is included. */
+ * rusage: everything it reaped is included. Bare mode: then the job's hook
+ * kills what left the group, if the caller can (bare_hooks), so that
+ * nothing of the task runs while its output is drained, its artifacts read
+ * and its directory removed - as init's death does in namespace mode. */
 static void reap(struct ci_sandbox_run *run, int *ret_status, struct rusage *ru)
 {
     if (!run->sb->ns)
@@ -100,6 +103,8 @@ static void reap(struct ci_sandbox_run *run, int *ret_status, struct rusage *ru)
     *ret_status = st;
     run->pid = 0;
     close_fd(&run->pidfd);
+    if (!run->sb->ns)
+        bare_task_reaped(run);
 }
 
 /* A cut output must not end inside a UTF-8 character: the result carries it
@@ -275,8 +280,9 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
             drain_until = ci_mono_ms() + DRAIN_MS;
         }
     }
-    /* Every process of the sandbox is gone (bare mode: every one we can reach).
-     * A last message may still sit in the socket. */
+    /* Every process of the sandbox is gone (bare mode: its process group,
+     * and what left it only when the job's bare_hooks swept it). A last
+     * message may still sit in the socket. */
     while (run->sock >= 0 && !news.have_done) {
         int before = run->sock;
         bool had = news.have_done;

@@ -63,6 +63,16 @@ void run_kill_now(struct ci_sandbox_run *run)
     while (waitpid(run->pid, NULL, __WALL) < 0 && errno == EINTR)
         ;
     run->pid = 0;
+    if (!run->sb->ns)
+        bare_task_reaped(run);
+}
+
+void bare_task_reaped(struct ci_sandbox_run *run)
+{
+    void (*ended)(void *) = run->bare_hooks.ended;
+    run->bare_hooks.ended = NULL;
+    if (ended)
+        ended(run->bare_hooks.ctx);
 }
 
 /* What a run reads and writes through: the pipes, the socket, the workspace. */
@@ -84,8 +94,12 @@ void run_close(struct ci_sandbox_run *run)
 {
     run_close_io(run);
     close_fd(&run->pidfd);
-    ci_cgroup_free(run->cg); /* every process of the run is dead by now */
+    ci_cgroup_free(run->cg); /* namespace mode: init is dead, and with it the run */
     run->cg = NULL;
+    /* Bare mode: the task's process group is dead; what left it (setsid)
+     * is dead too only if the job's bare_hooks swept it (ci-executor). The
+     * ci-worker's no-isolation fallback has none: such a process may still
+     * write here while the tree is removed (SECURITY.md). */
     if (run->bare_dir) {
         if (run->bare_dir_fd >= 0)
             remove_tree_at(run->bare_dir_fd, 0);
@@ -669,6 +683,11 @@ static ci_status start_bare(struct ci_sandbox_run *run, const struct ci_job *job
     run->pid = pid;
     run->pidfd = sys_pidfd_open(pid);
     close_child_ends(run);
+    if (job->bare_hooks) {
+        run->bare_hooks = *job->bare_hooks;
+        if (run->bare_hooks.started)
+            run->bare_hooks.started(run->bare_hooks.ctx, pid);
+    }
     return CI_OK;
 }
 

@@ -147,6 +147,7 @@ struct ci_sandbox_run {
     int bare_dir_fd;
     char *bare_env[MAX_ENV];
     char *bare_strs[2];
+    struct ci_bare_hooks bare_hooks; /* the job's, if any; ended is cleared once called */
     /* warm mode: init is a child of a zygote, known by its pidfd only */
     bool warm;
     /* task uids: the cold slot this run holds (UINT32_MAX: none), the
@@ -195,6 +196,9 @@ uid_t outside_uid_of(pid_t pid, uid_t inside);
 void pin_oom_score(const struct ci_sandbox *sb, pid_t task);
 void close_child_ends(struct ci_sandbox_run *run);
 ci_status send_byte(struct ci_sandbox_run *run);
+/* Bare mode: the task's process has been reaped; the caller's hook (if
+ * any) kills what it left before the artifacts are read. */
+void bare_task_reaped(struct ci_sandbox_run *run);
 void send_code(struct ci_sandbox_run *run);
 ci_status recv_msg(struct ci_sandbox_run *run, int timeout_ms, struct msg *m, int *ret_fd);
 ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd);

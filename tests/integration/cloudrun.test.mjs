@@ -5,9 +5,11 @@
 // requests or injects failures. Nothing of ours is mocked.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import { createHmac, generateKeyPairSync } from "node:crypto";
-import { chownSync, chmodSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { spawn, spawnSync } from "node:child_process";
+import { createHmac, createSign, generateKeyPairSync } from "node:crypto";
+import { Agent, request as httpRequest } from "node:http";
+import { connect } from "node:net";
+import { chownSync, chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -38,6 +40,37 @@ async function untilRunning(ex, ms = 30000) {
   }
 }
 const MiB = 1024 * 1024;
+
+// A raw TCP connection to base's host and port: st.data (what came back,
+// latin1), st.closedAt (Date.now() when it closed, 0 while open), st.sock.
+function rawConn(base) {
+  const u = new URL(base);
+  const st = { data: "", closedAt: 0, openedAt: Date.now() };
+  st.sock = connect(Number(u.port), u.hostname);
+  st.sock.on("data", (d) => (st.data += d.toString("latin1")));
+  st.sock.on("close", () => (st.closedAt = Date.now()));
+  st.sock.on("error", () => {});
+  st.connected = new Promise((resolve) => st.sock.once("connect", resolve));
+  return st;
+}
+
+// Requests to base over one kept-alive connection (node:http, one socket):
+// a connection the executor accepted before it began to stop stays usable.
+function keptAlive(base) {
+  const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+  const request = (path, body) =>
+    new Promise((resolve, reject) => {
+      const headers = body ? { "Content-Type": "application/json" } : {};
+      const rq = httpRequest(`${base}${path}`, { agent, method: body ? "POST" : "GET", headers }, (res) => {
+        let text = "";
+        res.on("data", (c) => (text += c));
+        res.on("end", () => resolve({ status: res.statusCode, headers: res.headers, text, json: () => JSON.parse(text) }));
+      });
+      rq.on("error", reject);
+      rq.end(body);
+    });
+  return { request, close: () => agent.destroy() };
+}
 
 const CSV = "region,amount\nnorth,4\neast,20\nwest,7\nnorth,6\neast,15\n";
 const MORE = "region,amount\nsouth,9\n";
@@ -301,6 +334,30 @@ describe("cloudrun provider", () => {
     await w.stop();
   });
 
+  test("waiting to be admitted does not shorten the run: a task admitted late still has its whole time limit", async () => {
+    // 429 for 6 s from the first try on, then forwarded; the deadline for
+    // tries is 7 s + 3 s. The code sleeps 4.5 s of its 7 s limit: a try
+    // admitted at ~6-7 s must still wait ~5 s for the answer.
+    let first = 0;
+    const px = await startProxy(executor.url, {
+      fault: (n, req) => {
+        if (req.path !== "/execute") return null;
+        first ||= Date.now();
+        return Date.now() - first < 6000 ? { status: 429, body: '{"error":"injected: busy"}', headers: { "Retry-After": "1" } } : null;
+      },
+    });
+    others.push(px);
+    const before = await executor.healthz();
+    const w = await cloudrunWorker({ service_url: px.url, timeout_margin_ms: 3000, backoff_initial_ms: 100, backoff_max_ms: 1000 });
+    const r = await run({ code: "import time\ntime.sleep(4.5)\nprint('admitted late, ran in full')", limits: { timeoutMs: 7000 } }, { timeoutMs: 60000 });
+    assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+    assert.equal(r.result.stdout, "admitted late, ran in full\n");
+    assert.ok(px.count("/execute") >= 3, `it waited through 429s (${px.count("/execute")} requests)`);
+    const after = await executor.healthz();
+    assert.equal(after.started - before.started, 1, "the code ran once");
+    await w.stop();
+  });
+
   test("an executor that restarts while a task waits: tried until the task's deadline, then the task succeeds", async () => {
     const ex = await startExecutor({ limits: EXECUTOR_LIMITS });
     const port = ex.port;
@@ -312,7 +369,6 @@ describe("cloudrun provider", () => {
       const c = stack.client;
       const taskId = newTaskId("cr-restart");
       taskIds.push(taskId);
-      const t0 = Date.now();
       await c.submit({ taskId, language: "python", code: "print('after the restart')", limits: { timeoutMs: 15000 } });
       await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
       // A restarted executor takes ~6 s to come back (a chosen duration, not
@@ -326,7 +382,6 @@ describe("cloudrun provider", () => {
       checkResultBasics(res, { taskId });
       assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
       assert.equal(res.stdout, "after the restart\n");
-      assert.ok(Date.now() - t0 >= 6000, "the task waited across the restart");
       assert.equal((await ex2.healthz()).started, 1, "the code ran once, on the restarted executor");
       await w.stop();
     } finally {
@@ -355,6 +410,34 @@ describe("cloudrun provider", () => {
     assert.equal(px.count("/execute"), 0, "no request without a token");
     assert.ok(Date.now() - t0 < 1000 + 2000 + 5000, `FAILED ${Date.now() - t0} ms after submit: within the deadline`);
     await w.stop();
+  });
+
+  test("a token error that asking again cannot fix (metadata server 404, a missing token file): FAILED at once, the executor not called", async () => {
+    const md404 = await startMetadataServer({ failStatus: 404 });
+    others.push(md404);
+    const px = await startProxy(executor.url);
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url, metadata_url: md404.url });
+    let t0 = Date.now();
+    const r = await run({ code: "print('never runs')", limits: { timeoutMs: 5000 } }, { timeoutMs: 30000 });
+    assert.equal(r.result.status, "TASK_STATUS_FAILED", show(r.result));
+    assert.equal(
+      r.result.error,
+      `could not get an ID token from the metadata server at ${md404.url}: it answered HTTP 404 (is a service account attached to this machine?) (the executor service was not called)`,
+    );
+    assert.equal(md404.failed, 1, "asked once: a 404 does not go away by asking again");
+    assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not at the task's deadline`);
+    await w.stop();
+
+    const missing = join(tmpdir(), `ci-no-such-token-${process.pid}`);
+    const w2 = await cloudrunWorker({ service_url: px.url, token_file: missing });
+    t0 = Date.now();
+    const r2 = await run({ code: "print('never runs')", limits: { timeoutMs: 5000 } }, { timeoutMs: 30000 });
+    assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
+    assert.equal(r2.result.error, `cannot open the token file ${missing}: No such file or directory (the executor service was not called)`);
+    assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once`);
+    assert.equal(px.count("/execute"), 0, "no request without a token");
+    await w2.stop();
   });
 
   test("TLS: cloudrun.ca_file vouches for the service; a certificate it does not vouch for fails at once, not retried", async () => {
@@ -584,8 +667,8 @@ describe("cloudrun provider", () => {
     assert.equal(executor.exited(), null, "still running");
   });
 
-  test("an executor told to stop answers 503 for the tasks it had to stop, and exits 0", async () => {
-    const ex2 = await startExecutor({ worker: { drain_timeout_s: 1 } });
+  test("an executor told to stop: a task it had to stop ran, so 500 (no Ci-Not-Run); one that comes during the drain is 503 with Ci-Not-Run; exit 0", async () => {
+    const ex2 = await startExecutor({ worker: { drain_timeout_s: 2 } });
     try {
       const pending = fetch(`${ex2.url}/execute`, {
         method: "POST",
@@ -593,18 +676,90 @@ describe("cloudrun provider", () => {
         body: JSON.stringify({ taskId: "drain-1", language: "python", code: "import time\ntime.sleep(30)" }),
       });
       await untilRunning(ex2);
+      // A connection the executor accepted before its drain, idle (keep-alive).
+      const conn = keptAlive(ex2.url);
+      assert.equal((await conn.request("/healthz")).status, 200);
       const t0 = Date.now();
       const exit = ex2.stop("SIGTERM");
+      for (const deadline = Date.now() + 10000; !ex2.lines().some((l) => l.event === "executor.draining"); await sleep(20))
+        if (Date.now() > deadline) assert.fail(`no executor.draining after SIGTERM:\n${ex2.logText()}`);
+      // A request during the drain (on a connection accepted before): not run.
+      const late = await conn.request("/execute", JSON.stringify({ taskId: "drain-2", language: "python", code: "print(1)" }));
+      conn.close();
+      assert.equal(late.status, 503);
+      assert.equal(late.headers["ci-not-run"], "1", "the draining 503 says the code did not start");
+      assert.match(JSON.parse(late.text).error, /shutting down; run the task again/);
+      // A new connection is refused at once (a worker tries again: nothing
+      // sent), not left in the listen backlog to be reset at exit.
+      const fresh = rawConn(ex2.url);
+      const refused = await new Promise((resolve) => {
+        fresh.sock.once("error", (e) => resolve(e.code));
+        fresh.sock.once("connect", () => resolve("connected"));
+      });
+      assert.equal(refused, "ECONNREFUSED");
       const r = await pending;
-      assert.equal(r.status, 503);
-      assert.match((await r.json()).error, /shutting down/);
+      assert.equal(r.status, 500, "the stopped task's code ran: not a 503 that a worker would send again");
+      assert.equal(r.headers.get("ci-not-run"), null);
+      assert.match((await r.json()).error, /shut down while the task ran and stopped it .*the code may have run in part/);
       assert.deepEqual(await exit, { code: 0, signal: null }, ex2.logText().slice(-4000));
-      // The drain (1 s) cut the task short: it would have run 30 s. Not a
+      // The drain (2 s) cut the task short: it would have run 30 s. Not a
       // tighter bound: a loaded machine takes seconds to tear a sandbox down.
       assert.ok(Date.now() - t0 < 25000, `stopped the task at its drain time, not its end (${Date.now() - t0} ms)`);
     } finally {
       await ex2.cleanup();
     }
+  });
+
+  test("a task the executor stopped at its shutdown is not sent again: FAILED, the code may have run", async () => {
+    const ex2 = await startExecutor({ limits: EXECUTOR_LIMITS, worker: { drain_timeout_s: 1 } });
+    try {
+      const px = await startProxy(ex2.url);
+      others.push(px);
+      const w = await cloudrunWorker({ service_url: px.url });
+      const taskId = newTaskId("cr-stopped");
+      taskIds.push(taskId);
+      await stack.client.submit({ taskId, language: "python", code: "import time\nprint('started', flush=True)\ntime.sleep(30)", limits: { timeoutMs: 8000 } });
+      await untilRunning(ex2);
+      const exit = ex2.stop("SIGTERM");
+      const { result: res } = await stack.client.waitResult(taskId, 60000);
+      assert.equal(res.status, "TASK_STATUS_FAILED", show(res));
+      assert.match(
+        res.error,
+        /^the executor service at http:\/\/127\.0\.0\.1:\d+ answered HTTP 500 \(this executor instance was shut down while the task ran and stopped it .*\); the code may have run, so the task is not sent again$/,
+        show(res),
+      );
+      assert.equal(px.count("/execute"), 1, "sent once: the stopped run is not sent again (to the next instance)");
+      assert.deepEqual(await exit, { code: 0, signal: null });
+      await w.stop();
+    } finally {
+      await ex2.cleanup();
+    }
+  });
+
+  test("409: another copy of the task runs on the executor: FAILED at once, not sent again (once that copy ends it would run again)", async () => {
+    const before = await executor.healthz();
+    const taskId = newTaskId("cr-dup");
+    // The first copy, straight to the executor, runs 4 s.
+    const first = postJson(executor.url, { taskId, code: "import time\ntime.sleep(4)\nprint('first copy')" });
+    await untilRunning(executor);
+    const px = await startProxy(executor.url);
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url });
+    const t0 = Date.now();
+    const r = await run({ taskId, code: "print('second copy')" });
+    assert.equal(r.result.status, "TASK_STATUS_FAILED", show(r.result));
+    assert.match(
+      r.result.error,
+      /^the executor service at http:\/\/127\.0\.0\.1:\d+ is already running another copy of this task \(HTTP 409: task cr-dup-\S+ is already running on this executor instance\), e\.g\. one sent for an earlier delivery; it is not sent again, so that the code does not run twice$/,
+      show(r.result),
+    );
+    assert.equal(px.count("/execute"), 1, "one request: a 409 is not tried again");
+    assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not once the other copy ended`);
+    const f = await (await first).json();
+    assert.equal(f.result.stdout, "first copy\n");
+    const after = await executor.healthz();
+    assert.equal(after.started - before.started, 1, "the code ran once");
+    await w.stop();
   });
 
   // ---- without user namespaces (executor's local.isolation) -------------
@@ -672,6 +827,7 @@ describe("cloudrun provider", () => {
       const busy = await postJson(ex.url, { taskId: "bare-second", code: "print('second')" });
       assert.equal(busy.status, 429, "a second task while one runs is refused");
       assert.equal(busy.headers.get("retry-after"), "1");
+      assert.equal(busy.headers.get("ci-not-run"), "1", "the 429 says the code did not start");
       assert.match((await busy.json()).error, /runs one task at a time \(no namespace sandbox, local\.isolation: none\) and is busy/);
       const cancel = await fetch(`${ex.url}/cancel/bare-long`, { method: "POST" });
       assert.equal(cancel.status, 200);
@@ -771,6 +927,147 @@ describe("cloudrun provider", () => {
     }
   });
 
+  test("isolation none: a process that left the task's group is killed when the task ends, before its files are read and removed", async (t) => {
+    if (!needNoUserns(t)) return;
+    const marker = `ci-itest-bare-late-${process.pid}-${Date.now()}`;
+    try {
+      await withBareExecutor(10001, {}, async (ex, tmp) => {
+        // In a session of its own, holding stdout open: it waits for the
+        // task's process to end, then writes an artifact half a second later.
+        const late = [
+          "import os, sys, time",
+          "parent = int(sys.argv[1])",
+          "while os.getppid() == parent:",
+          "    time.sleep(0.01)",
+          "time.sleep(0.5)",
+          "open('late.csv', 'w').write('written,late\\n1,2\\n')",
+          "time.sleep(120)",
+        ].join("\n");
+        const r = await postJson(ex.url, {
+          taskId: "bare-late",
+          code: ["import os, subprocess, sys", `subprocess.Popen([sys.executable, '-c', ${JSON.stringify(late)}, str(os.getpid()), '${marker}'], start_new_session=True)`, "print('main done')"].join("\n"),
+        });
+        assert.equal(r.status, 200);
+        const res = (await r.json()).result;
+        assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
+        assert.equal(res.stdout, "main done\n");
+        assert.deepEqual(res.artifacts ?? [], [], "a process of the task wrote while its artifacts were read: it was still alive");
+        assert.deepEqual(processesWith(marker), [], "a process of the task outlived it");
+        assert.deepEqual(readdirSync(tmp), [], "the task's directory is gone");
+      });
+    } finally {
+      for (const pid of processesWith(marker)) try { process.kill(pid, "SIGKILL"); } catch { /* gone */ }
+    }
+  });
+
+  test("isolation none: a leftover whose first thread exited alone (a zombie with live threads) is killed too", async (t) => {
+    if (!needNoUserns(t)) return;
+    // The processes whose parent is pid, from /proc/*/stat.
+    const childrenOf = (pid) =>
+      readdirSync("/proc").filter((d) => {
+        if (!/^\d+$/.test(d)) return false;
+        try {
+          const st = readFileSync(`/proc/${d}/stat`, "utf8");
+          return Number(st.slice(st.lastIndexOf(")") + 2).split(" ")[1]) === pid;
+        } catch {
+          return false;
+        }
+      });
+    await withBareExecutor(10001, {}, async (ex) => {
+      const half = ["import ctypes, threading, time", "threading.Thread(target=time.sleep, args=(120,)).start()", "ctypes.CDLL(None).syscall(60, 0)"].join("\n");
+      const r = await postJson(ex.url, {
+        taskId: "bare-half-exited",
+        code: [
+          "import subprocess, sys, time",
+          `p = subprocess.Popen([sys.executable, '-c', ${JSON.stringify(half)}], start_new_session=True)`,
+          "while open(f'/proc/{p.pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z':",
+          "    time.sleep(0.01)",
+          "print('its first thread is gone, another runs')",
+        ].join("\n"),
+      });
+      assert.equal(r.status, 200);
+      const res = (await r.json()).result;
+      assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
+      assert.deepEqual(childrenOf(ex.pid), [], "a process of the task is still the executor's child after the answer");
+      const killed = ex.lines().find((l) => l.event === "execute.leftovers_killed" && l.task_id === "bare-half-exited");
+      assert.equal(killed?.still_alive, "false", ex.logText());
+      assert.ok(killed.processes >= 1);
+    });
+  });
+
+  test("isolation none: orphans that exit during the task are reaped at once, not left as zombies against its process limit", async (t) => {
+    if (!needNoUserns(t)) return;
+    await withBareExecutor(10001, {}, async (ex) => {
+      // Each `sh -c 'sleep 0 &'` leaves an orphan that exits at once: 150 of
+      // them, twice local.max_processes (64), in 1.5 s or more.
+      const r = await postJson(ex.url, {
+        taskId: "bare-orphans",
+        code: ["import subprocess, time", "for i in range(150):", "    subprocess.run(['sh', '-c', 'sleep 0 &'], check=True)", "    time.sleep(0.01)", "print('150 orphans')"].join("\n"),
+        limits: { timeoutMs: 30000 },
+      });
+      assert.equal(r.status, 200);
+      const res = (await r.json()).result;
+      assert.equal(res.status, "TASK_STATUS_SUCCEEDED", show(res));
+      assert.equal(res.stdout, "150 orphans\n");
+    });
+  });
+
+  test("isolation none: a process the sweep cannot remove makes the executor refuse every task (503, Ci-Not-Run), /healthz 503, and exit 1", async (t) => {
+    if (!needNoUserns(t)) return;
+    const marker = `ci-itest-bare-held-${process.pid}-${Date.now()}`;
+    // Something the executor cannot end: a leftover traced from outside,
+    // which once killed stays a zombie only its tracer may release.
+    const TRACER = [
+      "import ctypes, sys, time",
+      "libc = ctypes.CDLL(None, use_errno=True)",
+      "if libc.ptrace(ctypes.c_long(0x4206), ctypes.c_long(int(sys.argv[1])), None, None) != 0:",
+      "    sys.exit(f'PTRACE_SEIZE: errno {ctypes.get_errno()}')",
+      "time.sleep(600)",
+    ].join("\n");
+    let tracer = null;
+    try {
+      await withBareExecutor(10001, {}, async (ex) => {
+        const conn = keptAlive(ex.url);
+        const answer = conn.request("/execute", JSON.stringify({
+          taskId: "bare-held",
+          language: "python",
+          code: [
+            "import subprocess, sys, time",
+            `p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '${marker}'], start_new_session=True)`,
+            "while 'TracerPid:\\t0\\n' in open(f'/proc/{p.pid}/status').read():",
+            "    time.sleep(0.05)",
+            "print('held')",
+          ].join("\n"),
+        }));
+        const [pid] = await waitProcessWith(marker, 30000);
+        tracer = spawn("python3", ["-c", TRACER, String(pid)], { stdio: ["ignore", "ignore", "inherit"] });
+        const r = await answer;
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.json().result.stdout, "held\n");
+        const killed = ex.lines().find((l) => l.event === "execute.leftovers_killed" && l.task_id === "bare-held");
+        assert.equal(killed?.still_alive, "true", ex.logText());
+        assert.ok(ex.lines().some((l) => l.event === "executor.unhealthy"), ex.logText());
+        // The next task is not let in beside what is left.
+        const next = await conn.request("/execute", JSON.stringify({ taskId: "bare-after", language: "python", code: "print('must not run')" }));
+        assert.equal(next.status, 503, next.text);
+        assert.equal(next.headers["ci-not-run"], "1");
+        assert.match(next.json().error, /could not end every process an earlier task left .* takes no more tasks; run the task again/);
+        const h = await conn.request("/healthz");
+        assert.equal(h.status, 503, "a liveness probe sees it");
+        assert.equal(h.json().status, "unhealthy");
+        assert.equal(h.json().started, 1, "nothing ran after");
+        conn.close();
+        // It stops by itself, so that the platform starts a fresh instance.
+        for (const deadline = Date.now() + 20000; !ex.exited(); await sleep(50))
+          if (Date.now() > deadline) assert.fail(`the unhealthy executor did not exit:\n${ex.logText()}`);
+        assert.deepEqual(ex.exited(), { code: 1, signal: null }, ex.logText().slice(-3000));
+      });
+    } finally {
+      tracer?.kill("SIGKILL");
+      for (const pid of processesWith(marker)) try { process.kill(pid, "SIGKILL"); } catch { /* gone */ }
+    }
+  });
+
   test("isolation none, executor as root: the task runs as local.sandbox_uid and can neither read nor signal the executor", async (t) => {
     if (!needNoUserns(t)) return;
     const tmp = bareTmp(0);
@@ -829,7 +1126,12 @@ describe("cloudrun provider", () => {
     authKeys.k1 = k1;
     authKeys.k2 = k2;
     authKeys.other = other;
-    authKeys.jwks1 = JSON.stringify({ keys: [jwk(other, "itest-0"), jwk(k1, "itest-1")] });
+    // An EC key too, as a key set may hold: skipped (RS256 only), so a
+    // token that names it finds no key.
+    const ec = generateKeyPairSync("ec", { namedCurve: "P-256" });
+    authKeys.ec = ec;
+    authKeys.jwks1 = JSON.stringify({ keys: [jwk(other, "itest-0"), { ...ec.publicKey.export({ format: "jwk" }), kid: "itest-ec", alg: "ES256", use: "sig" }, jwk(k1, "itest-1")] });
+    authKeys.jwksDup = JSON.stringify({ keys: [jwk(k1, "itest-1"), jwk(k2, "itest-1")] });
     authKeys.jwks2 = JSON.stringify({ keys: [jwk(k2, "itest-2")] });
     writeFileSync(authKeys.file, authKeys.jwks1);
     return authKeys;
@@ -882,6 +1184,10 @@ describe("cloudrun provider", () => {
         ["alg none", `Bearer ${input({ alg: "none", typ: "JWT" }, claims())}.`, /refused \(invalid\)/, null, /(alg is 'none'|not a signed JWT)/],
         ["HS256 with the public key as the secret", `Bearer ${hs}.${createHmac("sha256", pem).update(hs).digest("base64url")}`, /refused \(invalid\)/, null, /alg is 'HS256'; only RS256/],
         ["crit header", `Bearer ${tok(claims(), { header: { crit: ["exp"] } })}`, /refused \(invalid\)/, null, /critical header/],
+        ["no exp", `Bearer ${tok(claims({ exp: undefined }))}`, /refused \(invalid\)/, null, /no exp claim/],
+        ["no iat", `Bearer ${tok(claims({ iat: undefined }))}`, /refused \(invalid\)/, null, /no iat claim/],
+        ["signed by the key set's EC key (ES256)", `Bearer ${signJwt(claims(), { kid: "itest-ec", header: { alg: "ES256" }, signature: createSign("sha256").update("x").sign({ key: k.ec.privateKey, dsaEncoding: "ieee-p1363" }) })}`, /refused \(invalid\)/, null, /alg is 'ES256'; only RS256/],
+        ["RS256 naming the EC key's kid", `Bearer ${tok(claims(), { kid: "itest-ec" })}`, /refused \(invalid\)/, null, /no key with kid 'itest-ec'/],
       ];
       const h0 = await ex.healthz();
       for (const [name, authz, body, wwwExact, logRe] of bad) {
@@ -949,6 +1255,74 @@ describe("cloudrun provider", () => {
     }
   });
 
+  test("callers without a token cannot hold connections: a trickled request is cut after 10 s, a 401 or /healthz answer closes the connection, a refused body is read 1 MiB at most, one address holds max_connections_per_ip", async () => {
+    const k = authSetup();
+    const ex = await startExecutor({ executor: authConfig({ max_connections_per_ip: 3 }) });
+    const opened = [];
+    try {
+      // One address: 3 connections; the 4th and 5th are closed at once.
+      for (let i = 0; i < 5; i++) opened.push(rawConn(ex.url));
+      await Promise.all(opened.map((c) => c.connected));
+      for (const deadline = Date.now() + 5000; opened.filter((c) => c.closedAt).length < 2 && Date.now() < deadline; ) await sleep(50);
+      await sleep(300); // a third close would come now, if it came
+      assert.equal(opened.filter((c) => c.closedAt).length, 2, "two connections over the per-address limit of 3 were closed");
+      for (const c of opened) c.sock.destroy();
+      await sleep(200);
+
+      // A request trickled a byte a second (the idle timer restarts on each).
+      const slow = rawConn(ex.url);
+      await slow.connected;
+      slow.sock.write("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+      for (let i = 0; !slow.closedAt && i < 20; i++) {
+        await sleep(1000);
+        if (!slow.closedAt) slow.sock.write("a");
+      }
+      assert.ok(slow.closedAt, "a connection that never finished its request is still open after 20 s");
+      const lived = slow.closedAt - slow.openedAt;
+      assert.ok(lived >= 9000 && lived < 14000, `cut after ${lived} ms: about 10 s after it opened`);
+
+      // A 401 closes the connection (no keep-alive for a caller without a
+      // token), and so does the answer of /healthz, open to anyone.
+      for (const req of ["POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"]) {
+        const c = rawConn(ex.url);
+        await c.connected;
+        c.sock.write(req);
+        for (const deadline = Date.now() + 5000; !c.closedAt && Date.now() < deadline; ) await sleep(20);
+        assert.ok(c.closedAt, `the connection stayed open after: ${c.data.slice(0, 200)}`);
+        assert.match(c.data, /^HTTP\/1\.1 (401|200) /);
+        assert.match(c.data, /\r\nconnection: close\r\n/i);
+      }
+
+      // A refused request announcing 32 MiB, sent without waiting for an
+      // answer: the executor answers 401 at once and stops reading after
+      // 1 MiB of the body, closing the connection (it read up to 64 MiB,
+      // then answered and kept the connection). The client sends only as
+      // fast as the executor (and the socket buffers) take it. The 401 may
+      // be lost to the reset a close with unread data causes: a client that
+      // sends a large body without "Expect: 100-continue" (libcurl asks for
+      // one, so the worker does) has to live with that.
+      const big = rawConn(ex.url);
+      await big.connected;
+      big.sock.write("POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33554432\r\n\r\n");
+      const chunk = Buffer.alloc(64 * 1024, 0x20);
+      let sent = 0;
+      for (const deadline = Date.now() + 30000; sent < 32 * MiB && !big.closedAt && Date.now() < deadline; ) {
+        const more = big.sock.write(chunk);
+        sent += chunk.length;
+        if (!more) await Promise.race([new Promise((r) => big.sock.once("drain", r)), new Promise((r) => big.sock.once("close", r)), sleep(5000)]);
+      }
+      for (const deadline = Date.now() + 5000; !big.closedAt && Date.now() < deadline; ) await sleep(20);
+      assert.ok(big.closedAt, `the connection was not closed: the executor read all ${sent} bytes`);
+      assert.ok(sent < 24 * MiB, `the executor took ${sent} bytes of a refused body before it closed the connection`);
+      if (big.data) assert.match(big.data, /^HTTP\/1\.1 401 /);
+      big.sock.destroy();
+      assert.equal(ex.exited(), null, "the executor lives on");
+    } finally {
+      for (const c of opened) c.sock.destroy();
+      await ex.cleanup();
+    }
+  });
+
   test("executor.auth: the key set is read again when its file changes, and on SIGHUP", async () => {
     const k = authSetup();
     const dir = mkdtempSync(join(tmpdir(), "ci-jwks-rot-"));
@@ -996,7 +1370,9 @@ describe("cloudrun provider", () => {
       [authConfig({ jwks_file: join(k.dir, "missing.json") }), /executor\.jwks_file: cannot open/],
       [authConfig({ allowed_emails: "" }), /executor\.allowed_emails is empty/],
       [authConfig({ allowed_emails: "not-an-email" }), /'not-an-email' is not an email address/],
+      [authConfig({ jwks_file: join(k.dir, "dup.json") }), /executor\.jwks_file: '.*dup\.json' has two keys with kid 'itest-1'/],
     ];
+    writeFileSync(join(k.dir, "dup.json"), k.jwksDup);
     for (const [executor, re] of cases) {
       const r = await runExecutorToExit({ executor, timeoutMs: 20000 });
       assert.equal(r.code, 2, r.text);

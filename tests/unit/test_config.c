@@ -148,6 +148,7 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK_STR(c->executor.jwks_file, "");
     CHECK_STR(c->executor.allowed_emails, "");
     CHECK(c->executor.clock_skew_s == 60);
+    CHECK(c->executor.max_connections_per_ip == 0);
 }
 
 static void test_empty_file_gives_defaults(void)
@@ -310,12 +311,14 @@ static void test_values_are_read(void)
     ci_config_free(cfg);
 
     REQUIRE(load("executor:\n  auth: google-id-token\n  audience: https://x.run.app\n"
-                 "  allowed_emails: a@b.iam.gserviceaccount.com\n  clock_skew_s: 0\n",
+                 "  allowed_emails: a@b.iam.gserviceaccount.com\n  clock_skew_s: 0\n"
+                 "  max_connections_per_ip: 3\n",
                  &cfg, &err) == CI_OK);
     CHECK(cfg->executor.auth == CI_AUTH_GOOGLE_ID_TOKEN);
     CHECK_STR(cfg->executor.audience, "https://x.run.app");
     CHECK_STR(cfg->executor.allowed_emails, "a@b.iam.gserviceaccount.com");
     CHECK(cfg->executor.clock_skew_s == 0);
+    CHECK(cfg->executor.max_connections_per_ip == 3);
     ci_config_free(cfg);
     REQUIRE(load("executor:\n  auth: none\n", &cfg, &err) == CI_OK);
     CHECK(cfg->executor.auth == CI_AUTH_NONE);

@@ -152,14 +152,25 @@ static void test_backoff(void)
 static void test_retryable(void)
 {
     /* Only answers that say the request was not run: a 500 or 504 may come
-     * after the code ran, and the executor would run it again. */
-    static const long yes[] = {408, 409, 429, 502, 503};
-    static const long no[] = {200, 204, 301, 400, 401, 403, 404, 405, 413, 415, 422,
+     * after the code ran, and the executor would run it again - unless the
+     * executor says it did not start the code (Ci-Not-Run). */
+    static const long yes[] = {408, 429, 502, 503};
+    static const long no[] = {200, 204, 301, 400, 401, 403, 404, 405, 409, 413, 415, 422,
                               500, 501, 504, 599, 600};
-    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
-        CHECK(ci_http_status_retryable(yes[i]));
+    static const long marked[] = {500, 501, 504, 599};
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+        CHECK(ci_http_status_retryable(yes[i], false));
+        CHECK(ci_http_status_retryable(yes[i], true));
+    }
     for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
-        CHECK(!ci_http_status_retryable(no[i]));
+        CHECK(!ci_http_status_retryable(no[i], false));
+    for (size_t i = 0; i < sizeof(marked) / sizeof(marked[0]); i++)
+        CHECK(ci_http_status_retryable(marked[i], true));
+    /* 409: the other copy ends, and the same request would run the code
+     * again; 4xx with the marker: sending the same request cannot help. */
+    CHECK(!ci_http_status_retryable(409, true));
+    CHECK(!ci_http_status_retryable(400, true));
+    CHECK(!ci_http_status_retryable(413, true));
 }
 
 static void test_urlencode_and_token_chars(void)
@@ -299,8 +310,10 @@ static void test_http_errors(void)
 
 /* A loopback HTTP/1.1 server for one test: it reads each request (headers
  * and a Content-Length body) and, by the script's letter for that request,
- * answers 200 and keeps the connection ('A') or closes it without a word
- * ('C'). It counts the requests it read. */
+ * answers 200 and keeps the connection ('A'), answers 503 with
+ * "ci-not-run:  1 " after a 100 Continue ('N'), answers 503 without it
+ * ('M'), or closes it without a word ('C'). It counts the requests it
+ * read. */
 struct script_server {
     int lfd;
     uint16_t port;
@@ -349,10 +362,14 @@ static void *script_main(void *arg)
         while (read_request(fd)) {
             int i = atomic_fetch_add(&sv->requests, 1);
             char step = sv->script[i] ? sv->script[i] : 'C';
-            if (step != 'A')
-                break;
             static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-            if (write(fd, ok, sizeof(ok) - 1) != (ssize_t)sizeof(ok) - 1)
+            static const char marked[] = "HTTP/1.1 100 Continue\r\nCi-Not-Run: 0\r\n\r\n"
+                                         "HTTP/1.1 503 Service Unavailable\r\n"
+                                         "ci-not-run:  1 \r\nContent-Length: 2\r\n\r\nno";
+            static const char plain[] = "HTTP/1.1 503 Service Unavailable\r\n"
+                                        "Content-Length: 2\r\n\r\nno";
+            const char *answer = step == 'A' ? ok : step == 'N' ? marked : step == 'M' ? plain : NULL;
+            if (!answer || write(fd, answer, strlen(answer)) != (ssize_t)strlen(answer))
                 break;
         }
         close(fd);
@@ -422,6 +439,41 @@ static void test_http_sent_once(void)
     }
 }
 
+/* The value of one named response header is kept (request.keep_header),
+ * by name whatever its case, without surrounding blanks, and from the final
+ * answer only (not an interim 100 Continue); "" when absent. */
+static void test_http_kept_header(void)
+{
+    struct script_server sv;
+    REQUIRE(script_start(&sv, "NMA"));
+    struct ci_http *http = NULL;
+    struct ci_http_options ho = {.connect_timeout_ms = 2000, .max_idle = 1};
+    REQUIRE(ci_http_new(&ho, &http, NULL) == CI_OK);
+    char url[128];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u/execute", sv.port);
+    struct ci_http_request req = {.method = "POST", .url = url,
+                                  .body = (const uint8_t *)"task", .body_len = 4,
+                                  .timeout_ms = 10000, .max_response_bytes = 1024,
+                                  .keep_header = "Ci-Not-Run"};
+    struct ci_http_response resp;
+    struct ci_error err = {{0}};
+    REQUIRE(ci_http_do(http, &req, &resp, &err) == CI_OK);
+    CHECK(resp.status == 503);
+    CHECK_STR(resp.kept_header, "1");
+    ci_http_response_release(&resp);
+    REQUIRE(ci_http_do(http, &req, &resp, &err) == CI_OK);
+    CHECK(resp.status == 503);
+    CHECK_STR(resp.kept_header, "");
+    ci_http_response_release(&resp);
+    req.keep_header = NULL;
+    REQUIRE(ci_http_do(http, &req, &resp, &err) == CI_OK);
+    CHECK(resp.status == 200);
+    CHECK_STR(resp.kept_header, "");
+    ci_http_response_release(&resp);
+    ci_http_free(http);
+    script_stop(&sv);
+}
+
 static const struct t_case cases[] = {
     T(test_jwt_exp),
     T(test_backoff),
@@ -430,6 +482,7 @@ static const struct t_case cases[] = {
     T(test_token_file),
     T(test_http_errors),
     T(test_http_sent_once),
+    T(test_http_kept_header),
 };
 
 int main(int argc, char **argv) { return t_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0])); }
