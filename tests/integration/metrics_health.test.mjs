@@ -99,7 +99,14 @@ describe("metrics, health and ci stats", () => {
     assert.equal(results.slow.status, "TASK_STATUS_TIMED_OUT", show(results.slow));
 
     // A running task shows as an active slot. It runs until the test lets
-    // it go on, then 2 s more.
+    // it go on, then 2 s more. First the slots of the tasks above must be
+    // free: a slot is freed just after its result is stored (seen under
+    // load: one still active when the next was counted).
+    for (const deadline = Date.now() + 30000; ; await sleep(50)) {
+      const m = parseMetrics((await getText(`${w.monitorUrl}/metrics`)).text).samples;
+      if (m.ci_slots_active === 0) break;
+      assert.ok(Date.now() < deadline, `slots still active after the results: ${m.ci_slots_active}`);
+    }
     const busy = newTaskId("m-busy");
     const marker = `ci-itest-mbusy-${process.pid}-${Date.now()}`;
     await c.submit({ taskId: busy, language: "python", code: `${blockUntilReleased(marker)}import time\ntime.sleep(2)` });
