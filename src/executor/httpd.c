@@ -263,9 +263,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         st->untrusted = untrusted(h, c, trusted);
         st->drop_max = st->untrusted ? UNTRUSTED_DISCARD_MAX : DISCARD_MAX;
         if (cl) {
-            /* n - limit, not limit + DISCARD_MAX: a limit of SIZE_MAX
-             * (body_limit's cap) must not wrap around. */
-            if (n > st->limit && (waits || n - st->limit > DISCARD_MAX)) {
+            /* n - limit, not limit + drop_max: a limit of SIZE_MAX
+             * (body_limit's cap) must not wrap around. An untrusted
+             * connection (/healthz is open to anyone) drops 1 MiB at most. */
+            if (n > st->limit && (waits || n - st->limit > st->drop_max)) {
                 st->answered = true;
                 edge_reject(h, method, url, MHD_HTTP_CONTENT_TOO_LARGE);
                 return too_large(c, n, st->limit, st->untrusted);
@@ -284,7 +285,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             st->too_large = true;
             ci_buf_release(&st->body);
             /* Someone streaming without end: stop reading. */
-            return st->received - st->limit > DISCARD_MAX ? MHD_NO : MHD_YES;
+            return st->received - st->limit > st->drop_max ? MHD_NO : MHD_YES;
         }
         if (ci_buf_append(&st->body, upload_data, n)) {
             ci_buf_release(&st->body);

@@ -246,11 +246,14 @@ int main(int argc, char **argv)
         .port = port,
         /* Room for health checks and quick 429s beside the running tasks. */
         .max_connections = max_running * 2 + 16,
-        /* So that one address (a caller without a token, too) cannot take
-         * them all: half and a bit, by default. */
+        /* One address may hold them all unless the config says less: a
+         * connection over a per-address limit is closed once accepted,
+         * which a worker must count as "may have run" (FAILED), and behind
+         * a front (Cloud Run's) every caller is one of a few addresses.
+         * The 10 s watchdog bounds callers without a token meanwhile. */
         .max_connections_per_ip = cfg->executor.max_connections_per_ip
                                       ? cfg->executor.max_connections_per_ip
-                                      : max_running + 8,
+                                      : max_running * 2 + 16,
         .idle_timeout_s = IDLE_TIMEOUT_S,
         .handler = ci_service_handle,
         .body_limit = ci_service_body_limit,

@@ -503,7 +503,7 @@ static void handle_execute(struct ci_service *s, const struct ci_httpd_request *
         entry_remove(s, &ent);
         /* From here on the code has run: a failure is a 500, which no
          * worker sends again (never the not-run 503). */
-        if (ent.shutdown) {
+        if (ent.shutdown && o.kind == CI_OUTCOME_CANCELLED) { /* not one that ended first */
             rejected(s, resp, 500, id,
                      "this executor instance was shut down while the task ran and stopped it "
                      "(worker.drain_timeout_s passed); the code may have run in part");

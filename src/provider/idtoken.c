@@ -214,6 +214,9 @@ static size_t trimmed_len(const uint8_t *d, size_t len)
 static ci_status load_file(struct ci_idtoken *t, struct ci_error *err)
 {
     CI_AUTOCLOSE int fd = open(t->token_file, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT) /* not written yet (a sidecar's): it may be soon */
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "the token file %s does not exist (yet)",
+                            t->token_file);
     if (fd < 0)
         return ci_error_errno(err, CI_ERR_IO, errno, "cannot open the token file %s",
                               t->token_file);

@@ -594,16 +594,17 @@ static ci_status cr_wait(void *ctx, struct ci_run *run, struct ci_outcome *ret)
             s = CI_ERR_NOMEM;
             break;
         }
-        if (ts == CI_ERR_HTTP || ts == CI_ERR_TIMEOUT) {
+        if (ts == CI_ERR_HTTP || ts == CI_ERR_TIMEOUT || ts == CI_ERR_NOT_FOUND) {
             /* The metadata server could not be reached, or failed (5xx,
-             * 429): it may answer the next time. idtoken.c names it. */
+             * 429), or the token file is not written yet: it may be there
+             * the next time. idtoken.c names the source. */
             snprintf(last, sizeof(last), "%s", e.msg);
             last_kind = LAST_TOKEN;
             goto retry;
         }
         if (ts) {
             /* A 403/404, an answer that is not a JWT, a token file that
-             * cannot be read: asking again gives the same. */
+             * exists but cannot be read: asking again gives the same. */
             s = end_error(&o, fmt("%s (the executor service was not called)", e.msg));
             break;
         }

@@ -218,7 +218,7 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
             if (!run->t_end)
                 run->t_end = now;
             reap(run, &init_status, &ru);
-            drain_until = now + DRAIN_MS;
+            drain_until = ci_mono_ms() + DRAIN_MS; /* after reap(), which may sweep (bare) */
         }
         bool pipes_open = run->out_fd >= 0 || run->err_fd >= 0 || run->rep_fd >= 0;
         if (run->pid == 0 && (!pipes_open || now >= drain_until))

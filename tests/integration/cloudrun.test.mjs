@@ -429,15 +429,36 @@ describe("cloudrun provider", () => {
     assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not at the task's deadline`);
     await w.stop();
 
-    const missing = join(tmpdir(), `ci-no-such-token-${process.pid}`);
-    const w2 = await cloudrunWorker({ service_url: px.url, token_file: missing });
+    // A token file that is a directory cannot become a token: at once.
+    const notFile = mkdtempSync(join(tmpdir(), "ci-token-dir-"));
+    const w2 = await cloudrunWorker({ service_url: px.url, token_file: notFile });
     t0 = Date.now();
     const r2 = await run({ code: "print('never runs')", limits: { timeoutMs: 5000 } }, { timeoutMs: 30000 });
     assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
-    assert.equal(r2.result.error, `cannot open the token file ${missing}: No such file or directory (the executor service was not called)`);
+    assert.equal(r2.result.error, `the token file ${notFile} is not a regular file (the executor service was not called)`);
     assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once`);
     assert.equal(px.count("/execute"), 0, "no request without a token");
     await w2.stop();
+    rmSync(notFile, { recursive: true, force: true });
+  });
+
+  test("a token file not written yet (a sidecar's) is waited for: the task runs once it appears", async () => {
+    const late = join(tmpdir(), `ci-late-token-${process.pid}`);
+    rmSync(late, { force: true });
+    const px = await startProxy(executor.url);
+    others.push(px);
+    const w = await cloudrunWorker({ service_url: px.url, token_file: late });
+    const pending = run({ code: "print('ran')", limits: { timeoutMs: 5000 } }, { timeoutMs: 60000 });
+    // The sidecar writes it a moment later: the delay is the scenario.
+    await sleep(1500);
+    writeFileSync(late, "late-token\n");
+    const r = await pending;
+    assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+    assert.equal(r.result.stdout, "ran\n");
+    assert.equal(px.count("/execute"), 1, "sent once, with the token");
+    assert.equal(px.auths[0], "Bearer late-token");
+    await w.stop();
+    rmSync(late, { force: true });
   });
 
   test("TLS: cloudrun.ca_file vouches for the service; a certificate it does not vouch for fails at once, not retried", async () => {
