@@ -1288,7 +1288,19 @@ describe("cloudrun provider", () => {
       await sleep(300); // a third close would come now, if it came
       assert.equal(opened.filter((c) => c.closedAt).length, 2, "two connections over the per-address limit of 3 were closed");
       for (const c of opened) c.sock.destroy();
-      await sleep(200);
+      // Until the executor has seen those closes: a probe that gets an
+      // answer was under the limit (one over it is closed unanswered); the
+      // probe and the slow connection below then fit in it too.
+      for (const deadline = Date.now() + 10000; ; await sleep(50)) {
+        const probe = rawConn(ex.url);
+        await probe.connected;
+        probe.sock.write("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+        for (const d2 = Date.now() + 2000; !probe.closedAt && !probe.data && Date.now() < d2; ) await sleep(20);
+        const answered = probe.data.startsWith("HTTP/1.1 ");
+        probe.sock.destroy();
+        if (answered) break;
+        assert.ok(Date.now() < deadline, "the executor never freed the closed connections' places");
+      }
 
       // A request trickled a byte a second (the idle timer restarts on each).
       const slow = rawConn(ex.url);
