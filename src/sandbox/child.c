@@ -228,17 +228,24 @@ int child_limit_inotify(const char *instances, const char *watches)
     return child_write_file("/proc/sys/user/max_inotify_watches", watches, strlen(watches), 0);
 }
 
-int child_stat_fields(const char *path, int first, int n, unsigned long long *ret)
+int child_read_small(const char *path, char *buf, size_t size)
 {
-    char buf[1024];
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
-    ssize_t len = read(fd, buf, sizeof(buf) - 1);
+    ssize_t len = read(fd, buf, size - 1);
     close(fd);
     if (len <= 0)
         return -1;
     buf[len] = '\0';
+    return 0;
+}
+
+int child_stat_fields(const char *path, int first, int n, unsigned long long *ret)
+{
+    char buf[1024];
+    if (child_read_small(path, buf, sizeof(buf)) != 0)
+        return -1;
     char *p = strrchr(buf, ')'); /* the end of field 2: the name may hold any ')' */
     if (!p || first < 3)
         return -1;

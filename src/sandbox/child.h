@@ -96,6 +96,10 @@ static inline bool child_is_stop_request(int sig, const siginfo_t *si)
  * errno if it could not. */
 int child_limit_inotify(const char *instances, const char *watches);
 
+/* Reads what one read() gives of a small file (a /proc one) into buf,
+ * NUL-terminated; 0, or -1 if it cannot be opened or is empty. */
+int child_read_small(const char *path, char *buf, size_t size);
+
 /* Reads n numeric fields of a /proc/<pid>/stat file from field `first`
  * (numbered from 1, as in proc(5); first >= 3) into ret; 0, or -1. */
 int child_stat_fields(const char *path, int first, int n, unsigned long long *ret);

@@ -355,14 +355,8 @@ pid_t pidfd_pid(int pidfd)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", pidfd);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (child_read_small(path, buf, sizeof(buf)) != 0)
         return -1;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
     const char *p = strstr(buf, "\nPid:");
     long pid = -1;
     if (p)
@@ -377,14 +371,8 @@ uid_t outside_uid_of(pid_t pid, uid_t inside)
 {
     char path[64], buf[512];
     snprintf(path, sizeof(path), "/proc/%d/uid_map", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (child_read_small(path, buf, sizeof(buf)) != 0)
         return (uid_t)-1;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return (uid_t)-1;
-    buf[n] = '\0';
     for (char *line = buf; *line;) {
         unsigned long first, lower, count;
         if (sscanf(line, "%lu %lu %lu", &first, &lower, &count) == 3 && inside >= first &&

@@ -43,6 +43,25 @@ const MiB = 1024 * 1024;
 
 // A raw TCP connection to base's host and port: st.data (what came back,
 // latin1), st.closedAt (Date.now() when it closed, 0 while open), st.sock.
+// Python lines that try to read /proc/<pid>/<f> for each f, printing
+// "<f> denied" or "<f> READ" (mem at offset 0 gives EIO, but it opened).
+function readProcLines(pid, files) {
+  return [
+    `pid = ${pid}`,
+    `for f in (${files.map((f) => `'${f}'`).join(", ")},):`,
+    "    try:",
+    "        fh = open(f'/proc/{pid}/{f}', 'rb')",
+    "    except PermissionError:",
+    "        print(f, 'denied')",
+    "        continue",
+    "    try:",
+    "        fh.read(4096)",
+    "    except OSError:",
+    "        pass",
+    "    print(f, 'READ')",
+  ];
+}
+
 function rawConn(base) {
   const u = new URL(base);
   const st = { data: "", closedAt: 0, openedAt: Date.now() };
@@ -880,18 +899,7 @@ describe("cloudrun provider", () => {
         taskId: "bare-proc",
         code: [
           "import os, resource",
-          `pid = ${ex.pid}`,
-          "for f in ('environ', 'mem', 'maps'):",
-          "    try:",
-          "        fh = open(f'/proc/{pid}/{f}', 'rb')",
-          "    except PermissionError:",
-          "        print(f, 'denied')",
-          "        continue",
-          "    try:",
-          "        fh.read(4096)",
-          "    except OSError:",
-          "        pass  # mem at offset 0: EIO, but it was opened",
-          "    print(f, 'READ')",
+          ...readProcLines(ex.pid, ["environ", "mem", "maps"]),
           "print('uid', os.getuid())",
           "for n in ('NPROC', 'NICE', 'RTTIME', 'SIGPENDING', 'CORE'):",
           "    print(n, *resource.getrlimit(getattr(resource, 'RLIMIT_' + n)))",
@@ -1098,18 +1106,7 @@ describe("cloudrun provider", () => {
         taskId: "bare-root",
         code: [
           "import os",
-          `pid = ${ex.pid}`,
-          "for f in ('environ', 'mem'):",
-          "    try:",
-          "        fh = open(f'/proc/{pid}/{f}', 'rb')",
-          "    except PermissionError:",
-          "        print(f, 'denied')",
-          "        continue",
-          "    try:",
-          "        fh.read(4096)",
-          "    except OSError:",
-          "        pass  # mem at offset 0: EIO, but it was opened",
-          "    print(f, 'READ')",
+          ...readProcLines(ex.pid, ["environ", "mem"]),
           "try:",
           "    os.kill(pid, 0)",
           "    print('signal SENT')",
