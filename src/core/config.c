@@ -135,6 +135,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_STR("jetstream.results_bucket", jetstream.results_bucket, "ci-results", CS_NAME),
     KEY_STR("jetstream.files_bucket", jetstream.files_bucket, "ci-files", CS_NAME),
     KEY_STR("jetstream.workers_bucket", jetstream.workers_bucket, "ci-workers", CS_NAME),
+    KEY_STR("jetstream.sessions_bucket", jetstream.sessions_bucket, "ci-sessions", CS_NAME),
     KEY_U32("jetstream.max_age_s", jetstream.max_age_s, 3600, 60, 31536000),
     KEY_U32("jetstream.duplicate_window_s", jetstream.duplicate_window_s, 120, 1, 86400),
     KEY_U32("jetstream.ack_wait_s", jetstream.ack_wait_s, 30, 5, 3600),
@@ -159,6 +160,10 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("limits.max_input_bytes", limits.max_input_bytes, 20 * MiB, 0, 1024 * MiB),
     KEY_U32("limits.max_artifact_bytes", limits.max_artifact_bytes, 20 * MiB, 0, 1024 * MiB),
     KEY_U32("limits.max_output_bytes", limits.max_output_bytes, 1 * MiB, 1024, 16 * MiB),
+
+    KEY_U32("sessions.max_state_mb", sessions.max_state_mb, 64, 1, 1024),
+    KEY_U32("sessions.idle_s", sessions.idle_s, 1200, 1, 31536000),
+    KEY_U32("sessions.max_waiting", sessions.max_waiting, 64, 0, 4096),
 
     KEY_ENUM("local.isolation", local.isolation, enum ci_isolation, CI_ISOLATION_AUTO,
              isolation_names),
@@ -222,6 +227,7 @@ static const struct ci_config_rule {
     {RULE_LE, "limits.default_timeout_ms", "limits.max_timeout_ms"},
     {RULE_LE, "limits.default_memory_mb", "limits.max_memory_mb"},
     {RULE_LE, "jetstream.duplicate_window_s", "jetstream.max_age_s"},
+    {RULE_LE, "sessions.idle_s", "jetstream.max_age_s"},
     {RULE_LE, "cloudrun.backoff_initial_ms", "cloudrun.backoff_max_ms"},
     {RULE_DIFFERENT, "jetstream.tasks_stream", "jetstream.status_stream"},
     {RULE_DIFFERENT, "jetstream.tasks_stream", "jetstream.cancel_stream"},

@@ -59,6 +59,7 @@ struct ci_config {
         char *results_bucket;  /* ci-results */
         char *files_bucket;    /* ci-files */
         char *workers_bucket;  /* ci-workers: heartbeats, read by `ci stats` */
+        char *sessions_bucket; /* ci-sessions: one record per session (contract §16) */
         uint32_t max_age_s;          /* 3600: streams, KV TTL, object TTL */
         uint32_t duplicate_window_s; /* 120 */
         uint32_t ack_wait_s;         /* 30 */
@@ -86,6 +87,11 @@ struct ci_config {
         uint32_t max_artifact_bytes; /* 20 MiB, all artifacts together */
         uint32_t max_output_bytes;   /* 1 MiB, each of stdout and stderr */
     } limits;
+    struct {                  /* docs/contract.md §16 */
+        uint32_t max_state_mb; /* 64: largest state a step may leave */
+        uint32_t idle_s;       /* 1200: a session with no step ended for this long expires */
+        uint32_t max_waiting;  /* 64: session tasks a worker holds while their turn comes */
+    } sessions;
     struct {
         enum ci_isolation isolation; /* auto */
         char *python;          /* /usr/bin/python3 */

@@ -25,5 +25,9 @@ void ci_outcome_release(struct ci_outcome *o)
     free(o->artifacts);
     free(o->error);
     free(o->hint);
+    free(o->session.restore_error);
+    free(o->session.dropped);
+    free(o->session.state);
+    free(o->session.state_error);
     memset(o, 0, sizeof(*o));
 }

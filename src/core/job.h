@@ -37,6 +37,16 @@ struct ci_bare_hooks {
     void *ctx;
 };
 
+/* A step of a session (docs/contract.md §16). The state is an archive the
+ * previous step's sandbox made; it is handed to this step's sandbox as it
+ * came and never decoded outside one. */
+struct ci_session_job {
+    bool on;                  /* the job is a session step: restore, then save */
+    const uint8_t *state;     /* the archive to restore; NULL: nothing (a new session) */
+    size_t state_len;
+    uint64_t max_state_bytes; /* the most the step may leave (sessions.max_state_mb) */
+};
+
 /* What to run: borrowed from the caller for the whole run. Limits are
  * validated and defaulted before a job is made (request.h). */
 struct ci_job {
@@ -49,6 +59,7 @@ struct ci_job {
     uint32_t timeout_ms;
     uint32_t memory_mb;
     const struct ci_bare_hooks *bare_hooks; /* NULL: none (copied at start) */
+    struct ci_session_job session;          /* .on false: not a session step */
 };
 
 struct ci_artifact {
@@ -65,6 +76,18 @@ enum ci_outcome_kind {
     CI_OUTCOME_CANCELLED, /* a cancel killed it */
     CI_OUTCOME_MEMORY,    /* the memory limit was exceeded */
     CI_OUTCOME_ERROR,     /* the code could not run or the run broke; see error */
+};
+
+/* What a session step's sandbox said about the state (all empty when the
+ * job was no session step). Everything here came from the sandbox: the
+ * texts are capped and sanitized, the archive is opaque. */
+struct ci_session_outcome {
+    bool restored;       /* the state given was restored before the code ran */
+    char *restore_error; /* why it could not be, or NULL */
+    char *dropped;       /* names not kept, one per line: "fh (open file)"; NULL: none */
+    uint8_t *state;      /* the archive the step left; NULL when none (state_error says why) */
+    size_t state_len;
+    char *state_error;   /* why no state is left, or NULL */
 };
 
 /* Everything a run produced. Owned by whoever waited for it. */
@@ -86,6 +109,7 @@ struct ci_outcome {
     char *error;        /* one sentence for the agent, or NULL */
     char *hint;         /* what to try next, or NULL */
     char isolation[128]; /* layers that ran: "user,pid,net,mnt,ipc,uts" or "none" */
+    struct ci_session_outcome session;
 };
 
 /* Both accept NULL and leave the struct zeroed. */
