@@ -91,6 +91,10 @@ bool ci_delivery_last_attempt(const struct ci_delivery *d);
  * redelivered it elsewhere already): at most this many ms. A fresh message
  * behind a late 408 may pass for queued: never the other way round. */
 int64_t ci_delivery_queued_ms(const struct ci_delivery *d);
+/* The subject it was published on ("ci.submit", "ci.submit.s1"). */
+const char *ci_delivery_subject(const struct ci_delivery *d);
+/* Its sequence in the tasks stream (the same on every redelivery); 0 when unknown. */
+uint64_t ci_delivery_seq(const struct ci_delivery *d);
 ci_status ci_delivery_ack(struct ci_delivery *d);
 /* Removes the message for good: never redelivered. */
 ci_status ci_delivery_term(struct ci_delivery *d);
@@ -174,6 +178,31 @@ typedef void (*ci_worker_entry_fn)(void *closure, const char *worker_id, const u
 ci_status ci_broker_workers_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
                                  void *closure, struct ci_error *err);
 
+/* --- sessions (docs/contract.md §16) --- */
+
+/* The stream sequence of the oldest message still in the tasks stream on
+ * the session's subject (<submit_subject>.<session_id>): a direct get, next
+ * by subject from sequence 1. CI_ERR_NOT_FOUND when there is none. */
+ci_status ci_broker_session_first_seq(struct ci_broker *b, const char *session_id,
+                                      uint64_t *ret_seq, struct ci_error *err);
+/* The session's record in jetstream.sessions_bucket and its revision.
+ * CI_ERR_NOT_FOUND when there is none (never written, deleted or expired). */
+ci_status ci_broker_session_get(struct ci_broker *b, const char *session_id, uint8_t **ret_data,
+                                size_t *ret_len, uint64_t *ret_rev, struct ci_error *err);
+/* Writes the record only if it is still at revision rev (0: only if there
+ * is none, or a deleted one); CI_ERR_CONFLICT otherwise. */
+ci_status ci_broker_session_swap(struct ci_broker *b, const char *session_id, const void *data,
+                                 size_t len, uint64_t rev, uint64_t *ret_rev,
+                                 struct ci_error *err);
+/* Writes the record whatever it was (a client closing the session). */
+ci_status ci_broker_session_put(struct ci_broker *b, const char *session_id, const void *data,
+                                size_t len, struct ci_error *err);
+/* Calls fn for each live record, at most max of them; written_ms is when
+ * the server stored it (Unix ms). CI_ERR_NOT_FOUND when the bucket does not
+ * exist (no worker of this version ran yet). */
+ci_status ci_broker_sessions_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
+                                  void *closure, struct ci_error *err);
+
 /* --- submitting and watching (clients) --- */
 
 /* JetStream-publishes a request on the submit subject with Nats-Msg-Id =
@@ -181,6 +210,11 @@ ci_status ci_broker_workers_list(struct ci_broker *b, size_t max, ci_worker_entr
 ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char *content_type,
                            const void *data, size_t len, bool *ret_duplicate,
                            struct ci_error *err);
+/* The same for a step of session_id: on <submit_subject>.<session_id>. */
+ci_status ci_broker_submit_session(struct ci_broker *b, const char *session_id,
+                                   const char *task_id, const char *content_type,
+                                   const void *data, size_t len, bool *ret_duplicate,
+                                   struct ci_error *err);
 
 struct ci_watch; /* every status event of one task, from the first */
 ci_status ci_watch_new(struct ci_broker *b, const char *task_id, struct ci_watch **ret,

@@ -40,12 +40,27 @@ enum ci_task_end {
     CI_TASK_END_DROPPED,    /* no valid task id: terminated and logged */
     CI_TASK_END_RETRY,      /* an infrastructure failure: nak'ed for a later try */
     CI_TASK_END_SUPERSEDED, /* a later attempt overtook this one: its result was dropped */
+    CI_TASK_END_WAIT,       /* a session task whose turn has not come (an older task of its
+                               session is still in the stream): NOT disposed of, the caller
+                               keeps d and hands it to ci_task_process again later */
 };
 
-/* Processes one delivery and always disposes of it (ack, term or nak);
- * takes ownership of d. */
+/* What a CI_TASK_END_WAIT task waits for: until no message older than seq
+ * is left on its session's subject (ci_broker_session_first_seq). */
+struct ci_task_wait {
+    char task_id[65];
+    char session_id[65];
+    uint64_t seq; /* the task's own sequence in the tasks stream */
+};
+
+/* Processes one delivery and disposes of it (ack, term or nak), taking
+ * ownership of d - except on CI_TASK_END_WAIT, when d stays the caller's
+ * and *ret_wait says what it waits for. With turn_checked (a task the
+ * caller held until its turn came, or one cancelled meanwhile) the session
+ * order is not looked at again. */
 enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot *slot,
-                                 struct ci_delivery *d);
+                                 struct ci_delivery *d, bool turn_checked,
+                                 struct ci_task_wait *ret_wait);
 
 /* Marks the slot's task cancelled if it is task_id, and kills its run. */
 void ci_slot_cancel(const struct ci_worker_env *env, struct ci_slot *slot, const char *task_id);
