@@ -147,7 +147,8 @@ static void *slot_main(void *p)
             break;
         }
         ci_metrics_slot_busy(w->env.metrics, true);
-        enum ci_task_end end = ci_task_process(&w->env, a->slot, d);
+        struct ci_task_wait wait;
+        enum ci_task_end end = ci_task_process(&w->env, a->slot, d, false, &wait);
         ci_metrics_slot_busy(w->env.metrics, false);
         ci_metrics_delivery(w->env.metrics, (enum ci_metrics_outcome)end);
         if (end == CI_TASK_END_DONE)

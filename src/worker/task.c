@@ -961,8 +961,11 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
 }
 
 enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot *slot,
-                                 struct ci_delivery *d)
+                                 struct ci_delivery *d, bool turn_checked,
+                                 struct ci_task_wait *ret_wait)
 {
+    (void)turn_checked;
+    (void)ret_wait;
     struct task t = {.env = env, .slot = slot, .d = d, .started_at_ms = ci_now_ms(),
                      .taken_mono_ms = ci_mono_ms(), .queue_wait_ms = -1};
     enum ci_task_end end;
