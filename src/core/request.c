@@ -262,11 +262,13 @@ ci_status ci_request_validate(const struct ci_config *cfg, const Ci__V1__Executi
         return ci_error_set(err, CI_ERR_LIMIT, "memory_mb %" PRIu32 " is above the limit of %" PRIu32,
                             memory_mb, cfg->limits.max_memory_mb);
 
-    if (req->session_id && req->session_id[0])
-        return ci_error_set(err, CI_ERR_UNSUPPORTED,
-                            "sessions (sessionId) are not available on this worker yet: each "
-                            "task runs on its own; send the task without sessionId, with the "
-                            "data and the earlier steps' code it needs");
+    if (req->session_id && req->session_id[0] && !ci_task_id_valid(req->session_id)) {
+        quote(q, sizeof(q), req->session_id);
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "session_id '%s' (%zu bytes) is not a session id: use 1 to 64 of "
+                            "A-Z, a-z, 0-9, '_' and '-'",
+                            q, strlen(req->session_id));
+    }
 
     if (req->policy) {
         const char *net = req->policy->network ? req->policy->network : "";

@@ -40,6 +40,9 @@ struct ci_provider_ops {
     /* Optional (NULL when the provider keeps no warm pool): the pool's
      * state now. Thread-safe. */
     void (*warm_stats)(void *ctx, struct ci_warm_stats *ret);
+    /* Whether it runs session steps: passes ci_job.session's state to the
+     * run and fills ci_outcome.session (docs/contract.md §16). */
+    bool sessions;
 };
 
 struct ci_provider {

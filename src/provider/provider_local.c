@@ -317,6 +317,7 @@ static const struct ci_provider_ops local_ops = {
     .release = local_release,
     .destroy = local_destroy,
     .warm_stats = local_warm_stats,
+    .sessions = true,
 };
 
 ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,

@@ -15,6 +15,7 @@
 #include "core/result.h"
 #include "core/util.h"
 #include "nats/objstore.h"
+#include "worker/session.h"
 
 /* Room kept in a KV value or event for headers and framing. */
 #define PAYLOAD_SLACK 8192
@@ -45,10 +46,23 @@ struct task {
     uint64_t rev;
     bool final_started;      /* this attempt began to store its terminal result */
     bool final_stored;       /* ... and stored it (its event may still have failed) */
+    /* A session step (docs/contract.md §16). */
+    bool turn_checked;            /* the caller held it until its turn came */
+    struct ci_task_wait *wait;    /* filled when it must wait for its turn */
+    uint64_t seq;                 /* its sequence in the tasks stream */
+    bool sess_read;               /* the record was read: the result says what became of it */
+    bool sess_have_rec;
+    struct ci_session_record rec; /* as read (sess_have_rec) */
+    uint64_t sess_rev;            /* its revision; 0: none */
+    struct ci_session_plan plan;
+    uint8_t *state;               /* the state to restore; NULL: none */
+    size_t state_len;
+    char state_note[400];         /* why the previous state could not be had, or "" */
 };
 
 static void task_release(struct task *t)
 {
+    free(t->state);
     ci_message_free(t->req ? &t->req->base : NULL);
     for (size_t i = 0; i < t->n_files; i++) {
         free(t->files[i].name);
@@ -70,6 +84,8 @@ struct result {
     struct ci_result_text text; /* output, error and hint the message points to */
     struct ci_objstore_undo undo; /* what this attempt stored of its artifacts */
     size_t n_stored;              /* artifacts it stored */
+    Ci__V1__SessionInfo session;
+    char **dropped;               /* session.dropped, owned here */
 };
 
 static void result_init(struct result *r, const struct task *t, Ci__V1__TaskStatus status)
@@ -114,6 +130,9 @@ static void result_release(struct result *r)
     free(r->art_ptrs);
     free(r->labels);
     free(r->label_ptrs);
+    for (size_t i = 0; i < r->session.n_dropped; i++)
+        free(r->dropped[i]);
+    free(r->dropped);
     ci_result_text_release(&r->text);
     ci_objstore_undo_release(&r->undo);
 }
@@ -840,6 +859,310 @@ static bool choose_id(struct task *t, const char *msg_id)
     return true;
 }
 
+/* --- sessions (docs/contract.md §16) --------------------------------- */
+
+/* Adds a sentence to the result's error ("; " between). */
+static void result_note(struct result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void result_note(struct result *r, const char *fmt, ...)
+{
+    size_t used = strlen(r->text.error);
+    if (used && used + 2 < sizeof(r->text.error)) {
+        memcpy(r->text.error + used, "; ", 3);
+        used += 2;
+    }
+    if (used + 1 >= sizeof(r->text.error))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->text.error + used, sizeof(r->text.error) - used, fmt, ap);
+    va_end(ap);
+}
+
+static const char *session_id(const struct task *t)
+{
+    return t->req && t->req->session_id && t->req->session_id[0] ? t->req->session_id : NULL;
+}
+
+/* The SessionInfo of the result, from the plan (and later the outcome). */
+static void session_info(struct task *t, struct result *r)
+{
+    ci__v1__session_info__init(&r->session);
+    r->session.session_id = (char *)session_id(t);
+    r->session.step = t->plan.step;
+    r->session.new_session = t->plan.new_session;
+    r->session.previous_state_gone = t->plan.previous_gone;
+    r->msg.session = &r->session;
+}
+
+/* Whether the subject it came on fits its session_id: ci.submit without
+ * one, ci.submit.<id> with id. An error sentence in r when not. */
+static bool subject_fits(const struct task *t, struct result *r)
+{
+    const char *subj = ci_delivery_subject(t->d);
+    const char *base = t->env->cfg->jetstream.submit_subject;
+    const char *sid = session_id(t);
+    size_t n = strlen(base);
+    const char *tail = subj && strncmp(subj, base, n) == 0 && subj[n] == '.' ? subj + n + 1 : NULL;
+    if (!subj)
+        return true; /* not known: nothing to hold against it */
+    if (sid && (!tail || strcmp(tail, sid) != 0)) {
+        result_fail(r, "a task of session '%s' must be published on '%s.%s' (it came on '%.200s'), "
+                       "where the session's tasks keep their order",
+                    sid, base, sid, subj);
+        return false;
+    }
+    if (!sid && tail) {
+        result_fail(r, "the task came on '%.200s', a session's subject, without session_id: set "
+                       "session_id '%.64s' or publish on '%s'",
+                    subj, tail, base);
+        return false;
+    }
+    return true;
+}
+
+/* Reads the session's record and fetches the state to restore. Returns
+ * true when the task goes on; false with *ret_end when it ended, waits for
+ * its turn (CI_TASK_END_WAIT) or is retried. */
+static bool session_begin(struct task *t, struct result *r, enum ci_task_end *ret_end)
+{
+    const struct ci_worker_env *env = t->env;
+    const char *sid = session_id(t);
+    struct ci_error e = {{0}};
+    if (!env->provider->ops->sessions) {
+        result_fail(r, "sessions need the local provider: this worker runs tasks on '%s', which "
+                       "cannot carry a session's state; send the task without session_id",
+                    ci_provider_name(env->provider));
+        *ret_end = finish(t, r);
+        return false;
+    }
+    t->seq = ci_delivery_seq(t->d);
+    if (!t->turn_checked && t->seq) {
+        uint64_t first = 0;
+        ci_status s = ci_broker_session_first_seq(env->broker, sid, &first, &e);
+        if (s && s != CI_ERR_NOT_FOUND) {
+            *ret_end = give_up_or_retry(t, r, "look up the session's order", &e);
+            return false;
+        }
+        if (s == CI_OK && first < t->seq) {
+            snprintf(t->wait->task_id, sizeof(t->wait->task_id), "%s", t->id);
+            snprintf(t->wait->session_id, sizeof(t->wait->session_id), "%s", sid);
+            t->wait->seq = t->seq;
+            *ret_end = CI_TASK_END_WAIT;
+            return false;
+        }
+    }
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ci_status s = ci_broker_session_get(env->broker, sid, &buf, &len, &t->sess_rev, &e);
+    if (s && s != CI_ERR_NOT_FOUND) {
+        *ret_end = give_up_or_retry(t, r, "read the session's record", &e);
+        return false;
+    }
+    bool garbled = false;
+    if (s == CI_OK) {
+        t->sess_have_rec = ci_session_record_parse(buf, len, &t->rec, NULL) == CI_OK;
+        garbled = !t->sess_have_rec;
+    }
+    free(buf);
+    ci_session_plan(sid, t->sess_have_rec ? &t->rec : NULL, t->seq, ci_now_ms(),
+                    env->cfg->sessions.idle_s, &t->plan);
+    if (garbled) /* not a record a worker wrote: whatever it was is gone */
+        t->plan.previous_gone = true;
+    t->sess_read = true;
+    session_info(t, r);
+    if (t->plan.applied) {
+        r->session.restored_from_step = 0;
+        r->session.state_kept = t->rec.state_step == t->rec.step;
+        r->session.state_bytes = t->rec.state_bytes;
+        result_fail(r, "this task ran already as step %u of session '%s', on a worker that stopped "
+                       "before storing its result: the session's state is as it left it, its "
+                       "output is lost",
+                    t->plan.step, sid);
+        *ret_end = finish(t, r);
+        return false;
+    }
+    if (t->plan.stale_object[0] &&
+        ci_objstore_delete(ci_broker_objstore(env->broker), t->plan.stale_object, &e) &&
+        e.msg[0])
+        ci_log(CI_LOG_DEBUG, "session.stale_delete_failed", "object", t->plan.stale_object,
+               "error", e.msg, NULL);
+    if (!t->plan.restore_step)
+        return true;
+    /* The archive plus room for what the object store adds nothing to. */
+    uint64_t cap = (uint64_t)env->cfg->sessions.max_state_mb * 1024 * 1024;
+    s = ci_objstore_get(ci_broker_objstore(env->broker), t->plan.restore_object, (size_t)cap,
+                        &t->state, &t->state_len, &e);
+    if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT) {
+        *ret_end = give_up_or_retry(t, r, "read the session's state", &e);
+        return false;
+    }
+    if (s) {
+        snprintf(t->state_note, sizeof(t->state_note),
+                 "the session's state of step %u could not be read (%.300s): this step starts "
+                 "without it",
+                 t->plan.restore_step, s == CI_ERR_NOT_FOUND ? "it is gone" : e.msg);
+        t->plan.restore_step = 0;
+        t->plan.previous_gone = true;
+        r->session.previous_state_gone = true;
+        free(t->state);
+        t->state = NULL;
+        t->state_len = 0;
+    }
+    return true;
+}
+
+static const char *not_run_reason(enum ci_outcome_kind kind)
+{
+    switch (kind) {
+    case CI_OUTCOME_TIMED_OUT: return "the step timed out";
+    case CI_OUTCOME_CANCELLED: return "the step was cancelled";
+    case CI_OUTCOME_MEMORY: return "the step ran out of memory";
+    default: return "the sandbox failed";
+    }
+}
+
+/* Splits the sandbox's "name (reason)" lines into the result. */
+static void session_dropped(struct result *r, const char *lines)
+{
+    size_t n = 0;
+    for (const char *p = lines; p && *p; p++)
+        n += *p == '\n';
+    n++;
+    if (!lines || !*lines || !(r->dropped = calloc(n, sizeof(*r->dropped))))
+        return;
+    const char *p = lines;
+    while (*p && r->session.n_dropped < n) {
+        const char *end = strchr(p, '\n');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len && !(r->dropped[r->session.n_dropped++] = strndup(p, len)))
+            r->session.n_dropped--;
+        p += len + (end ? 1 : 0);
+    }
+    r->session.dropped = r->dropped;
+}
+
+/* Writes the record until it takes or another writer is seen: a few tries
+ * when NATS fails, as for the result. */
+static ci_status session_swap(struct task *t, const struct ci_session_record *rec,
+                              struct ci_error *err)
+{
+    CI_AUTOFREE char *json = NULL;
+    size_t len = 0;
+    ci_status s = ci_session_record_encode(session_id(t), rec, &json, &len, err);
+    for (int i = 0; !s && i < 4; i++) {
+        if (i) {
+            struct timespec ts = {(time_t)1 << (i - 1), 0};
+            nanosleep(&ts, NULL);
+        }
+        uint64_t rev = 0;
+        s = ci_broker_session_swap(t->env->broker, session_id(t), json, len, t->sess_rev, &rev,
+                                   err);
+        if (s == CI_OK)
+            t->sess_rev = rev;
+        if (s != CI_ERR_NATS && s != CI_ERR_TIMEOUT)
+            return s;
+    }
+    return s;
+}
+
+/* After the run: stores the step's state (when it left one it may keep)
+ * and the session's new record, and says in the result what became of it. */
+static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
+{
+    const struct ci_worker_env *env = t->env;
+    const char *sid = session_id(t);
+    struct ci_objstore *os = ci_broker_objstore(env->broker);
+    struct ci_error e = {{0}};
+    uint32_t step = t->plan.step;
+    /* What the session has now, should this step's state not be kept. */
+    uint32_t prev_step = t->plan.previous_gone || t->plan.new_session ? 0 : t->rec.state_step;
+    uint64_t prev_bytes = prev_step ? t->rec.state_bytes : 0;
+    if (t->state_note[0])
+        prev_step = 0, prev_bytes = 0;
+
+    r->session.restored_from_step = o->session.restored ? t->plan.restore_step : 0;
+    session_dropped(r, o->session.dropped);
+    if (t->state_note[0])
+        result_note(r, "%s", t->state_note);
+    if (o->session.restore_error)
+        result_note(r, "the session's state of step %u could not be restored (%.400s): this "
+                       "step ran without it",
+                    t->plan.restore_step, o->session.restore_error);
+
+    bool keep = o->kind == CI_OUTCOME_EXITED && o->session.state;
+    char why[600] = "";
+    if (o->kind != CI_OUTCOME_EXITED)
+        snprintf(why, sizeof(why), "%s", not_run_reason(o->kind));
+    else if (!o->session.state)
+        snprintf(why, sizeof(why), "%.590s",
+                 o->session.state_error ? o->session.state_error : "the step left no state");
+    char object[CI_SESSION_OBJECT_MAX];
+    ci_session_object_name(sid, step, object);
+    if (keep) {
+        ci_status s = ci_objstore_put(os, object, o->session.state, o->session.state_len, &e);
+        if (s) {
+            keep = false;
+            snprintf(why, sizeof(why), "it could not be stored: %.500s", e.msg);
+        } else {
+            ci_metrics_objstore_bytes(env->metrics, CI_METRICS_UPLOAD, o->session.state_len);
+        }
+    }
+    struct ci_session_record rec = {
+        .step = step,
+        .state_step = keep ? step : prev_step,
+        .last_seq = t->seq,
+        .state_bytes = keep ? o->session.state_len : prev_bytes,
+        .created_ms = t->plan.created_ms,
+        .updated_ms = ci_now_ms(),
+    };
+    snprintf(rec.last_task_id, sizeof(rec.last_task_id), "%s", t->id);
+    if (rec.state_step)
+        ci_session_object_name(sid, rec.state_step, rec.state);
+    ci_status s = session_swap(t, &rec, &e);
+    if (s == CI_ERR_CONFLICT) {
+        /* Closed meanwhile, or another attempt of this step wrote first
+         * (its state object has this one's name: leave it). */
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        struct ci_session_record now;
+        bool closed = ci_broker_session_get(env->broker, sid, &buf, &len, NULL, NULL) == CI_OK &&
+                      ci_session_record_parse(buf, len, &now, NULL) == CI_OK && now.closed;
+        free(buf);
+        if (closed && keep)
+            ci_objstore_delete(os, object, NULL);
+        keep = false;
+        rec.state_step = 0;
+        rec.state_bytes = 0;
+        snprintf(why, sizeof(why), "%s",
+                 closed ? "the session was closed while the step ran"
+                        : "another attempt of this step wrote the session's record first");
+    } else if (s) {
+        keep = false;
+        rec.state_step = prev_step;
+        rec.state_bytes = prev_bytes;
+        snprintf(why, sizeof(why), "the session's record could not be written: %.500s", e.msg);
+        ci_log(CI_LOG_ERROR, "session.record_failed", "task_id", t->id, "session_id", sid,
+               "error", e.msg, NULL);
+    } else if (keep && prev_step && prev_step != step) {
+        char old[CI_SESSION_OBJECT_MAX];
+        ci_session_object_name(sid, prev_step, old);
+        if (ci_objstore_delete(os, old, &e))
+            ci_log(CI_LOG_DEBUG, "session.old_state_delete_failed", "object", old, "error",
+                   e.msg, NULL);
+    }
+    r->session.state_kept = keep;
+    r->session.state_bytes = rec.state_bytes;
+    if (!keep) {
+        if (rec.state_step)
+            result_note(r, "this step's state was not kept (%s): the session keeps the state of "
+                           "step %u",
+                        why, rec.state_step);
+        else
+            result_note(r, "this step's state was not kept (%s): the session has no state yet",
+                        why);
+    }
+}
+
 static enum ci_task_end run_task(struct task *t, struct result *r)
 {
     const struct ci_worker_env *env = t->env;
@@ -861,6 +1184,11 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         result_fail(r, "the task was cancelled before it ran");
         return finish(t, r);
     }
+    if (!subject_fits(t, r))
+        return finish(t, r);
+    enum ci_task_end sess_end;
+    if (session_id(t) && !session_begin(t, r, &sess_end))
+        return sess_end;
 
     /* A worker that died mid-task leaves RUNNING behind; on the last try
      * we end it rather than risk dying again with nobody left to end it.
@@ -907,6 +1235,12 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         .n_files = t->n_files,
         .timeout_ms = timeout_ms,
         .memory_mb = memory_mb,
+        .session = {
+            .on = t->sess_read,
+            .state = t->state,
+            .state_len = t->state_len,
+            .max_state_bytes = (uint64_t)env->cfg->sessions.max_state_mb * 1024 * 1024,
+        },
     };
     struct ci_run *run = NULL;
     s = ci_provider_start(env->provider, &job, &run, &e);
@@ -951,6 +1285,8 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         r->msg.n_artifacts = 0;
         end = give_up_or_retry(t, r, "store the artifacts", &e);
     } else {
+        if (t->sess_read)
+            session_end(t, r, &o);
         end = finish(t, r);
     }
     /* Only now: freeing a warm run waits for its init to be gone, while the
@@ -964,10 +1300,9 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
                                  struct ci_delivery *d, bool turn_checked,
                                  struct ci_task_wait *ret_wait)
 {
-    (void)turn_checked;
-    (void)ret_wait;
     struct task t = {.env = env, .slot = slot, .d = d, .started_at_ms = ci_now_ms(),
-                     .taken_mono_ms = ci_mono_ms(), .queue_wait_ms = -1};
+                     .taken_mono_ms = ci_mono_ms(), .queue_wait_ms = -1,
+                     .turn_checked = turn_checked, .wait = ret_wait};
     enum ci_task_end end;
     struct ci_error e = {{0}};
     const char *msg_id = ci_delivery_header(d, "Nats-Msg-Id");
@@ -1052,6 +1387,7 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
 out:
     slot_set(slot, NULL, NULL);
     task_release(&t);
-    ci_delivery_free(d);
+    if (end != CI_TASK_END_WAIT) /* a waiting task's delivery stays the caller's */
+        ci_delivery_free(d);
     return end;
 }

@@ -82,6 +82,23 @@ static void test_task_id(void)
     CHECK(validate_json(OK_JSON ",\"taskId\":\"good-1\"}", &t, &m) == CI_OK);
 }
 
+/* A session id is one subject token (ci.submit.<id>) and part of object
+ * names (sessions/<id>/<step>): the task id's rules, nothing else. */
+static void test_session_id(void)
+{
+    setup();
+    uint32_t t, m;
+    CHECK(validate_json(OK_JSON ",\"sessionId\":\"s_1-A\"}", &t, &m) == CI_OK);
+    CHECK(validate_json(OK_JSON ",\"session_id\":\"s1\"}", &t, &m) == CI_OK);
+    CHECK_REFUSED(OK_JSON ",\"sessionId\":\"a.b\"}", "session_id 'a.b' (3 bytes) is not a session id");
+    CHECK_REFUSED(OK_JSON ",\"sessionId\":\"*\"}", "is not a session id");
+    CHECK_REFUSED(OK_JSON ",\"sessionId\":\">\"}", "is not a session id");
+    CHECK_REFUSED(OK_JSON ",\"sessionId\":\"../x\"}", "is not a session id");
+    CHECK_REFUSED(OK_JSON ",\"sessionId\":\"a b\"}", "is not a session id");
+    CHECK_REFUSED(OK_JSON ",\"sessionId\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}",
+                  "(65 bytes) is not a session id");
+}
+
 static void test_input_name(void)
 {
     CHECK(ci_input_name_valid("sales.csv", 9));
@@ -361,6 +378,6 @@ static void test_labels(void)
     ci_message_free(&r->base);
 }
 
-TEST_MAIN(T(test_task_id), T(test_input_name), T(test_valid_and_defaults), T(test_language),
+TEST_MAIN(T(test_task_id), T(test_session_id), T(test_input_name), T(test_valid_and_defaults), T(test_language),
           T(test_code), T(test_runtime), T(test_limits), T(test_policy), T(test_files),
           T(test_file_count), T(test_input_total), T(test_labels))
