@@ -19,6 +19,7 @@
 #include "nats/heartbeat.h"
 #include "nats/objstore.h"
 #include "core/request.h"
+#include "core/session.h"
 #include "core/text.h"
 #include "core/util.h"
 
@@ -38,6 +39,8 @@ struct opts {
     const char *config;
     const char *url;
     const char *id;
+    const char *session;    /* --session: run as that session's next step */
+    const char *session_id; /* `ci session show|close ID` */
     const char *files[MAX_FILES];
     size_t n_files;
     const char *labels[MAX_LABELS];
@@ -160,6 +163,7 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
     Ci__V1__ExecutionRequest req = CI__V1__EXECUTION_REQUEST__INIT;
     Ci__V1__Limits limits = CI__V1__LIMITS__INIT;
     req.task_id = task_id;
+    req.session_id = (char *)(o->session ? o->session : "");
     req.language = (char *)"python";
     req.code = (char *)code;
     limits.timeout_ms = o->timeout_ms;
@@ -251,7 +255,12 @@ static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct
         free(qbuf);
     }
     bool dup = false;
-    if (ci_broker_submit(b, task_id, ci_encoding_content_type(enc), wire, wire_len, &dup, &e)) {
+    ci_status ss = o->session ? ci_broker_submit_session(b, o->session, task_id,
+                                                         ci_encoding_content_type(enc), wire,
+                                                         wire_len, &dup, &e)
+                              : ci_broker_submit(b, task_id, ci_encoding_content_type(enc), wire,
+                                                 wire_len, &dup, &e);
+    if (ss) {
         say(stderr, "ci: %s\n", e.msg);
         goto out;
     }
@@ -514,6 +523,28 @@ static ci_status wait_terminal(struct ci_broker *b, const char *id, int64_t wait
     return s;
 }
 
+/* "session s1, step 3: restored step 2; state kept (81234 bytes); not kept: fh (open file)" */
+static void print_session(FILE *f, const char *prefix, const Ci__V1__SessionInfo *si)
+{
+    if (!si)
+        return;
+    say(f, "%ssession %s, step %u: %s", prefix, si->session_id, si->step,
+        si->new_session ? "new session" : "");
+    if (si->previous_state_gone)
+        say(f, " (the earlier state is gone: the session had expired, was closed or lost it)");
+    if (si->restored_from_step)
+        say(f, "%srestored step %u", si->new_session ? "; " : "", si->restored_from_step);
+    else if (!si->new_session)
+        say(f, "nothing restored");
+    if (si->state_kept)
+        say(f, "; state kept (%" PRIu64 " bytes)", si->state_bytes);
+    else
+        say(f, "; this step's state not kept");
+    for (size_t i = 0; i < si->n_dropped; i++)
+        say(f, "%s%s", i ? ", " : "; not kept: ", si->dropped[i]);
+    say(f, "\n");
+}
+
 static void print_summary(const Ci__V1__ExecutionResult *r)
 {
     say(stdout, "task:      %s\nstatus:    %s\n", r->task_id, ci_task_status_short(r->status));
@@ -529,6 +560,7 @@ static void print_summary(const Ci__V1__ExecutionResult *r)
     if (r->worker[0])
         say(stdout, "worker:    %s (attempt %u, isolation %s)\n", r->worker, r->attempt,
             r->isolation);
+    print_session(stdout, "session:   ", r->session);
     for (size_t i = 0; i < r->n_artifacts; i++)
         say(stdout, "artifact:  %s (%s, %" PRIu64 " bytes) object %s\n", r->artifacts[i]->name,
             r->artifacts[i]->mime_type, r->artifacts[i]->size, r->artifacts[i]->object);
@@ -688,6 +720,7 @@ static int run_script(struct ci_broker *b, const struct ci_config *cfg, const st
             say(stderr, "ci: %s: %s\n", ci_task_status_short(r->status), r->error);
         if (r->hint[0])
             say(stderr, "ci: hint: %s\n", r->hint);
+        print_session(stderr, "ci: ", r->session);
     }
     int failures = o->no_save ? 0 : save_artifacts(b, r);
     rc = exit_code_of(r);
@@ -737,6 +770,169 @@ static int cmd_cancel(struct ci_broker *b, const struct ci_config *cfg, const st
     return 0;
 }
 
+/* --- ci session ls | show ID | close ID --- */
+
+#define MAX_SESSIONS 10000
+
+struct session_list {
+    struct ci_buf text;
+    size_t n;
+    bool json;
+    int64_t now_ms;
+    uint32_t idle_s;
+};
+
+static void on_session(void *closure, const char *id, const uint8_t *data, size_t len,
+                       int64_t written_ms)
+{
+    struct session_list *sl = closure;
+    struct ci_session_record rec;
+    bool ours = ci_session_record_parse(data, len, &rec, NULL) == CI_OK;
+    if (sl->json) {
+        /* The record is JSON already (when a worker wrote it). */
+        if (ours)
+            ci_buf_appendf(&sl->text, "%s%.*s", sl->n ? "," : "", (int)len, (const char *)data);
+        else
+            ci_buf_appendf(&sl->text, "%s{\"sessionId\":\"%s\",\"unreadable\":true}",
+                           sl->n ? "," : "", id);
+    } else if (!ours) {
+        ci_buf_appendf(&sl->text, "  %-24s (not a session record)\n", id);
+    } else if (rec.closed) {
+        ci_buf_appendf(&sl->text, "  %-24s closed\n", id);
+    } else {
+        char ago[32];
+        human_age(ago, sizeof(ago), sl->now_ms - rec.updated_ms);
+        bool expired = rec.updated_ms + (int64_t)sl->idle_s * 1000 < sl->now_ms;
+        ci_buf_appendf(&sl->text, "  %-24s step %-5u state %s%" PRIu64 " bytes  last step %s ago%s\n",
+                       id, rec.step, rec.state_step ? "" : "none, ",
+                       rec.state_bytes, ago, expired ? "  (expired)" : "");
+    }
+    (void)written_ms;
+    sl->n++;
+}
+
+static int session_ls(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
+{
+    struct ci_error e = {{0}};
+    struct session_list sl = {.json = o->json, .now_ms = ci_now_ms(),
+                              .idle_s = cfg->sessions.idle_s};
+    ci_status s = ci_broker_sessions_list(b, MAX_SESSIONS, on_session, &sl, &e);
+    if (s && s != CI_ERR_NOT_FOUND) {
+        say(stderr, "ci: %s\n", e.msg);
+        ci_buf_release(&sl.text);
+        return EXIT_INFRA;
+    }
+    if (o->json)
+        printf("[%s]\n", sl.text.data ? (const char *)sl.text.data : "");
+    else if (!sl.n)
+        say(stdout, "no sessions (records live %u s after their last step)\n",
+            cfg->jetstream.max_age_s);
+    else
+        say(stdout, "%s", (const char *)sl.text.data);
+    ci_buf_release(&sl.text);
+    return 0;
+}
+
+/* The record of id: 0 and *ret filled, 1 when there is none, else EXIT_INFRA. */
+static int session_read(struct ci_broker *b, const char *id, struct ci_session_record *ret,
+                        uint8_t **ret_raw, size_t *ret_len)
+{
+    struct ci_error e = {{0}};
+    ci_status s = ci_broker_session_get(b, id, ret_raw, ret_len, NULL, &e);
+    if (s == CI_ERR_NOT_FOUND) {
+        say(stderr, "ci: no session '%s' (never used, or its record expired)\n", id);
+        return 1;
+    }
+    if (s) {
+        say(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    if (ci_session_record_parse(*ret_raw, *ret_len, ret, &e)) {
+        say(stderr, "ci: session '%s': %s\n", id, e.msg);
+        return EXIT_INFRA;
+    }
+    return 0;
+}
+
+static int session_show(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
+{
+    struct ci_session_record rec;
+    CI_AUTOFREE uint8_t *raw = NULL;
+    size_t len = 0;
+    int rc = session_read(b, o->session_id, &rec, &raw, &len);
+    if (rc)
+        return rc;
+    if (o->json) {
+        printf("%.*s\n", (int)len, (const char *)raw);
+        return 0;
+    }
+    if (rec.closed) {
+        say(stdout, "session:    %s\nstate:      closed\n", o->session_id);
+        return 0;
+    }
+    int64_t now = ci_now_ms();
+    char ago[32], age[32];
+    human_age(ago, sizeof(ago), now - rec.updated_ms);
+    human_age(age, sizeof(age), now - rec.created_ms);
+    int64_t left = rec.updated_ms + (int64_t)cfg->sessions.idle_s * 1000 - now;
+    say(stdout, "session:    %s\nsteps:      %u (last task %s, %s ago; started %s ago)\n",
+        o->session_id, rec.step, rec.last_task_id, ago, age);
+    if (rec.state_step)
+        say(stdout, "state:      of step %u, %" PRIu64 " bytes, object %s\n", rec.state_step,
+            rec.state_bytes, rec.state);
+    else
+        say(stdout, "state:      none kept yet\n");
+    if (left > 0) {
+        char in[32];
+        human_age(in, sizeof(in), left);
+        say(stdout, "expires:    in %s without a step (sessions.idle_s %u)\n", in,
+            cfg->sessions.idle_s);
+    } else {
+        say(stdout, "expires:    expired (idle for more than sessions.idle_s %u s): its next "
+            "step starts afresh\n", cfg->sessions.idle_s);
+    }
+    return 0;
+}
+
+static int session_close(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
+{
+    struct ci_session_record rec;
+    CI_AUTOFREE uint8_t *raw = NULL;
+    size_t len = 0;
+    int rc = session_read(b, o->session_id, &rec, &raw, &len);
+    if (rc)
+        return rc;
+    struct ci_error e = {{0}};
+    struct ci_session_record closed = {.closed = true, .updated_ms = ci_now_ms()};
+    CI_AUTOFREE char *json = NULL;
+    size_t jlen = 0;
+    if (ci_session_record_encode(o->session_id, &closed, &json, &jlen, &e) ||
+        ci_broker_session_put(b, o->session_id, json, jlen, &e)) {
+        say(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    if (!rec.closed && rec.state_step) {
+        char object[CI_SESSION_OBJECT_MAX];
+        ci_session_object_name(o->session_id, rec.state_step, object);
+        if (ci_objstore_delete(ci_broker_objstore(b), object, &e) && e.msg[0])
+            say(stderr, "ci: the session is closed, but its state %s could not be deleted "
+                "(it expires within %u s): %s\n", object, cfg->jetstream.max_age_s, e.msg);
+    }
+    if (!o->json)
+        say(stdout, "session %s closed\n", o->session_id);
+    return 0;
+}
+
+static int cmd_session(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                       const char *sub)
+{
+    if (strcmp(sub, "ls") == 0)
+        return session_ls(b, cfg, o);
+    if (strcmp(sub, "show") == 0)
+        return session_show(b, cfg, o);
+    return session_close(b, cfg, o);
+}
+
 static int cmd_run(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
                    const char *script)
 {
@@ -769,6 +965,9 @@ static const struct command commands[] = {
     {"get", "ID", true, cmd_get, "print the task's result"},
     {"watch", "ID", true, cmd_watch, "print the task's status events until it ends"},
     {"cancel", "ID", true, cmd_cancel, "ask the workers to cancel the task"},
+    {"session", "ls|show ID|close ID", false, cmd_session,
+     "list sessions, show one, or close one (its state is deleted;\n"
+     "its next task starts a new session)"},
     {"stats", NULL, false, cmd_stats,
      "queue depth, tasks in flight, redeliveries, and the workers\n"
      "seen recently (from their heartbeats)"},
@@ -808,6 +1007,8 @@ static void usage(FILE *out)
           "  --memory-mb N      memory limit (default: the worker's, 1024)\n"
           "  --label K=V        label echoed into the result, repeatable\n"
           "  --id ID            task id to use (default: random)\n"
+          "  --session S        run/submit SCRIPT as the next step of session S: it starts\n"
+          "                     with the globals and files the session's last step left\n"
           "  --json             print results and events as JSON\n"
           "  --wire-json        send the request as JSON instead of protobuf\n"
           "  --no-save          do not write artifacts to the current folder\n"
@@ -827,6 +1028,7 @@ int main(int argc, char **argv)
         {"wire-json", no_argument, NULL, 'W'},      {"no-save", no_argument, NULL, 'n'},
         {"wait-ms", required_argument, NULL, 'w'},  {"url", required_argument, NULL, 'u'},
         {"config", required_argument, NULL, 'c'},   {"help", no_argument, NULL, 'h'},
+        {"session", required_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
     struct opts o = {.wait_ms = 600000};
@@ -867,6 +1069,7 @@ int main(int argc, char **argv)
             break;
         }
         case 'i': o.id = optarg; break;
+        case 'S': o.session = optarg; break;
         case 'j': o.json = true; break;
         case 'W': o.wire_json = true; break;
         case 'n': o.no_save = true; break;
@@ -890,6 +1093,26 @@ int main(int argc, char **argv)
     }
     int operands = cmd->operand ? 1 : 0;
     const char *arg = operands && optind + 1 < argc ? argv[optind + 1] : NULL;
+    if (cmd->run == cmd_session && arg) {
+        bool needs_id = strcmp(arg, "show") == 0 || strcmp(arg, "close") == 0;
+        if (!needs_id && strcmp(arg, "ls") != 0) {
+            say(stderr, "ci: 'session %s': use 'session ls', 'session show ID' or 'session close ID'\n",
+                arg);
+            return EXIT_USAGE;
+        }
+        if (needs_id) {
+            o.session_id = optind + 2 < argc ? argv[optind + 2] : NULL;
+            if (!o.session_id) {
+                say(stderr, "ci: 'session %s' needs a session id\n", arg);
+                return EXIT_USAGE;
+            }
+            if (!ci_task_id_valid(o.session_id)) {
+                say(stderr, "ci: '%s' is not a session id ([A-Za-z0-9_-]{1,64})\n", o.session_id);
+                return EXIT_USAGE;
+            }
+            operands = 2;
+        }
+    }
     if (optind + 1 + operands < argc || (operands && !arg)) {
         if (operands && !arg)
             say(stderr, "ci: '%s' needs an argument\n", cmd->name);
@@ -906,6 +1129,10 @@ int main(int argc, char **argv)
      * valid one and the task submitted under another id. */
     if (o.id && !ci_task_id_valid(o.id)) {
         say(stderr, "ci: task id '%s' is not [A-Za-z0-9_-]{1,64}\n", o.id);
+        return EXIT_USAGE;
+    }
+    if (o.session && !ci_task_id_valid(o.session)) {
+        say(stderr, "ci: session id '%s' is not [A-Za-z0-9_-]{1,64}\n", o.session);
         return EXIT_USAGE;
     }
 

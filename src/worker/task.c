@@ -15,7 +15,7 @@
 #include "core/result.h"
 #include "core/util.h"
 #include "nats/objstore.h"
-#include "worker/session.h"
+#include "core/session.h"
 
 /* Room kept in a KV value or event for headers and framing. */
 #define PAYLOAD_SLACK 8192

@@ -1,7 +1,7 @@
 /* test_session.c - the session record and a step's plan (docs/contract.md §16). */
 #include <string.h>
 
-#include "worker/session.h"
+#include "core/session.h"
 #include "testutil.h"
 
 static void test_record_round_trip(void)

@@ -1,7 +1,8 @@
 /* session.h - a session's record in the sessions bucket (docs/contract.md
  * §16) and the choices a step makes from it: which step it is, which state
  * it restores, whether the session is new, expired or closed, and whether
- * it ran already. Pure data: task.c does the NATS calls. */
+ * it ran already. Pure data: the worker (task.c) and `ci session` do the
+ * NATS calls. */
 #ifndef CI_SESSION_H
 #define CI_SESSION_H
 

@@ -1,5 +1,5 @@
 /* session.c - a session's record and the plan of a step (session.h). */
-#include "worker/session.h"
+#include "core/session.h"
 
 #include <inttypes.h>
 #include <jansson.h>
