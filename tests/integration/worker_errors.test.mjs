@@ -164,7 +164,7 @@ describe("worker errors", () => {
     ["bad policy.network", { policy: { network: "full" } }, [/network/i, /full/]],
     ["bad policy.packages", { policy: { packages: "anything" } }, [/packages/i, /anything/]],
     ["bad runtime", { runtime: "python-2.7" }, [/runtime/i, /python-2\.7/]],
-    ["a session (specified, not built yet)", { sessionId: "s-1" }, [/sessions \(sessionId\) are not available/, /without sessionId/]],
+    ["a session id that is not one", { sessionId: "a.b" }, [/session_id 'a\.b' \(3 bytes\) is not a session id/]],
     ["input name ../x.csv", { files: [{ name: "../x.csv", content: Buffer.from("a\n") }] }, [/input|name/i, /x\.csv/]],
     ["input name /abs", { files: [{ name: "/abs", content: Buffer.from("a\n") }] }, [/input|name/i, /abs/]],
     ["input name ..", { files: [{ name: "..", content: Buffer.from("a\n") }] }, [/input|name/i]],

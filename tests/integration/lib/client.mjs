@@ -233,6 +233,8 @@ export async function connectClient(url) {
     //   msgId    Nats-Msg-Id (default: request.taskId; null = no header)
     //   contentType  Content-Type to send (default by json; null = none)
     //   headers  extra headers { name: value }
+    //   subject  where to publish (default: ci.submit, or ci.submit.<sessionId>
+    //            for a request with a sessionId that is one subject token)
     // Returns the PubAck ({ stream, seq, duplicate }).
     async submit(request, opts = {}) {
       const { json = false, body, headers = {} } = opts;
@@ -246,7 +248,10 @@ export async function connectClient(url) {
       for (const [k, v] of Object.entries(headers)) h.set(k, v);
       const popts = { headers: h, timeout: 10000 };
       if (msgId) popts.msgID = msgId;
-      return js.publish(SUBMIT_SUBJECT, data, popts);
+      // A session's steps go on its own subject (docs/contract.md §16).
+      const sessionSubject = /^[A-Za-z0-9_-]{1,64}$/.test(request?.sessionId ?? "");
+      const subject = opts.subject ?? (sessionSubject ? `${SUBMIT_SUBJECT}.${request.sessionId}` : SUBMIT_SUBJECT);
+      return js.publish(subject, data, popts);
     },
 
     // JetStream-publishes an empty message on ci.cancel.<id>.

@@ -103,6 +103,7 @@ export async function startWorker(opts = {}) {
     // metrics_addr: any free port, so that many workers share one machine.
     worker: { id, concurrency, metrics_addr: "127.0.0.1:0", ...opts.worker },
     limits: { ...opts.limits },
+    sessions: { ...opts.sessions },
     local: { ...opts.local },
   }) + (opts.extraYaml ?? "");
   writeFileSync(configPath, yaml);
