@@ -3,7 +3,7 @@
 //
 //   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
 //                [--soak 0] [--gap 0] [--concurrency 0] [--spares 0] [--bursts 10]
-//                [--out FILE]
+//                [--sessions 10] [--out FILE]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it also measures the floor of any fork-based warm start on
@@ -25,6 +25,9 @@
 // bench/results/latest.json. --bursts R (warm mode) then measures R bursts,
 // 1 s apart, of as many pandas tasks at once as the worker has slots: what
 // agents calling in parallel see (--spares N: local.warm_spares, 0 = auto).
+// --sessions S runs S five-step sessions (docs/contract.md §16) that keep a
+// 1,000-row DataFrame between steps, and compares each step's latency with
+// the one-shot pandas task's of the same run.
 import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { cpus as osCpus, loadavg, tmpdir } from "node:os";
@@ -45,6 +48,7 @@ const { values: args } = parseArgs({
     concurrency: { type: "string", default: "0" },
     spares: { type: "string", default: "0" },
     bursts: { type: "string", default: "10" },
+    sessions: { type: "string", default: "10" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
 });
@@ -57,6 +61,7 @@ const CONCURRENCY = Number(args.concurrency);
 const SLOTS = CONCURRENCY > 0 ? CONCURRENCY : osCpus().length;
 const SPARES = Number(args.spares);
 const BURSTS = Number(args.bursts);
+const SESSIONS = Number(args.sessions);
 const FLOOR_FANOUT = 60; // pandas runs per forking process in the floor's throughput
 
 const csv = ["day,region,units,price"];
@@ -80,6 +85,16 @@ const SCENARIOS = {
     files: [],
   },
 };
+
+// A five-step analysis as an agent runs it in a session (docs/contract.md
+// §16): the 1,000-row CSV is read once, later steps use the DataFrame.
+const SESSION_STEPS = [
+  { code: "import pandas as pd\ndf = pd.read_csv('data.csv')\nprint(len(df))\n", files: [{ name: "data.csv", content: CSV }] },
+  { code: "df['revenue'] = df['units'] * df['price']\nprint(df['revenue'].sum())\n" },
+  { code: "by = df.groupby('region')['revenue'].sum()\nprint(by.to_string())\n" },
+  { code: "top = df.nlargest(5, 'revenue')\nprint(top.to_string())\n" },
+  { code: "print(by.idxmax(), round(df['revenue'].mean(), 2))\n" },
+];
 
 function pct(sorted, p) {
   if (!sorted.length) return NaN;
@@ -282,7 +297,7 @@ async function service(mode, base) {
     workers: 1,
     worker: { concurrency: CONCURRENCY, local: { isolation: "required", mode, warm_spares: SPARES } },
   });
-  const out = { mode, scenarios: {}, burst: null, fanout: null, rss_kib: {}, memory: null, soak: null };
+  const out = { mode, scenarios: {}, session: null, burst: null, fanout: null, rss_kib: {}, memory: null, soak: null };
   try {
     const client = stack.client;
     const w = stack.workers[0];
@@ -313,6 +328,27 @@ async function service(mode, base) {
       }
       const s = stats(ms);
       out.scenarios[name] = { ...s, ratio_p50: s.p50 / base[name].p50, ratio_p99: s.p99 / base[name].p99 };
+    }
+    if (SESSIONS > 0) {
+      // Each step's end-to-end latency, against a one-shot pandas task (read
+      // the CSV, compute, print) of the same run and mode.
+      const ms = [];
+      const first = [];
+      for (let i = 0; i <= SESSIONS; i++) {
+        const sessionId = newTaskId("bs");
+        for (const [k, st] of SESSION_STEPS.entries()) {
+          if (GAP_MS > 0) await sleep(GAP_MS);
+          const t = await once(client, st.code, terminal, { sessionId, files: st.files ?? [] });
+          if (i === 0) continue; // warm-up
+          ms.push(t);
+          if (k === 0) first.push(t);
+        }
+      }
+      const s = stats(ms);
+      const oneShot = out.scenarios.pandas;
+      out.session = { sessions: SESSIONS, steps: SESSION_STEPS.length, ...s, first_step_p50: stats(first).p50,
+                      one_shot_p50: oneShot.p50, one_shot_p99: oneShot.p99,
+                      ratio_p50: s.p50 / oneShot.p50, ratio_p99: s.p99 / oneShot.p99 };
     }
     if (mode === "warm" && BURSTS > 0) {
       const ms = [];
@@ -379,6 +415,10 @@ for (const m of results.modes) {
   console.log("scenario     p50 ms   p95 ms   p99 ms   p50/baseline  p99/baseline");
   for (const [k, s] of Object.entries(m.scenarios))
     console.log(`${row(k, s)} ${s.ratio_p50.toFixed(3).padStart(12)}x ${s.ratio_p99.toFixed(3).padStart(12)}x`);
+  if (m.session)
+    console.log(`session steps: ${m.session.sessions} sessions x ${m.session.steps} steps (a 1,000-row DataFrame kept between steps): ` +
+                `p50 ${round(m.session.p50)} ms, p99 ${round(m.session.p99)} ms; one-shot pandas task p50 ${round(m.session.one_shot_p50)} ms, ` +
+                `p99 ${round(m.session.one_shot_p99)} ms: ${m.session.ratio_p50.toFixed(3)}x (p50), ${m.session.ratio_p99.toFixed(3)}x (p99); first step p50 ${round(m.session.first_step_p50)} ms`);
   if (m.burst)
     console.log(`bursts: ${m.burst.rounds} x ${m.burst.tasks} pandas tasks at once, 1 s apart: p50 ${round(m.burst.p50)} ms, p95 ${round(m.burst.p95)} ms, p99 ${round(m.burst.p99)} ms (${m.burst.ratio_p50.toFixed(3)}x)`);
   if (m.fanout) console.log(`fan-out: ${m.fanout.tasks} pandas tasks in ${m.fanout.seconds} s = ${m.fanout.tasks_per_s} tasks/s (${SLOTS} slot${SLOTS === 1 ? "" : "s"})`);
