@@ -41,6 +41,7 @@ struct ci_waitroom {
     pthread_cond_t wake;  /* the thread: something to look up, or stop */
     pthread_t thread;
     bool started, stop, draining;
+    bool closed; /* ci_waitroom_close: holds nothing more, even a last attempt */
     size_t cap, count;
     uint64_t next_order;
     struct place *places;
@@ -204,17 +205,20 @@ ci_status ci_waitroom_new(const struct ci_waitroom_opts *o, struct ci_waitroom *
     return CI_OK;
 }
 
-void ci_waitroom_free(struct ci_waitroom *r)
+void ci_waitroom_close(struct ci_waitroom *r)
 {
     if (!r)
         return;
-    if (r->started) {
-        pthread_mutex_lock(&r->lock);
-        r->stop = true;
-        pthread_cond_broadcast(&r->wake);
-        pthread_mutex_unlock(&r->lock);
+    pthread_mutex_lock(&r->lock);
+    bool join = r->started;
+    r->started = false;
+    r->stop = true;
+    r->draining = true;
+    pthread_cond_broadcast(&r->wake);
+    pthread_mutex_unlock(&r->lock);
+    if (join)
         pthread_join(r->thread, NULL);
-    }
+    pthread_mutex_lock(&r->lock);
     for (size_t i = 0; r->places && i < r->cap; i++) {
         struct place *p = &r->places[i];
         if (p->state == PLACE_FREE)
@@ -223,6 +227,15 @@ void ci_waitroom_free(struct ci_waitroom *r)
         r->o.ops->free(r->o.ctx, p->d);
         release(r, p);
     }
+    r->closed = true;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void ci_waitroom_free(struct ci_waitroom *r)
+{
+    if (!r)
+        return;
+    ci_waitroom_close(r);
     pthread_cond_destroy(&r->ready);
     pthread_cond_destroy(&r->wake);
     pthread_mutex_destroy(&r->lock);
@@ -237,7 +250,7 @@ enum ci_waitroom_held ci_waitroom_hold(struct ci_waitroom *r, struct ci_delivery
     const struct ci_waitroom_ops *ops = r->o.ops;
     pthread_mutex_lock(&r->lock);
     enum ci_waitroom_held res = CI_WAITROOM_HELD;
-    if (r->draining && !ops->last_attempt(r->o.ctx, d))
+    if (r->closed || (r->draining && !ops->last_attempt(r->o.ctx, d)))
         res = CI_WAITROOM_RETURNED;
     else if (r->count >= r->cap)
         res = CI_WAITROOM_FULL;

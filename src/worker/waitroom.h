@@ -55,8 +55,12 @@ enum ci_waitroom_held {
 /* Starts the room's thread. */
 ci_status ci_waitroom_new(const struct ci_waitroom_opts *o, struct ci_waitroom **ret,
                           struct ci_error *err);
-/* Stops the thread, naks whatever is still there (none after a drain but
- * tasks on their last attempt) and frees it all. NULL is fine. */
+/* Stops the thread, naks and frees whatever is still there (none after a
+ * drain but tasks on their last attempt): the last use of the ops. The
+ * room stays valid, empty, for late callers (a cancel handler still
+ * running): hold naks, take and cancel find nothing. Idempotent. */
+void ci_waitroom_close(struct ci_waitroom *r);
+/* Closes it if that was not done, and frees it. NULL is fine. */
 void ci_waitroom_free(struct ci_waitroom *r);
 
 /* Takes d (whatever the answer) with what it waits for. */

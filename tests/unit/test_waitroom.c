@@ -284,6 +284,15 @@ static void test_drain(void)
     CHECK(got == last);
     free(got);
     CHECK(ci_waitroom_count(r) == 0);
+    /* Closed (the worker's connection is about to go): even a last attempt
+     * is given back, and a late cancel finds nothing. */
+    ci_waitroom_close(r);
+    struct ci_delivery *late = delivery(24);
+    late->last = true;
+    CHECK(ci_waitroom_hold(r, late, &w1) == CI_WAITROOM_RETURNED);
+    CHECK(freed_flags[24]);
+    CHECK(!ci_waitroom_cancel(r, "t-5"));
+    ci_waitroom_close(r);
     ci_waitroom_free(r);
     ci_waitroom_free(NULL);
 }
