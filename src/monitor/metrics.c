@@ -266,6 +266,12 @@ ci_status ci_metrics_render(struct ci_metrics *m, struct ci_buf *b)
     if (!s)
         s = ci_buf_appendf(b, "ci_warm_deaths_total %" PRIu64 "\n", live.warm_deaths);
     if (!s)
+        s = header(b, "ci_session_tasks_waiting", "gauge",
+                   "Session tasks held apart from the slots until their turn comes.");
+    if (!s)
+        s = ci_buf_appendf(b, "ci_session_tasks_waiting %" PRIu64 "\n",
+                           live.session_tasks_waiting);
+    if (!s)
         s = header(b, "ci_nats_connected", "gauge", "1 while the NATS connection is up.");
     if (!s)
         s = ci_buf_appendf(b, "ci_nats_connected %d\n", live.nats_connected ? 1 : 0);

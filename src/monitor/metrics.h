@@ -57,6 +57,7 @@ struct ci_metrics_live {
     bool nats_connected;
     int64_t warm_pool_size; /* sandboxes ready to take a task; 0 without a pool */
     uint64_t warm_deaths;   /* warm runtimes that died without being retired */
+    uint64_t session_tasks_waiting; /* held in the waiting room (worker/waitroom.h) */
 };
 typedef void (*ci_metrics_collect_fn)(void *closure, struct ci_metrics_live *ret);
 

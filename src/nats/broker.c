@@ -4,6 +4,7 @@
  * submit and watch for the client. */
 #include "nats/broker.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <nats/nats.h>
 #include <pthread.h>
@@ -29,6 +30,10 @@ struct ci_broker {
     jsCtx *js;
     kvStore *kv;
     kvStore *workers_kv; /* heartbeats; NULL until ci_broker_workers_open */
+    /* Session records (contract §16). NULL while the bucket does not exist:
+     * a client of an older deployment; bound on first use once it does. */
+    kvStore *sessions_kv;
+    pthread_mutex_t sessions_lock; /* for sessions_kv */
     struct ci_objstore *os;
     natsSubscription *cancel_sub;
     ci_cancel_fn cancel_fn;
@@ -53,6 +58,7 @@ struct ci_puller {
 
 struct ci_delivery {
     natsMsg *msg;
+    uint64_t seq; /* in the tasks stream; 0 when unknown */
     uint32_t attempt;
     uint32_t max_deliver;
     int64_t published_ms;
@@ -219,6 +225,7 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
     b->cfg = cfg;
     pthread_mutex_init(&b->recover_lock, NULL);
     pthread_mutex_init(&b->problem_lock, NULL);
+    pthread_mutex_init(&b->sessions_lock, NULL);
     ci_status r = open_connection(b, err);
     if (r)
         return r;
@@ -275,6 +282,34 @@ static ci_status ensure_consumer(struct ci_broker *b, struct ci_error *err)
     return CI_OK;
 }
 
+/* A bucket of ours (results, sessions): one revision per key, kept for
+ * max_age_s, on the configured storage and replicas. nats.c 3.4.1 turns on
+ * direct gets for a bucket it creates (the kvConfig has no switch). */
+static void bucket_config(const struct ci_config *c, const char *bucket, const char *description,
+                          kvConfig *kc)
+{
+    kvConfig_Init(kc);
+    kc->Bucket = bucket;
+    kc->Description = description;
+    kc->History = 1;
+    kc->TTL = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+    kc->StorageType = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
+    kc->Replicas = (int)c->jetstream.replicas;
+}
+
+/* Creates the bucket, or binds to it when it exists (another worker made
+ * it a moment ago, perhaps with other settings: bind rather than fight). */
+static natsStatus create_bucket(struct ci_broker *b, const char *bucket, const char *description,
+                                kvStore **ret)
+{
+    kvConfig kc;
+    bucket_config(b->cfg, bucket, description, &kc);
+    natsStatus s = js_CreateKeyValue(ret, b->js, &kc);
+    if (s != NATS_OK)
+        s = js_KeyValue(ret, b->js, bucket);
+    return s;
+}
+
 static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *err)
 {
     const struct ci_config *c = b->cfg;
@@ -290,20 +325,7 @@ static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *er
         }
         return CI_OK;
     }
-    kvConfig kc;
-    kvConfig_Init(&kc);
-    kc.Bucket = c->jetstream.results_bucket;
-    kc.Description = "ci task results";
-    kc.History = 1;
-    kc.TTL = (int64_t)c->jetstream.max_age_s * NS_PER_S;
-    kc.StorageType = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
-    kc.Replicas = (int)c->jetstream.replicas;
-    s = js_CreateKeyValue(&b->kv, b->js, &kc);
-    if (s != NATS_OK) {
-        /* Another worker created it a moment ago, perhaps with other settings:
-         * bind to it rather than fight over it. */
-        s = js_KeyValue(&b->kv, b->js, c->jetstream.results_bucket);
-    }
+    s = create_bucket(b, c->jetstream.results_bucket, "ci task results", &b->kv);
     if (s != NATS_OK) {
         char what[160];
         snprintf(what, sizeof(what), "cannot create results bucket %s",
@@ -313,58 +335,82 @@ static ci_status ensure_kv(struct ci_broker *b, bool create, struct ci_error *er
     return CI_OK;
 }
 
+/* The sessions bucket: a worker creates it; a client binds to it if it is
+ * there, and goes on without it if not (a deployment whose workers predate
+ * sessions): the session functions then say CI_ERR_NOT_FOUND. */
+static ci_status ensure_sessions_kv(struct ci_broker *b, bool create, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    pthread_mutex_lock(&b->sessions_lock);
+    natsStatus s = NATS_OK;
+    if (!b->sessions_kv) {
+        s = create ? create_bucket(b, c->jetstream.sessions_bucket, "ci session records",
+                                   &b->sessions_kv)
+                   : js_KeyValue(&b->sessions_kv, b->js, c->jetstream.sessions_bucket);
+    }
+    pthread_mutex_unlock(&b->sessions_lock);
+    if (s == NATS_OK || !create)
+        return CI_OK;
+    char what[160];
+    snprintf(what, sizeof(what), "cannot create sessions bucket %s", c->jetstream.sessions_bucket);
+    return ci_nats_fail(err, s, 0, "%s", what);
+}
+
 /* The streams of docs/contract.md, as data: what differs between them. All
  * three keep messages for max_age_s on the configured storage and
- * replicas, and have one subject. */
+ * replicas. */
 struct stream_def {
     const char *name;
     const char *description;
-    const char *subject;
+    const char *subjects[2]; /* the second may be NULL */
     jsRetentionPolicy retention;
     int64_t duplicate_window_s; /* 0: the server's default */
     bool max_payload;           /* no message larger than the server's max_payload */
-    bool allow_direct;          /* direct gets (ci_broker_cancel_requested) */
+    bool allow_direct; /* direct gets (ci_broker_cancel_requested, _session_first_seq) */
 };
 
 /* Creates or updates each stream of the table. */
 static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
 {
     const struct ci_config *c = b->cfg;
-    char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX];
+    char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX], session_subj[SUBJECT_MAX];
+    /* A session's tasks (contract §16): an older worker's CI_TASKS with
+     * the plain subject only is updated in place (ensure_stream). */
+    snprintf(session_subj, sizeof(session_subj), "%s.*", c->jetstream.submit_subject);
     snprintf(status_subj, sizeof(status_subj), "%s.>", c->jetstream.status_prefix);
     snprintf(cancel_subj, sizeof(cancel_subj), "%s.>", c->jetstream.cancel_prefix);
     const struct stream_def streams[] = {
         {
             .name = c->jetstream.tasks_stream,
             .description = "ci: submitted tasks",
-            .subject = c->jetstream.submit_subject,
+            .subjects = {c->jetstream.submit_subject, session_subj},
             .retention = js_WorkQueuePolicy,
             .duplicate_window_s = c->jetstream.duplicate_window_s,
             .max_payload = true,
+            .allow_direct = true,
         },
         {
             .name = c->jetstream.status_stream,
             .description = "ci: task status events",
-            .subject = status_subj,
+            .subjects = {status_subj},
             .retention = js_LimitsPolicy,
         },
         {
             .name = c->jetstream.cancel_stream,
             .description = "ci: cancel requests",
-            .subject = cancel_subj,
+            .subjects = {cancel_subj},
             .retention = js_LimitsPolicy,
             .allow_direct = true,
         },
     };
     for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
         const struct stream_def *d = &streams[i];
-        const char *subjects[] = {d->subject};
         jsStreamConfig sc;
         jsStreamConfig_Init(&sc);
         sc.Name = d->name;
         sc.Description = d->description;
-        sc.Subjects = subjects;
-        sc.SubjectsLen = 1;
+        sc.Subjects = (const char **)d->subjects;
+        sc.SubjectsLen = d->subjects[1] ? 2 : 1;
         sc.Retention = d->retention;
         sc.Storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
         sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
@@ -393,6 +439,8 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
     }
     if ((r = ensure_kv(b, create, err)))
         return r;
+    if ((r = ensure_sessions_kv(b, create, err)))
+        return r;
     if (b->os)
         return CI_OK;
     struct ci_objstore_opts oo = {
@@ -405,26 +453,15 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
     return ci_objstore_open(b->js, &oo, create, &b->os, err);
 }
 
-/* The results bucket's stream, made again (its handle stays valid: it only
- * knows the names). One made meanwhile by another worker is fine. */
-static ci_status recreate_kv(struct ci_broker *b, struct ci_error *err)
+/* A bucket's stream, made again (its handle stays valid: it only knows the
+ * names). One made meanwhile by another worker is fine. */
+static ci_status recreate_bucket(struct ci_broker *b, const char *bucket, const char *description,
+                                 struct ci_error *err)
 {
-    const struct ci_config *c = b->cfg;
-    kvConfig kc;
-    kvConfig_Init(&kc);
-    kc.Bucket = c->jetstream.results_bucket;
-    kc.Description = "ci task results";
-    kc.History = 1;
-    kc.TTL = (int64_t)c->jetstream.max_age_s * NS_PER_S;
-    kc.StorageType = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
-    kc.Replicas = (int)c->jetstream.replicas;
     CI_CLEANUP(kvStore_Destroy) kvStore *kv = NULL;
-    natsStatus s = js_CreateKeyValue(&kv, b->js, &kc);
+    natsStatus s = create_bucket(b, bucket, description, &kv);
     if (s != NATS_OK)
-        s = js_KeyValue(&kv, b->js, c->jetstream.results_bucket);
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot create results bucket %s again",
-                            c->jetstream.results_bucket);
+        return ci_nats_fail(err, s, 0, "cannot create bucket %s again", bucket);
     return CI_OK;
 }
 
@@ -446,7 +483,7 @@ static void set_problem(struct ci_broker *b, const char *why)
 }
 
 /* After a failure that may mean one of our streams is gone (an operator
- * deleted CI_STATUS, CI_CANCEL, CI_TASKS or the results bucket): a worker's
+ * deleted CI_STATUS, CI_CANCEL, CI_TASKS, the results or the sessions bucket): a worker's
  * broker makes whatever is missing again with the configured settings (the
  * streams, the consumer, the bucket), so that the caller can try once more
  * and the task in hand still ends. True when something was made again.
@@ -458,8 +495,9 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
     if (!maybe_gone || !b->may_create)
         return false;
     const struct ci_config *c = b->cfg;
-    char kv_stream[SUBJECT_MAX];
+    char kv_stream[SUBJECT_MAX], sessions_stream[SUBJECT_MAX];
     snprintf(kv_stream, sizeof(kv_stream), "KV_%s", c->jetstream.results_bucket);
+    snprintf(sessions_stream, sizeof(sessions_stream), "KV_%s", c->jetstream.sessions_bucket);
     uint64_t before = atomic_load(&b->recreated);
     pthread_mutex_lock(&b->recover_lock);
     if (atomic_load(&b->recreated) != before) { /* another thread just did it */
@@ -470,6 +508,7 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
                    stream_missing(b, c->jetstream.status_stream) ||
                    stream_missing(b, c->jetstream.cancel_stream);
     bool kv = stream_missing(b, kv_stream);
+    bool sessions = stream_missing(b, sessions_stream);
     struct ci_error e = {{0}};
     ci_status r = CI_OK;
     if (streams) {
@@ -478,7 +517,9 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
             r = ensure_consumer(b, &e);
     }
     if (!r && kv)
-        r = recreate_kv(b, &e);
+        r = recreate_bucket(b, c->jetstream.results_bucket, "ci task results", &e);
+    if (!r && sessions)
+        r = recreate_bucket(b, c->jetstream.sessions_bucket, "ci session records", &e);
     if (r) {
         char why[sizeof(b->problem)];
         snprintf(why, sizeof(why),
@@ -488,11 +529,11 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
         set_problem(b, why);
     } else {
         set_problem(b, ""); /* all there again, whoever made it */
-        if (streams || kv)
+        if (streams || kv || sessions)
             atomic_fetch_add(&b->recreated, 1);
     }
     pthread_mutex_unlock(&b->recover_lock);
-    return !r && (streams || kv);
+    return !r && (streams || kv || sessions);
 }
 
 bool ci_broker_check(struct ci_broker *b)
@@ -532,6 +573,7 @@ void ci_broker_free(struct ci_broker *b)
     }
     ci_objstore_free(b->os);
     kvStore_Destroy(b->workers_kv);
+    kvStore_Destroy(b->sessions_kv);
     kvStore_Destroy(b->kv);
     jsCtx_Destroy(b->js);
     if (b->nc) {
@@ -548,6 +590,7 @@ void ci_broker_free(struct ci_broker *b)
     }
     pthread_mutex_destroy(&b->recover_lock);
     pthread_mutex_destroy(&b->problem_lock);
+    pthread_mutex_destroy(&b->sessions_lock);
     free(b);
 }
 
@@ -686,6 +729,7 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
     if (natsMsg_GetMetaData(&md, d->msg) == NATS_OK) {
         d->attempt = (uint32_t)md->NumDelivered;
         d->published_ms = md->Timestamp / NS_PER_MS;
+        d->seq = md->Sequence.Stream;
     } else {
         d->attempt = 1;
     }
@@ -721,6 +765,12 @@ uint32_t ci_delivery_attempt(const struct ci_delivery *d) { return d->attempt; }
 int64_t ci_delivery_published_ms(const struct ci_delivery *d) { return d->published_ms; }
 
 int64_t ci_delivery_queued_ms(const struct ci_delivery *d) { return d->queued_ms; }
+
+/* A JetStream delivery keeps the subject it was published on (the reply
+ * subject is the ack's). */
+const char *ci_delivery_subject(const struct ci_delivery *d) { return natsMsg_GetSubject(d->msg); }
+
+uint64_t ci_delivery_seq(const struct ci_delivery *d) { return d->seq; }
 
 bool ci_delivery_last_attempt(const struct ci_delivery *d)
 {
@@ -1070,15 +1120,258 @@ ci_status ci_broker_workers_list(struct ci_broker *b, size_t max, ci_worker_entr
     return CI_OK;
 }
 
+/* --- sessions --- */
+
+/* A session id is a subject token and a key: [A-Za-z0-9_-]{1,64} (contract
+ * §16). Checked here too, so that no id can reach another subject ('.',
+ * '*', '>') whatever the caller checked. */
+static bool session_id_ok(const char *id)
+{
+    size_t n = id ? strlen(id) : 0;
+    if (n == 0 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = id[i];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                  ch == '_' || ch == '-';
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+/* <submit_subject>.<session_id> into out. */
+static ci_status session_subject(struct ci_broker *b, const char *session_id, char *out,
+                                 size_t n, struct ci_error *err)
+{
+    if (!session_id_ok(session_id))
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "session id '%.80s' is not 1 to 64 of A-Z a-z 0-9 _ -",
+                            session_id ? session_id : "");
+    int k = snprintf(out, n, "%s.%s", b->cfg->jetstream.submit_subject, session_id);
+    if (k < 0 || (size_t)k >= n)
+        return ci_error_set(err, CI_ERR_INVALID, "session subject too long");
+    return CI_OK;
+}
+
+/* The direct get answers with the stored message and its place in headers
+ * (Nats-Stream, Nats-Sequence, Nats-Time-Stamp, Nats-Subject), any server
+ * of the stream's peers answering; "next by subject from sequence 1" is the
+ * oldest message on the subject, and a WorkQueue stream has removed every
+ * acked one. A 404 ("no message") comes back as NATS_NOT_FOUND. */
+ci_status ci_broker_session_first_seq(struct ci_broker *b, const char *session_id,
+                                      uint64_t *ret_seq, struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    ci_status r = session_subject(b, session_id, subj, sizeof(subj), err);
+    if (r)
+        return r;
+    jsDirectGetMsgOptions o;
+    jsDirectGetMsgOptions_Init(&o);
+    o.Sequence = 1;
+    o.NextBySubject = subj;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+    natsStatus s = js_DirectGetMsg(&m, b->js, b->cfg->jetstream.tasks_stream, NULL, &o);
+    if (s == NATS_NOT_FOUND)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no task of session '%s' in %s", session_id,
+                            b->cfg->jetstream.tasks_stream);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot look up the first task of session '%s'",
+                            session_id);
+    const char *v = NULL;
+    uint64_t seq = 0;
+    if (natsMsgHeader_Get(m, "Nats-Sequence", &v) == NATS_OK && v) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (errno == 0 && end != v && *end == '\0')
+            seq = (uint64_t)x;
+    }
+    if (!seq)
+        seq = natsMsg_GetSequence(m); /* nats.c reads the same header */
+    if (!seq)
+        return ci_error_set(err, CI_ERR_NATS,
+                            "the direct get of session '%s' came without a sequence", session_id);
+    *ret_seq = seq;
+    return CI_OK;
+}
+
+/* The sessions bucket's handle; binds now if a worker made the bucket since
+ * setup. NULL when it does not exist. */
+static kvStore *sessions_kv(struct ci_broker *b)
+{
+    pthread_mutex_lock(&b->sessions_lock);
+    if (!b->sessions_kv &&
+        js_KeyValue(&b->sessions_kv, b->js, b->cfg->jetstream.sessions_bucket) != NATS_OK)
+        b->sessions_kv = NULL;
+    kvStore *kv = b->sessions_kv;
+    pthread_mutex_unlock(&b->sessions_lock);
+    return kv;
+}
+
+static ci_status no_sessions_bucket(struct ci_broker *b, struct ci_error *err)
+{
+    return ci_error_set(err, CI_ERR_NOT_FOUND,
+                        "sessions bucket %s not found (no worker with sessions has run)",
+                        b->cfg->jetstream.sessions_bucket);
+}
+
+/* $KV.<bucket>.<session_id>, and the bucket's stream name. */
+static ci_status session_key(struct ci_broker *b, const char *session_id, char *subj, size_t n,
+                             char *stream, size_t sn, struct ci_error *err)
+{
+    if (!session_id_ok(session_id))
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "session id '%.80s' is not 1 to 64 of A-Z a-z 0-9 _ -",
+                            session_id ? session_id : "");
+    const char *bucket = b->cfg->jetstream.sessions_bucket;
+    int k1 = snprintf(subj, n, "$KV.%s.%s", bucket, session_id);
+    int k2 = snprintf(stream, sn, "KV_%s", bucket);
+    if (k1 < 0 || (size_t)k1 >= n || k2 < 0 || (size_t)k2 >= sn)
+        return ci_error_set(err, CI_ERR_INVALID, "session key too long");
+    return CI_OK;
+}
+
+/* From the stream's leader, as ci_broker_result_get and for the same
+ * reason: the revision feeds a compare-and-set, and a replica catching up
+ * could show an old one. */
+ci_status ci_broker_session_get(struct ci_broker *b, const char *session_id, uint8_t **ret_data,
+                                size_t *ret_len, uint64_t *ret_rev, struct ci_error *err)
+{
+    char subj[SUBJECT_MAX], stream[SUBJECT_MAX];
+    ci_status r = session_key(b, session_id, subj, sizeof(subj), stream, sizeof(stream), err);
+    if (r)
+        return r;
+    if (!sessions_kv(b))
+        return no_sessions_bucket(b, err);
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *msg = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&msg, b->js, stream, subj, NULL, &jerr);
+    if (s != NATS_OK && jerr == JSStreamNotFoundErr) {
+        recover(b, true); /* a worker makes it again; the record is gone either way */
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no record of session '%s' (the bucket %s "
+                            "is gone)", session_id, b->cfg->jetstream.sessions_bucket);
+    }
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no record of session '%s'", session_id);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot read the sessions bucket");
+    uint64_t rev = natsMsg_GetSequence(msg);
+    const char *op = NULL;
+    if (natsMsgHeader_Get(msg, "KV-Operation", &op) == NATS_OK && op &&
+        (strcmp(op, "DEL") == 0 || strcmp(op, "PURGE") == 0)) {
+        if (ret_rev) /* a deleted record has a revision too: the next swap checks it */
+            *ret_rev = rev;
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no record of session '%s'", session_id);
+    }
+    int n = natsMsg_GetDataLength(msg);
+    uint8_t *copy = malloc((size_t)n + 1);
+    if (!copy)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    if (n > 0)
+        memcpy(copy, natsMsg_GetData(msg), (size_t)n);
+    copy[n] = '\0';
+    *ret_data = copy;
+    *ret_len = (size_t)n;
+    if (ret_rev)
+        *ret_rev = rev;
+    return CI_OK;
+}
+
+ci_status ci_broker_session_swap(struct ci_broker *b, const char *session_id, const void *data,
+                                 size_t len, uint64_t rev, uint64_t *ret_rev,
+                                 struct ci_error *err)
+{
+    char subj[SUBJECT_MAX], stream[SUBJECT_MAX];
+    ci_status r = session_key(b, session_id, subj, sizeof(subj), stream, sizeof(stream), err);
+    if (r)
+        return r;
+    if (!sessions_kv(b))
+        return no_sessions_bucket(b, err);
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    if (rev)
+        po.ExpectLastSubjectSeq = rev;
+    else
+        po.ExpectNoMessage = true;
+    CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_Publish(&pa, b->js, subj, data, (int)len, &po, &jerr);
+    if (s != NATS_OK && recover(b, ci_nats_gone(s, jerr))) {
+        /* The bucket was deleted, the record with it: rev cannot be right
+         * any more. The caller reads again and decides. */
+        return ci_error_set(err, CI_ERR_CONFLICT,
+                            "the sessions bucket was deleted and made again: session '%s' "
+                            "has no record now", session_id);
+    }
+    if (s != NATS_OK && jerr == JSStreamWrongLastSequenceErr)
+        return ci_error_set(err, CI_ERR_CONFLICT,
+                            "the record of session '%s' changed since revision %" PRIu64,
+                            session_id, rev);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot write the session record");
+    if (ret_rev)
+        *ret_rev = pa ? pa->Sequence : 0;
+    return CI_OK;
+}
+
+ci_status ci_broker_session_put(struct ci_broker *b, const char *session_id, const void *data,
+                                size_t len, struct ci_error *err)
+{
+    char subj[SUBJECT_MAX], stream[SUBJECT_MAX];
+    ci_status r = session_key(b, session_id, subj, sizeof(subj), stream, sizeof(stream), err);
+    if (r)
+        return r;
+    if (!sessions_kv(b))
+        return no_sessions_bucket(b, err);
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_Publish(&pa, b->js, subj, data, (int)len, &po, &jerr);
+    if (s != NATS_OK && recover(b, ci_nats_gone(s, jerr))) {
+        jerr = 0;
+        jsPubAck_Destroy(pa);
+        pa = NULL;
+        s = js_Publish(&pa, b->js, subj, data, (int)len, &po, &jerr);
+    }
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot write the session record");
+    return CI_OK;
+}
+
+ci_status ci_broker_sessions_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
+                                  void *closure, struct ci_error *err)
+{
+    kvStore *kv = sessions_kv(b);
+    if (!kv)
+        return no_sessions_bucket(b, err);
+    CI_CLEANUP(kvKeysList_Destroy) kvKeysList keys = {0};
+    natsStatus s = kvStore_Keys(&keys, kv, NULL);
+    if (s == NATS_NOT_FOUND)
+        return CI_OK; /* no session */
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot list the sessions");
+    for (int i = 0; i < keys.Count && (size_t)i < max; i++) {
+        CI_CLEANUP(kvEntry_Destroy) kvEntry *e = NULL;
+        if (kvStore_Get(&e, kv, keys.Keys[i]) != NATS_OK)
+            continue; /* expired or deleted between the listing and now */
+        int64_t created = kvEntry_Created(e);
+        int n = kvEntry_ValueLen(e);
+        fn(closure, keys.Keys[i], (const uint8_t *)kvEntry_Value(e), n > 0 ? (size_t)n : 0,
+           created / NS_PER_MS);
+    }
+    return CI_OK;
+}
+
 /* --- clients --- */
 
-ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char *content_type,
-                           const void *data, size_t len, bool *ret_duplicate,
-                           struct ci_error *err)
+static ci_status submit_on(struct ci_broker *b, const char *subject, const char *task_id,
+                           const char *content_type, const void *data, size_t len,
+                           bool *ret_duplicate, struct ci_error *err)
 {
     CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
-    natsStatus s =
-        natsMsg_Create(&m, b->cfg->jetstream.submit_subject, NULL, data, (int)len);
+    natsStatus s = natsMsg_Create(&m, subject, NULL, data, (int)len);
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, "Nats-Msg-Id", task_id);
     if (s == NATS_OK)
@@ -1092,6 +1385,26 @@ ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char 
     if (ret_duplicate)
         *ret_duplicate = pa->Duplicate;
     return CI_OK;
+}
+
+ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char *content_type,
+                           const void *data, size_t len, bool *ret_duplicate,
+                           struct ci_error *err)
+{
+    return submit_on(b, b->cfg->jetstream.submit_subject, task_id, content_type, data, len,
+                     ret_duplicate, err);
+}
+
+ci_status ci_broker_submit_session(struct ci_broker *b, const char *session_id,
+                                   const char *task_id, const char *content_type,
+                                   const void *data, size_t len, bool *ret_duplicate,
+                                   struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    ci_status r = session_subject(b, session_id, subj, sizeof(subj), err);
+    if (r)
+        return r;
+    return submit_on(b, subj, task_id, content_type, data, len, ret_duplicate, err);
 }
 
 ci_status ci_watch_new(struct ci_broker *b, const char *task_id, struct ci_watch **ret,

@@ -22,10 +22,15 @@
 #include "core/request.h"
 #include "sandbox/sandbox.h"
 #include "worker/task.h"
+#include "worker/waitroom.h"
 #include "core/util.h"
 
 #define CI_WORKER_VERSION "0.1.0"
 #define FETCH_WAIT_MS 1000
+/* While session tasks wait in the room, slots fetch briefly, so that a task
+ * whose turn came does not wait for a fetch to end; idle workers wait long. */
+#define ROOM_FETCH_WAIT_MS 50
+#define ROOM_POLL_MS 25 /* how often the room looks up its sessions */
 #define TICK_MS 250
 #define STREAM_CHECK_MS 15000 /* how often the streams are looked for (main loop) */
 
@@ -55,6 +60,7 @@ struct worker {
     atomic_uint_fast64_t tasks_done;
     struct ci_monitor *monitor;
     struct ci_heartbeat *heartbeat;
+    struct ci_waitroom *room; /* session tasks waiting for their turn */
 };
 
 struct slot_arg {
@@ -100,7 +106,89 @@ static bool take_queued(const struct worker *w, struct ci_delivery *d)
 
 _Static_assert(CI_TASK_END_SUPERSEDED == (int)CI_METRICS_SUPERSEDED,
                "a task's end is its delivery outcome in the metrics");
+/* CI_TASK_END_WAIT disposes of nothing: no outcome of its own (run_task). */
+_Static_assert(CI_TASK_END_WAIT == CI_TASK_END_SUPERSEDED + 1,
+               "every task end but WAIT is a delivery outcome");
 
+/* The room reaches NATS through these (worker/waitroom.h). */
+static ci_status room_first_seq(void *ctx, const char *session_id, uint64_t *ret_seq,
+                                struct ci_error *err)
+{
+    struct worker *w = ctx;
+    return ci_broker_session_first_seq(w->env.broker, session_id, ret_seq, err);
+}
+static void room_in_progress(void *ctx, struct ci_delivery *d) { ci_delivery_in_progress(d); }
+static void room_nak(void *ctx, struct ci_delivery *d, int64_t delay_ms)
+{
+    ci_delivery_nak(d, delay_ms);
+}
+static bool room_last_attempt(void *ctx, struct ci_delivery *d)
+{
+    return ci_delivery_last_attempt(d);
+}
+static void room_free(void *ctx, struct ci_delivery *d) { ci_delivery_free(d); }
+
+static const struct ci_waitroom_ops room_ops = {
+    .first_seq = room_first_seq,
+    .in_progress = room_in_progress,
+    .nak = room_nak,
+    .last_attempt = room_last_attempt,
+    .free = room_free,
+};
+
+/* A session task whose turn has not come goes to the room; the slot is
+ * free again. */
+static void hold_task(struct worker *w, struct ci_slot *slot, struct ci_delivery *d,
+                      const struct ci_task_wait *wait)
+{
+    /* The slot no longer has it: the ticker must not touch a delivery that
+     * the room may free (task.c should have cleared these already). */
+    pthread_mutex_lock(&slot->lock);
+    if (slot->delivery == d)
+        slot->delivery = NULL;
+    slot->task_id[0] = '\0';
+    pthread_mutex_unlock(&slot->lock);
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", wait->task_id),
+        CI_LOG_S("session_id", wait->session_id),
+        CI_LOG_N("seq", (int64_t)wait->seq),
+    };
+    size_t nf = sizeof(f) / sizeof(f[0]);
+    switch (ci_waitroom_hold(w->room, d, wait)) {
+    case CI_WAITROOM_HELD:
+        ci_log_fields(CI_LOG_DEBUG, "session.task_waiting", f, nf);
+        break;
+    case CI_WAITROOM_FULL: /* nak'ed with a delay: counts as a delivery (contract §16) */
+        ci_log_fields(CI_LOG_WARN, "session.waiting_room_full", f, nf);
+        ci_metrics_delivery(w->env.metrics, CI_METRICS_RETRY);
+        break;
+    case CI_WAITROOM_RETURNED:
+        ci_log_fields(CI_LOG_INFO, "session.task_returned", f, nf);
+        break;
+    }
+}
+
+static void run_task(struct worker *w, struct ci_slot *slot, struct ci_delivery *d,
+                     bool turn_checked)
+{
+    ci_metrics_slot_busy(w->env.metrics, true);
+    struct ci_task_wait wait;
+    memset(&wait, 0, sizeof(wait));
+    enum ci_task_end end = ci_task_process(&w->env, slot, d, turn_checked, &wait);
+    ci_metrics_slot_busy(w->env.metrics, false);
+    if (end == CI_TASK_END_WAIT) {
+        hold_task(w, slot, d, &wait);
+        return;
+    }
+    ci_metrics_delivery(w->env.metrics, (enum ci_metrics_outcome)end);
+    if (end == CI_TASK_END_DONE)
+        atomic_fetch_add(&w->tasks_done, 1);
+}
+
+/* A slot takes a ready session task before it fetches. After SIGTERM it
+ * fetches no more; the room gives back what it holds (ci_waitroom_drain)
+ * but tasks on their last attempt, which the slots still run when their
+ * turn comes, within the drain. */
 static void *slot_main(void *p)
 {
     struct slot_arg *a = p;
@@ -114,9 +202,24 @@ static void *slot_main(void *p)
         goto out;
     }
     atomic_fetch_add(&w->bound_slots, 1);
-    while (!g_stop) {
+    while (!g_stop || ci_waitroom_count(w->room) > 0) {
         struct ci_delivery *d = NULL;
-        ci_status s = ci_puller_fetch(puller, FETCH_WAIT_MS, &d, &e);
+        struct ci_task_wait ready;
+        if (g_stop) {
+            size_t back = ci_waitroom_drain(w->room);
+            if (back)
+                ci_log_num(CI_LOG_INFO, "session.tasks_returned", "count", (int64_t)back,
+                           NULL);
+            if (ci_waitroom_take(w->room, ROOM_FETCH_WAIT_MS, &d, &ready))
+                run_task(w, a->slot, d, true);
+            continue;
+        }
+        if (ci_waitroom_take(w->room, 0, &d, &ready)) {
+            run_task(w, a->slot, d, true);
+            continue;
+        }
+        int wait_ms = ci_waitroom_count(w->room) ? ROOM_FETCH_WAIT_MS : FETCH_WAIT_MS;
+        ci_status s = ci_puller_fetch(puller, wait_ms, &d, &e);
         if (s == CI_ERR_TIMEOUT)
             continue;
         if (s && ci_broker_closed(w->env.broker)) {
@@ -144,15 +247,9 @@ static void *slot_main(void *p)
              * here, within the drain. */
             ci_delivery_nak(d, 0);
             ci_delivery_free(d);
-            break;
+            continue; /* the room may still hold a last attempt */
         }
-        ci_metrics_slot_busy(w->env.metrics, true);
-        struct ci_task_wait wait;
-        enum ci_task_end end = ci_task_process(&w->env, a->slot, d, false, &wait);
-        ci_metrics_slot_busy(w->env.metrics, false);
-        ci_metrics_delivery(w->env.metrics, (enum ci_metrics_outcome)end);
-        if (end == CI_TASK_END_DONE)
-            atomic_fetch_add(&w->tasks_done, 1);
+        run_task(w, a->slot, d, false);
     }
     if (puller)
         atomic_fetch_sub(&w->bound_slots, 1);
@@ -282,6 +379,7 @@ static void collect_live(void *closure, struct ci_metrics_live *ret)
     ci_provider_warm_stats(w->env.provider, &ws);
     ret->warm_pool_size = ws.ready;
     ret->warm_deaths = ws.died;
+    ret->session_tasks_waiting = ci_waitroom_count(w->room);
 }
 
 static void fill_heartbeat(void *closure, struct ci_heartbeat_info *info)
@@ -308,6 +406,8 @@ static void on_cancel(const char *task_id, void *closure)
     struct worker *w = closure;
     for (size_t i = 0; i < w->n_slots; i++)
         ci_slot_cancel(&w->env, &w->slots[i], task_id);
+    /* A held task ends CANCELLED at once: a slot takes it now. */
+    ci_waitroom_cancel(w->room, task_id);
 }
 
 static void usage(FILE *out)
@@ -429,6 +529,19 @@ static int run_worker(const struct ci_config *cfg)
         pthread_mutex_init(&w.slots[i].lock, NULL);
     if (ci_metrics_new(ci_provider_name(w.env.provider), w.n_slots, &w.env.metrics, &e)) {
         ci_log(CI_LOG_ERROR, "worker.nomem", "error", e.msg, NULL);
+        goto out;
+    }
+    /* The room before anything that reads it (metrics, slots, cancels);
+     * its thread uses the broker only for tasks held, after it is up. */
+    struct ci_waitroom_opts ro = {
+        .ops = &room_ops,
+        .ctx = &w,
+        .max_waiting = cfg->sessions.max_waiting,
+        .poll_ms = ROOM_POLL_MS,
+        .progress_every_ms = (int64_t)cfg->jetstream.ack_wait_s * 1000 / 3,
+    };
+    if (ci_waitroom_new(&ro, &w.room, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.waitroom_failed", "error", e.msg, NULL);
         goto out;
     }
     ci_metrics_set_collector(w.env.metrics, collect_live, &w);
@@ -554,7 +667,12 @@ out:
     /* Both read the broker: stop them before it goes. */
     ci_heartbeat_stop(w.heartbeat);
     ci_monitor_stop(w.monitor);
+    /* Empty after a drain; otherwise what it holds goes back now, while
+     * the connection is up. The cancel handler may still look into it
+     * until the broker is freed: freed after that. */
+    ci_waitroom_close(w.room);
     ci_broker_free(w.env.broker);
+    ci_waitroom_free(w.room);
     ci_metrics_free(w.env.metrics);
     ci_provider_free(w.env.provider);
     for (size_t i = 0; w.slots && i < w.n_slots; i++)

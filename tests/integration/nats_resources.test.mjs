@@ -68,6 +68,8 @@ describe("deleted streams and buckets come back", () => {
       const si = await c.jsm.streams.info("CI_TASKS").catch(() => null);
       if (si) {
         assert.equal(si.config.retention, "workqueue");
+        assert.deepEqual(si.config.subjects, ["ci.submit", "ci.submit.*"], "sessions' subjects too");
+        assert.equal(si.config.allow_direct, true);
         break;
       }
       assert.ok(Date.now() < deadline, "CI_TASKS made again within 60 s");

@@ -251,7 +251,8 @@ describe("worker basic", () => {
     const { jsm, nc } = stack.client;
     const H = 3600e9; // 1 h in ns
     const tasks = (await jsm.streams.info("CI_TASKS")).config;
-    assert.deepEqual(tasks.subjects, ["ci.submit"]);
+    assert.deepEqual(tasks.subjects, ["ci.submit", "ci.submit.*"], "a session's tasks too (§16)");
+    assert.equal(tasks.allow_direct, true);
     assert.equal(tasks.retention, "workqueue");
     assert.equal(tasks.storage, "file");
     assert.equal(tasks.max_age, H);
@@ -259,6 +260,7 @@ describe("worker basic", () => {
     assert.equal(tasks.max_msg_size, nc.info.max_payload, "max message size = the server's max_payload");
     const cons = (await jsm.consumers.info("CI_TASKS", "ci-workers")).config;
     assert.equal(cons.durable_name, "ci-workers");
+    assert.ok(!cons.filter_subject, "no filter: it takes both subjects");
     assert.equal(cons.ack_policy, "explicit");
     assert.equal(cons.ack_wait, 30e9);
     assert.equal(cons.max_deliver, 5);
@@ -273,6 +275,12 @@ describe("worker basic", () => {
     const kv = (await jsm.streams.info("KV_ci-results")).config;
     assert.equal(kv.max_msgs_per_subject, 1, "history 1");
     assert.equal(kv.max_age, H, "TTL 1 h");
+    const sessions = (await jsm.streams.info("KV_ci-sessions")).config;
+    assert.deepEqual(sessions.subjects, ["$KV.ci-sessions.>"]);
+    assert.equal(sessions.max_msgs_per_subject, 1, "history 1");
+    assert.equal(sessions.max_age, H, "TTL 1 h");
+    assert.equal(sessions.storage, "file");
+    assert.equal(sessions.allow_direct, true);
     const kvStatus = await (await stack.client.kvBucket()).status();
     assert.equal(kvStatus.history, 1);
     const obj = (await jsm.streams.info("OBJ_ci-files")).config;
