@@ -230,6 +230,54 @@ def _read_regular(path):
         os.close(fd)
 
 
+class _NotPlain(Exception):
+    pass
+
+
+def _state_pickler(main):
+    """dill's pickler (our per-task __main__ as its _main), with one shortcut:
+    dill's is pure Python, ~100x slower than the C one on a DataFrame's
+    object columns, so a numpy or pandas object whose contents the C
+    pickler can take whole (no function, module or class of the code, no
+    instance of one) is written as pickle.loads(<its C pickle>). It stays
+    one object of the one dump: references to it are shared."""
+    import io
+    import pickle
+    import types
+    import dill
+
+    class Plain(pickle.Pickler):
+        def reducer_override(self, obj):
+            # By reference, C pickle would name them in a __main__ that does
+            # not hold them yet when the state is read; dill makes them.
+            if type(obj).__module__ == "__main__":
+                raise _NotPlain()
+            if isinstance(obj, (type, types.FunctionType)) and (
+                    obj.__module__ == "__main__" or "<" in obj.__qualname__):
+                raise _NotPlain()
+            return NotImplemented
+
+    class StatePickler(dill.Pickler):
+        def save(self, obj, save_persistent_id=True):
+            mod = type(obj).__module__
+            if ((mod == "numpy" or mod.startswith(("numpy.", "pandas."))) and
+                    id(obj) not in self.memo):
+                buf = io.BytesIO()
+                try:
+                    Plain(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+                except Exception:
+                    buf = None
+                if buf is not None:
+                    self.save_reduce(pickle.loads, (buf.getvalue(),), obj=obj)
+                    return
+            dill.Pickler.save(self, obj, save_persistent_id)
+
+    buf = io.BytesIO()
+    pickler = StatePickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler._main = main
+    return pickler, buf
+
+
 class _Session:
     """A session step's state: restored before the code, saved after it."""
 
@@ -351,14 +399,8 @@ class _Session:
         """kept pickled in one dump (shared objects stay shared); when that
         fails, the names that cannot be pickled are found one by one and
         dropped. Returns (bytes, {name: reason})."""
-        import io
-        import pickle
-        import dill
-
         def dump(values):
-            buf = io.BytesIO()
-            pickler = dill.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-            pickler._main = main
+            pickler, buf = _state_pickler(main)
             pickler.dump(values)
             return buf.getvalue()
 
@@ -700,6 +742,31 @@ def _warm_driver():
     _peak_kb()
 
 
+def _warm_session():
+    """A session step's save and restore, in memory: dill's first use costs
+    ~6 ms (its dispatch, lazy lookups), paid here instead of by a step. The
+    module is a throwaway; __main__ is put back."""
+    import io
+    import types
+    import dill
+    import pandas as pd
+    old = sys.modules.get("__main__")
+    main = types.ModuleType("__main__")
+    try:
+        sys.modules["__main__"] = main
+        exec(compile("def f():\n    return x\nclass K:\n    pass\nx = 1\n", "main.py", "exec"),
+             main.__dict__)
+        pickler, buf = _state_pickler(main)
+        pickler.dump({"f": main.f, "K": main.K, "k": main.K(), "pd": pd,
+                      "df": pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})})
+        unpickler = dill.Unpickler(io.BytesIO(buf.getvalue()))
+        unpickler._main = types.ModuleType("__main__")
+        unpickler.load()
+    finally:
+        if old is not None:
+            sys.modules["__main__"] = old
+
+
 def _warm_describe():
     """describe() and a little linear algebra."""
     import warnings
@@ -768,7 +835,7 @@ def _warm_up():
     task could see. Not matplotlib's: the pages it would copy (~11 MiB) are
     the spare's own, and would take a warm child past 16 MiB of unique
     memory; the zygote's exercise runs it once for all."""
-    return (_warm_driver, _warm_pandas, _warm_describe)
+    return (_warm_driver, _warm_pandas, _warm_session, _warm_describe)
 
 
 def _reseed():
