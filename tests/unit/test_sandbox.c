@@ -2143,6 +2143,45 @@ static void t_session_bare(void)
     free(c);
 }
 
+/* A session step costs little more than a one-shot task: five steps that
+ * carry a 1,000-row DataFrame against five tasks that build one. Warm mode
+ * only (a cold step also pays dill's import); the bound is loose so that a
+ * busy machine does not fail it, the times are printed. */
+static void t_warm_session_cost(void)
+{
+    const char *make = "import pandas as pd\n"
+                       "df = pd.DataFrame({'a': range(1000), 'b': [str(i) for i in range(1000)],"
+                       " 'c': [i * 0.5 for i in range(1000)]})\n";
+    const char *step = "df['c'] = df['c'] + 1\nprint(len(df))\n";
+    struct ci_outcome o, prev;
+    REQUIRE(run_step(prov, make, NULL, 0, NULL, STATE_CAP, &prev) == CI_OK);
+    REQUIRE(run_code(make, &o) == CI_OK);
+    ci_outcome_release(&o);
+    int64_t best_one = INT64_MAX, best_sess = INT64_MAX;
+    for (int round = 0; round < 3; round++) {
+        int64_t t0 = ci_mono_ms();
+        for (int i = 0; i < 5; i++) {
+            REQUIRE(run_code(make, &o) == CI_OK);
+            CHECK(o.exit_code == 0);
+            ci_outcome_release(&o);
+        }
+        int64_t t1 = ci_mono_ms();
+        for (int i = 0; i < 5; i++) {
+            REQUIRE(run_step(prov, step, NULL, 0, &prev, STATE_CAP, &o) == CI_OK);
+            CHECK(o.exit_code == 0 && o.session.restored && o.session.state);
+            ci_outcome_release(&prev);
+            prev = o;
+        }
+        int64_t t2 = ci_mono_ms();
+        best_one = t1 - t0 < best_one ? t1 - t0 : best_one;
+        best_sess = t2 - t1 < best_sess ? t2 - t1 : best_sess;
+    }
+    fprintf(stderr, "five one-shot tasks %lld ms, five session steps %lld ms (state %zu bytes)\n",
+            (long long)best_one, (long long)best_sess, prev.session.state_len);
+    CHECK(best_sess <= best_one * 2 + 50);
+    ci_outcome_release(&prev);
+}
+
 static void t_bad_python(void)
 {
     struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
@@ -2215,6 +2254,7 @@ int main(int argc, char **argv)
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
         T(t_warm_spare),    T(t_warm_keeper), T(t_warm_spares),
+        T(t_warm_session_cost),
         T_OWN(t_warm_spare_cpu), /* says skipped when the machine is too busy to tell */
     };
     cg_version = pr.cgroup_version;
