@@ -11,8 +11,10 @@ packages=(
   libnats-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev
   libjansson-dev libssl-dev libseccomp-dev libcurl4-openssl-dev libmicrohttpd-dev
   libcjose-dev
-  # runtime python-data-analysis-v1; libpython3-dev: ci-zygote embeds it (warm mode)
-  python3 python3-numpy python3-pandas python3-matplotlib python3-openpyxl libpython3-dev
+  # runtime python-data-analysis-v1 (python3-dill: a session's state); libpython3-dev:
+  # ci-zygote embeds it (warm mode)
+  python3 python3-numpy python3-pandas python3-matplotlib python3-openpyxl python3-dill
+  libpython3-dev
   # broker and test tools
   nats-server nodejs npm procps iproute2 ca-certificates
   # the Helm chart's check (tests/helm/check_chart.py)

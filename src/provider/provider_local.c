@@ -54,21 +54,9 @@ static char *report_text(const char *v, size_t len)
 
 static void parse_report(const char *data, size_t len, struct report *r)
 {
-    size_t i = 0;
-    while (i < len) {
-        const char *key = data + i;
-        const char *key_end = memchr(key, '\0', len - i);
-        if (!key_end)
-            return;
-        i = (size_t)(key_end - data) + 1;
-        if (i >= len)
-            return;
-        const char *val = data + i;
-        const char *val_end = memchr(val, '\0', len - i);
-        if (!val_end)
-            return;
-        size_t vlen = (size_t)(val_end - val);
-        i = (size_t)(val_end - data) + 1;
+    const char *key, *val;
+    size_t pos = 0, vlen;
+    while (ci_report_next(data, len, &pos, &key, &val, &vlen)) {
         char **slot = strcmp(key, "kind") == 0    ? &r->kind
                       : strcmp(key, "error") == 0 ? &r->error
                       : strcmp(key, "hint") == 0  ? &r->hint
@@ -82,6 +70,7 @@ static void parse_report(const char *data, size_t len, struct report *r)
             if (end && *end == '\0' && vlen > 0)
                 r->peak_kb = v;
         }
+        /* The session_* keys are the sandbox's (outcome.session). */
     }
 }
 

@@ -4,7 +4,8 @@
  * the workspace fd and following nothing (no symlink, no other mount, one
  * link only), at most ARTIFACT_MAX_DEPTH levels deep and ARTIFACT_MAX_ENTRIES
  * names in all, within limits.max_artifact_bytes (a note says what was
- * left out); an input the code did not change is no artifact, and a name
+ * left out); an input the code did not change is no artifact, nor is a
+ * file a session step restored unchanged or a session's own file, and a name
  * that is not UTF-8 or holds a control or format character is skipped with
  * a note. Also the removal of a bare run's private directory, which lists
  * the same way. */
@@ -44,7 +45,7 @@ struct walk {
 /* Opens name in dirfd without leaving it: no symlink, no magic link, no
  * other mount, no "..". openat2() where the kernel has it; names are single
  * components, so O_NOFOLLOW plus the st_dev check is the same elsewhere. */
-static int open_beneath(int dirfd, const char *name, int flags)
+int open_beneath(int dirfd, const char *name, int flags)
 {
     struct open_how how = {.flags = (uint64_t)flags,
                            .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
@@ -133,7 +134,8 @@ static void consider_file(struct walk *w, int fd, const char *rel, const struct 
     }
     char sha[65];
     ci_sha256_hex(data, size, sha);
-    if (!strchr(rel, '/') && unchanged_input(w, rel, sha)) {
+    if ((!strchr(rel, '/') && unchanged_input(w, rel, sha)) ||
+        session_unchanged(w->run, rel, sha)) {
         free(data);
         return;
     }
@@ -220,6 +222,8 @@ static void walk_dir(struct walk *w, int dirfd, const char *prefix, int depth)
     w->entries += (unsigned)n;
     for (size_t i = 0; i < n && !w->s; i++) {
         const char *name = names[i];
+        if (!*prefix && session_reserved_name(name))
+            continue; /* a session's own files: never artifacts */
         uint32_t cp = 0;
         enum ci_text_verdict v = ci_text_name_check(name, strlen(name), &cp);
         if (v != CI_TEXT_OK) {

@@ -20,7 +20,7 @@
 
 #define DRAIN_MS 1000          /* after the task is gone, longest wait for pipes to close */
 #define STOP_GRACE_MS 300      /* init's time to kill and reap everything before SIGKILL */
-#define REPORT_CAP (64 * 1024)
+#define REPORT_CAP (256 * 1024) /* a session step's report names its restored files */
 
 struct capture {
     struct ci_buf buf;
@@ -354,6 +354,8 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     take_capture(&rep, &r.report, &r.report_len, &rep_total, &s);
     if (!s && (news.broken || news.exec_failed) && !(r.outcome.error = strdup(news.why)))
         s = CI_ERR_NOMEM;
+    if (!s && run->ws_fd >= 0)
+        s = session_collect(run, &r); /* first: the walk skips the restored files */
     if (!s && run->ws_fd >= 0)
         s = collect_artifacts(run, &r);
     ci_buf_release(&out.buf);

@@ -125,6 +125,9 @@ void ci_sandbox_run_free(struct ci_sandbox_run *run)
     for (size_t i = 0; i < run->n_inputs; i++)
         free(run->inputs[i].name);
     free(run->inputs);
+    for (size_t i = 0; i < run->n_restored; i++)
+        free(run->restored[i].name);
+    free(run->restored);
     free(run->code);
     free(run);
 }
@@ -216,7 +219,8 @@ bool plain_name(const char *name)
            strcmp(name, "..") != 0 && ci_text_name_check(name, len, NULL) == CI_TEXT_OK;
 }
 
-/* Writes the inputs into the workspace through its fd. The files are
+/* Writes the inputs, and a session step's files, into the workspace through
+ * its fd. The files are
  * created as the sandbox user (setfsuid is per thread): a root worker has
  * no mapping in the sandbox's user namespace and could not create them
  * itself, and the code must be able to overwrite its inputs. */
@@ -250,6 +254,8 @@ static ci_status write_inputs(struct ci_sandbox_run *run, const struct ci_job *j
         }
         close(fd);
     }
+    if (!s)
+        s = session_write(run, job, err);
     if (switch_fs) {
         sys_setfsuid(0);
         sys_setfsgid(0);
@@ -715,6 +721,8 @@ ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
     atomic_init(&run->cancel_requested, false);
     run->code_len = job->code_len;
     run->timeout_ms = job->timeout_ms;
+    run->session_on = job->session.on;
+    run->max_state_bytes = job->session.max_state_bytes;
     plan_limits(&run->args, sb, job);
 
     ci_status s = CI_OK;

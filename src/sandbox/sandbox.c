@@ -21,7 +21,9 @@
  *   warm.c       warm mode: the zygotes' setup and launch, a run's start
  *                in one (the pool is zygote.c, a zygote src/zygote/main.c);
  *   cgroup.c     the task's cgroup;
- *   uids.c       the task uids: a uid of its own for each task's code.
+ *   uids.c       the task uids: a uid of its own for each task's code;
+ *   report.c     the driver's report, read;
+ *   session.c    a session step's state in and out of the workspace.
  * sandbox_int.h holds what they share, sandbox_proto.h what the worker and
  * the processes of a sandbox say to each other.
  *

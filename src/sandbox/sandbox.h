@@ -195,6 +195,13 @@ struct ci_sandbox_result {
 
 void ci_sandbox_result_release(struct ci_sandbox_result *r);
 
+/* The report (report.c): the next key and value from *pos on (the value is
+ * NUL-terminated, vlen bytes); false at the end or at a pair the capture's
+ * cap cut short. ci_report_get: key's last value, or NULL. */
+bool ci_report_next(const char *data, size_t len, size_t *pos, const char **ret_key,
+                    const char **ret_val, size_t *ret_vlen);
+const char *ci_report_get(const char *data, size_t len, const char *key, size_t *ret_len);
+
 struct ci_sandbox_run;
 
 /* Builds a fresh sandbox, writes the inputs into /workspace and starts the

@@ -155,6 +155,11 @@ struct ci_sandbox_run {
     uint32_t uid_slot;
     uid_t task_uid;
     char uid_map[80];
+    /* a session step (session.c) */
+    bool session_on;
+    uint64_t max_state_bytes;
+    struct input_digest *restored; /* the files the driver restored, sorted by name */
+    size_t n_restored;
 };
 
 /* Closes *fd if it is open and marks it closed. */
@@ -213,7 +218,18 @@ bool plain_name(const char *name);
 
 /* artifacts.c: the artifact walk; a bare run's directory removed. */
 ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
+int open_beneath(int dirfd, const char *name, int flags);
 void remove_tree_at(int dirfd, int depth);
+
+/* session.c: a session step's files before the code (written as write_inputs
+ * writes, its fs ids switched), its state and report keys after the run
+ * (into r->outcome.session, before the artifact walk), the names that are
+ * never artifacts, the restored files that are none when unchanged. */
+ci_status session_write(struct ci_sandbox_run *run, const struct ci_job *job,
+                        struct ci_error *err);
+ci_status session_collect(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
+bool session_reserved_name(const char *name);
+bool session_unchanged(const struct ci_sandbox_run *run, const char *rel, const char *sha);
 
 /* uids.c: the task uids. */
 ci_status uids_init(struct task_uids *u, const struct ci_config *cfg, bool root, bool warm,

@@ -61,6 +61,8 @@ def check_image(path, program):
     check(re.search(r"\blibpython3\.11\b", final) is not None,
           f"{label}: the final stage installs libpython3.11 (ci-zygote links it)")
     check(re.search(r"\bpython3-pandas\b", final) is not None, f"{label}: the final stage has the Python runtime")
+    check(re.search(r"\bpython3-dill\b", final) is not None,
+          f"{label}: the final stage installs python3-dill (the driver saves a session's state with it)")
 
 
 def main():

@@ -1902,6 +1902,286 @@ static void t_warm_unavailable(void)
     free(c);
 }
 
+/* Sessions (docs/contract.md section 16): one step of a session on provider
+ * p, restoring state (NULL: a new session), its own state left in o. */
+static ci_status run_step(struct ci_provider *p, const char *code, const struct ci_file *files,
+                          size_t n_files, const struct ci_outcome *prev, uint64_t max_state,
+                          struct ci_outcome *o)
+{
+    struct ci_job task = {.task_id = "s1", .runtime = "python-data-analysis-v1",
+                          .code = code, .code_len = strlen(code), .files = files,
+                          .n_files = n_files, .timeout_ms = 20000, .memory_mb = 1024,
+                          .session = {.on = true,
+                                      .state = prev ? prev->session.state : NULL,
+                                      .state_len = prev ? prev->session.state_len : 0,
+                                      .max_state_bytes = max_state}};
+    struct ci_run *run;
+    struct ci_error err = {{0}};
+    ci_status s = ci_provider_start(p, &task, &run, &err);
+    if (s) {
+        fprintf(stderr, "start failed: %s\n", err.msg);
+        return s;
+    }
+    s = ci_provider_wait(p, run, o);
+    ci_provider_release(p, run);
+    if (!s && getenv("TEST_VERBOSE"))
+        fprintf(stderr, "--- session step: exit %d\nout: %.300s\nerr: %.2000s\nerror: %s\n"
+                "state %zu bytes, restored %d, restore_error %s, dropped %s, state_error %s\n",
+                o->exit_code, o->out, o->err, o->error ? o->error : "-", o->session.state_len,
+                o->session.restored, o->session.restore_error ? o->session.restore_error : "-",
+                o->session.dropped ? o->session.dropped : "-",
+                o->session.state_error ? o->session.state_error : "-");
+    return s;
+}
+
+#define STATE_CAP (64u << 20)
+
+static void t_session_carry(void)
+{
+    struct ci_outcome o1, o2, o3, o4;
+    REQUIRE(run_step(prov, "import pandas as pd\n"
+                           "import numpy\n"
+                           "x = 41\n"
+                           "df = pd.DataFrame({'a': range(1000), 'b': [str(i) for i in range(1000)]})\n"
+                           "def f():\n    return x + len(df)\n"
+                           "class K:\n    def m(self):\n        return x * 2\n"
+                           "k = K()\n"
+                           "shared = [1, 2]\n"
+                           "pair = (shared, shared)\n"
+                           "open('notes.txt', 'w').write('kept')\n"
+                           "fh = open('notes.txt')\n"
+                           "gen = (i for i in range(3))\n"
+                           "print(f())\n",
+                     NULL, 0, NULL, STATE_CAP, &o1) == CI_OK);
+    CHECK(o1.kind == CI_OUTCOME_EXITED && o1.exit_code == 0);
+    CHECK_STR(o1.out, "1041\n");
+    CHECK(o1.session.state != NULL && o1.session.state_len > 0);
+    CHECK(o1.session.state_error == NULL);
+    CHECK(!o1.session.restored && o1.session.restore_error == NULL);
+    CHECK_STR(o1.session.dropped, "fh (open file)\ngen (generator)");
+    /* No file the worker or the driver uses is left as an artifact. */
+    CHECK(o1.n_artifacts == 0);
+
+    /* Step 2: globals, functions that see the NEW globals, the alias, the
+     * file; an input of the step wins over a restored file of its name. */
+    struct ci_file in = {.name = "input.txt", .data = (uint8_t *)"in", .len = 2};
+    REQUIRE(run_step(prov, "import os\n"
+                           "print(x, f(), pd.__name__, numpy.__name__, len(df))\n"
+                           "df = df.head(2)\n"
+                           "x = 1\n"
+                           "print(f(), k.m(), type(k) is K)\n"
+                           "print(pair[0] is pair[1])\n"
+                           "print(open('notes.txt').read(), open('input.txt').read())\n"
+                           "print(sorted(n for n in os.listdir('.') if n.startswith('.')))\n",
+                     &in, 1, &o1, STATE_CAP, &o2) == CI_OK);
+    CHECK(o2.kind == CI_OUTCOME_EXITED && o2.exit_code == 0);
+    CHECK_STR(o2.out, "41 1041 pandas numpy 1000\n3 2 True\nTrue\nkept in\n[]\n");
+    CHECK(o2.session.restored && o2.session.restore_error == NULL);
+    CHECK(o2.session.dropped == NULL);
+    CHECK(o2.session.state != NULL);
+
+    /* Step 3: the name dropped in step 1 gets the hint; what step 3
+     * assigned before its exception is kept. */
+    REQUIRE(run_step(prov, "y = x + 1\nprint(fh)\n", NULL, 0, &o2, STATE_CAP, &o3) == CI_OK);
+    CHECK(o3.kind == CI_OUTCOME_EXITED && o3.exit_code == 1);
+    CHECK_STR(o3.error, "NameError: name 'fh' is not defined");
+    CHECK_STR(o3.hint, "'fh' was not kept from the session's previous step (open file): "
+                       "create it again in this step");
+    CHECK(o3.session.state != NULL);
+
+    /* Step 4: fh assigned to something keepable leaves the dropped set. */
+    struct ci_file notes = {.name = "notes.txt", .data = (uint8_t *)"new", .len = 3};
+    REQUIRE(run_step(prov, "print(y, open('notes.txt').read())\nfh = 'a name'\n", &notes, 1,
+                     &o3, STATE_CAP, &o4) == CI_OK);
+    CHECK_STR(o4.out, "2 new\n");
+    struct ci_outcome o5;
+    REQUIRE(run_step(prov, "print(fh)\nprint(gen)\n", NULL, 0, &o4, STATE_CAP, &o5) == CI_OK);
+    CHECK_STR(o5.out, "a name\n");
+    CHECK_CONTAINS(o5.hint, "'gen' was not kept from the session's previous step (generator)");
+    ci_outcome_release(&o5);
+    ci_outcome_release(&o4);
+    ci_outcome_release(&o3);
+    ci_outcome_release(&o2);
+    ci_outcome_release(&o1);
+}
+
+static void t_session_limits(void)
+{
+    struct ci_outcome o, o2;
+    /* Over the cap: no state, and the biggest contributors named. */
+    REQUIRE(run_step(prov, "import os\nbig = os.urandom(3 << 20)\nsmall = 1\n", NULL, 0, NULL,
+                     1u << 20, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK(o.session.state == NULL);
+    CHECK_CONTAINS(o.session.state_error, "over the cap of 1 MiB: big (3.0 MiB)");
+    ci_outcome_release(&o);
+
+    /* A state file bigger than the cap is not even read. */
+    REQUIRE(run_step(prov, "import os\nopen('.ci-state-out', 'wb').write(os.urandom(2 << 20))\n"
+                           "os._exit(0)\n", NULL, 0, NULL, 1u << 20, &o) == CI_OK);
+    CHECK(o.session.state == NULL);
+    CHECK_STR(o.session.state_error, "the state is 2.0 MiB, over the cap of 1 MiB "
+                                     "(sessions.max_state_mb)");
+    ci_outcome_release(&o);
+
+    /* No state at all. */
+    REQUIRE(run_step(prov, "import os\nos._exit(0)\n", NULL, 0, NULL, STATE_CAP, &o) == CI_OK);
+    CHECK(o.session.state == NULL);
+    CHECK_STR(o.session.state_error, "the step left no state");
+    ci_outcome_release(&o);
+
+    /* A damaged archive: the step runs without it and says why. */
+    struct ci_outcome garbage = {0};
+    garbage.session.state = (uint8_t *)"not a state at all";
+    garbage.session.state_len = strlen("not a state at all");
+    REQUIRE(run_step(prov, "print('ran', 'x' in globals())\nx = 1\n", NULL, 0, &garbage,
+                     STATE_CAP, &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK_STR(o.out, "ran False\n");
+    CHECK(!o.session.restored);
+    CHECK_CONTAINS(o.session.restore_error, "the state could not be restored");
+    CHECK(o.session.state != NULL); /* its own */
+    REQUIRE(run_step(prov, "print(x)\n", NULL, 0, &o, STATE_CAP, &o2) == CI_OK);
+    CHECK_STR(o2.out, "1\n");
+    ci_outcome_release(&o2);
+    ci_outcome_release(&o);
+
+    /* A state that does not fit in the workspace. */
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->local.workspace_mb = 1;
+    c->local.mode = CI_MODE_COLD;
+    struct ci_provider *p = NULL;
+    struct ci_error err = {{0}};
+    REQUIRE(ci_provider_local_new(c, &p, &err) == CI_OK);
+    struct ci_outcome big = {0};
+    big.session.state = calloc(1, 3 << 20);
+    big.session.state_len = 3 << 20;
+    struct ci_job task = {.task_id = "s1", .code = "x = 1", .code_len = 5, .timeout_ms = 20000,
+                          .memory_mb = 1024,
+                          .session = {.on = true, .state = big.session.state,
+                                      .state_len = big.session.state_len,
+                                      .max_state_bytes = STATE_CAP}};
+    struct ci_run *run = NULL;
+    CHECK(ci_provider_start(p, &task, &run, &err) == CI_ERR_LIMIT);
+    CHECK_STR(err.msg, "the session's state (3.0 MiB) does not fit in the workspace of 1 MiB "
+                       "(local.workspace_mb)");
+    free(big.session.state);
+    ci_provider_free(p);
+    free(c);
+}
+
+static void t_session_artifacts(void)
+{
+    struct ci_outcome o1, o2;
+    REQUIRE(run_step(prov, "import os\n"
+                           "import matplotlib.pyplot as plt\n"
+                           "plt.plot([1, 2])\n"
+                           "plt.savefig('chart.png')\n"
+                           "fig = plt.gcf()\n"
+                           "open('data.csv', 'w').write('a\\n1\\n')\n"
+                           "os.makedirs('sub')\n"
+                           "open('sub/keep.csv', 'w').write('k\\n')\n"
+                           "open('sub/edit.csv', 'w').write('e\\n')\n"
+                           "os.symlink('/etc/passwd', 'link.csv')\n",
+                     NULL, 0, NULL, STATE_CAP, &o1) == CI_OK);
+    CHECK(o1.kind == CI_OUTCOME_EXITED && o1.exit_code == 0);
+    CHECK(find_artifact(&o1, "chart.png") && find_artifact(&o1, "data.csv"));
+    CHECK(find_artifact(&o1, "figure-1.png")); /* the figure left open */
+    CHECK(o1.n_artifacts == 5);
+    CHECK_STR(o1.session.dropped, "fig (figure)");
+    /* Step 2 changes two files and makes one: only those are artifacts. */
+    REQUIRE(run_step(prov, "import os\n"
+                           "open('data.csv', 'a').write('2\\n')\n"
+                           "open('sub/edit.csv', 'w').write('changed\\n')\n"
+                           "open('new.csv', 'w').write('n\\n')\n"
+                           "print(os.path.lexists('link.csv'), open('sub/keep.csv').read())\n",
+                     NULL, 0, &o1, STATE_CAP, &o2) == CI_OK);
+    CHECK(o2.kind == CI_OUTCOME_EXITED && o2.exit_code == 0);
+    CHECK_STR(o2.out, "False k\n\n"); /* no symlink kept */
+    CHECK(find_artifact(&o2, "data.csv") && find_artifact(&o2, "sub/edit.csv") &&
+          find_artifact(&o2, "new.csv"));
+    CHECK(find_artifact(&o2, "chart.png") == NULL);
+    CHECK(find_artifact(&o2, "figure-1.png") == NULL);
+    CHECK(find_artifact(&o2, "sub/keep.csv") == NULL);
+    CHECK(o2.n_artifacts == 3);
+    ci_outcome_release(&o2);
+    ci_outcome_release(&o1);
+
+    /* The session's own names are never artifacts, and a job that is no
+     * session step has no session fields whatever the code writes. */
+    struct ci_outcome o;
+    REQUIRE(run_code("png = b'\\x89PNG\\r\\n\\x1a\\n' + bytes(64)\n"
+                     "for n in ('.ci-session', '.ci-state', '.ci-state-out', "
+                     "'.ci-state-out.tmp', '.ci-other.png'):\n"
+                     "    open(n, 'wb').write(png)\n",
+                     &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK(o.n_artifacts == 1 && find_artifact(&o, ".ci-other.png"));
+    CHECK(!o.session.restored && !o.session.restore_error && !o.session.dropped &&
+          !o.session.state && !o.session.state_len && !o.session.state_error);
+    ci_outcome_release(&o);
+}
+
+/* Bare mode (local.isolation none) carries state the same way. */
+static void t_session_bare(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_NONE);
+    struct ci_provider *p = NULL;
+    struct ci_error err = {{0}};
+    REQUIRE(ci_provider_local_new(c, &p, &err) == CI_OK);
+    struct ci_outcome o1, o2;
+    REQUIRE(run_step(p, "x = 5\nopen('f.csv', 'w').write('a\\n')\n", NULL, 0, NULL, STATE_CAP,
+                     &o1) == CI_OK);
+    CHECK(o1.session.state != NULL);
+    REQUIRE(run_step(p, "print(x, open('f.csv').read().strip())\n", NULL, 0, &o1, STATE_CAP,
+                     &o2) == CI_OK);
+    CHECK_STR(o2.out, "5 a\n");
+    CHECK(o2.session.restored && o2.n_artifacts == 0);
+    ci_outcome_release(&o2);
+    ci_outcome_release(&o1);
+    ci_provider_free(p);
+    free(c);
+}
+
+/* A session step costs little more than a one-shot task: five steps that
+ * carry a 1,000-row DataFrame against five tasks that build one. Warm mode
+ * only (a cold step also pays dill's import); the bound is loose so that a
+ * busy machine does not fail it, the times are printed. */
+static void t_warm_session_cost(void)
+{
+    const char *make = "import pandas as pd\n"
+                       "df = pd.DataFrame({'a': range(1000), 'b': [str(i) for i in range(1000)],"
+                       " 'c': [i * 0.5 for i in range(1000)]})\n";
+    const char *step = "df['c'] = df['c'] + 1\nprint(len(df))\n";
+    struct ci_outcome o, prev;
+    REQUIRE(run_step(prov, make, NULL, 0, NULL, STATE_CAP, &prev) == CI_OK);
+    REQUIRE(run_code(make, &o) == CI_OK);
+    ci_outcome_release(&o);
+    int64_t best_one = INT64_MAX, best_sess = INT64_MAX;
+    for (int round = 0; round < 3; round++) {
+        int64_t t0 = ci_mono_ms();
+        for (int i = 0; i < 5; i++) {
+            REQUIRE(run_code(make, &o) == CI_OK);
+            CHECK(o.exit_code == 0);
+            ci_outcome_release(&o);
+        }
+        int64_t t1 = ci_mono_ms();
+        for (int i = 0; i < 5; i++) {
+            REQUIRE(run_step(prov, step, NULL, 0, &prev, STATE_CAP, &o) == CI_OK);
+            CHECK(o.exit_code == 0 && o.session.restored && o.session.state);
+            ci_outcome_release(&prev);
+            prev = o;
+        }
+        int64_t t2 = ci_mono_ms();
+        best_one = t1 - t0 < best_one ? t1 - t0 : best_one;
+        best_sess = t2 - t1 < best_sess ? t2 - t1 : best_sess;
+    }
+    fprintf(stderr, "five one-shot tasks %lld ms, five session steps %lld ms (state %zu bytes)\n",
+            (long long)best_one, (long long)best_sess, prev.session.state_len);
+    CHECK(best_sess <= best_one * 2 + 50);
+    ci_outcome_release(&prev);
+}
+
 static void t_bad_python(void)
 {
     struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
@@ -1966,6 +2246,7 @@ int main(int argc, char **argv)
         T(t_artifact_cap),  T(t_no_isolation_mode), T(t_fallback_without_userns),
         T(t_probe_print),
         T(t_bad_python),    T(t_tmpfs_limits),   T(t_require_cgroup),
+        T(t_session_carry), T(t_session_limits), T(t_session_artifacts), T(t_session_bare),
         /* cgroups: each says skipped when the probe found none */
         T_OWN(t_cgroup_memory), T_OWN(t_cgroup_peak), T_OWN(t_cgroup_pids), T_OWN(t_cgroup_cpu),
         T_OWN(t_cgroup_layout), T_OWN(t_cgroup_self),
@@ -1973,6 +2254,7 @@ int main(int argc, char **argv)
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
         T(t_warm_spare),    T(t_warm_keeper), T(t_warm_spares),
+        T(t_warm_session_cost),
         T_OWN(t_warm_spare_cpu), /* says skipped when the machine is too busy to tell */
     };
     cg_version = pr.cgroup_version;
