@@ -1315,6 +1315,12 @@ ci_status ci_config_parse(const char *name, const uint8_t *data, size_t len,
         s = parse_stream(&p);
         yaml_parser_delete(&p.yp);
     }
+    /* A session may idle at most as long as its data lives: the default
+     * gives way to a shorter max_age_s; a chosen idle_s must fit (a rule). */
+    size_t idle = 0;
+    if (!s && find_key("sessions.idle_s", &idle) && !p.key_line[idle] &&
+        p.cfg->sessions.idle_s > p.cfg->jetstream.max_age_s)
+        p.cfg->sessions.idle_s = p.cfg->jetstream.max_age_s;
     if (!s)
         s = check_rules(&p);
     if (!s)

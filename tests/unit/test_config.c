@@ -293,6 +293,7 @@ static void test_values_are_read(void)
     CHECK(cfg->jetstream.replicas == 3);
     CHECK(cfg->jetstream.file_storage == false);
     CHECK(cfg->jetstream.max_age_s == 60);
+    CHECK(cfg->sessions.idle_s == 60); /* the default gives way to a shorter max_age_s */
     CHECK_STR(cfg->worker.id, "host-1.example_2");
     CHECK_STR(cfg->worker.provider, "cloudrun");
     CHECK_STR(cfg->worker.log_level, "debug");
@@ -496,10 +497,10 @@ static void test_document_errors(void)
         {"nats: {}\n\xff\n", "worker.yaml:2: YAML syntax error: invalid leading UTF-8 octet"},
         {"hello\n",
          "worker.yaml:1: expected a mapping with the sections nats, jetstream, worker, limits, "
-         "local, cloudrun, executor"},
+         "sessions, local, cloudrun, executor"},
         {"- nats\n",
          "worker.yaml:1: expected a mapping with the sections nats, jetstream, worker, limits, "
-         "local, cloudrun, executor"},
+         "sessions, local, cloudrun, executor"},
         {"nats: {}\n---\nlimits: {}\n", "worker.yaml:2: only one YAML document is allowed"},
     };
     check_errors(cases, sizeof(cases) / sizeof(cases[0]));
@@ -527,6 +528,8 @@ static void test_cross_field_rules(void)
          "worker.yaml:2: key 'limits.max_memory_mb': 512 is below limits.default_memory_mb (1024)"},
         {"jetstream:\n  max_age_s: 60\n",
          "worker.yaml:2: key 'jetstream.max_age_s': 60 is below jetstream.duplicate_window_s (120)"},
+        {"sessions:\n  idle_s: 7200\n",
+         "worker.yaml:2: key 'sessions.idle_s': 7200 is above jetstream.max_age_s (3600)"},
         {"jetstream:\n  duplicate_window_s: 7200\n",
          "worker.yaml:2: key 'jetstream.duplicate_window_s': 7200 is above jetstream.max_age_s "
          "(3600)"},
