@@ -6,7 +6,6 @@
 // states end as clear results, and the worker lives on.
 import { describe } from "node:test";
 import { existsSync } from "node:fs";
-import { Kvm } from "@nats-io/kv";
 
 import { assert, show, startBattery, rand } from "./lib/battery.mjs";
 
@@ -54,7 +53,7 @@ describe("sessions", { concurrency: 1 }, () => {
     assert.equal(a1.result.session.stateKept, true);
     // A client may write a session's record (a close does): point the
     // attacker's record at the victim's state object.
-    const kv = await new Kvm(b.client.js).open("ci-sessions");
+    const kv = await b.client.sessionsBucket();
     const rec = JSON.parse(new TextDecoder().decode((await kv.get(attacker)).value));
     rec.state = `sessions/${victim}/1`;
     await kv.put(attacker, JSON.stringify(rec));

@@ -31,6 +31,7 @@ export const STATUS_PREFIX = "ci.status";
 export const CANCEL_PREFIX = "ci.cancel";
 export const RESULTS_BUCKET = "ci-results";
 export const FILES_BUCKET = "ci-files";
+export const SESSIONS_BUCKET = "ci-sessions";
 export const RUNTIME = "python-data-analysis-v1";
 export const TERMINAL = new Set([
   "TASK_STATUS_SUCCEEDED",
@@ -216,6 +217,8 @@ export async function connectClient(url) {
   let os = null;
   const kvBucket = async () => (kv ??= await new Kvm(js).open(RESULTS_BUCKET));
   const objBucket = async () => (os ??= await new Objm(js).open(FILES_BUCKET));
+  let skv = null;
+  const sessionsBucket = async () => (skv ??= await new Kvm(js).open(SESSIONS_BUCKET));
 
   const client = {
     // Called on every poll of the wait loops below; a test stack sets it to
@@ -226,6 +229,7 @@ export async function connectClient(url) {
     jsm,
     kvBucket,
     objBucket,
+    sessionsBucket,
 
     // JetStream-publishes request on ci.submit. Options:
     //   json     true = proto3 JSON with Content-Type: application/json
