@@ -163,7 +163,7 @@ static const struct ci_config_key ci_config_keys[] = {
 
     KEY_U32("sessions.max_state_mb", sessions.max_state_mb, 64, 1, 1024),
     KEY_U32("sessions.idle_s", sessions.idle_s, 1200, 1, 31536000),
-    KEY_U32("sessions.max_waiting", sessions.max_waiting, 64, 0, 4096),
+    KEY_U32("sessions.max_waiting", sessions.max_waiting, 64, 1, 4096),
 
     KEY_ENUM("local.isolation", local.isolation, enum ci_isolation, CI_ISOLATION_AUTO,
              isolation_names),

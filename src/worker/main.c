@@ -169,12 +169,12 @@ static void hold_task(struct worker *w, struct ci_slot *slot, struct ci_delivery
 }
 
 static void run_task(struct worker *w, struct ci_slot *slot, struct ci_delivery *d,
-                     bool turn_checked)
+                     const struct ci_task_wait *resumed)
 {
     ci_metrics_slot_busy(w->env.metrics, true);
     struct ci_task_wait wait;
     memset(&wait, 0, sizeof(wait));
-    enum ci_task_end end = ci_task_process(&w->env, slot, d, turn_checked, &wait);
+    enum ci_task_end end = ci_task_process(&w->env, slot, d, resumed, &wait);
     ci_metrics_slot_busy(w->env.metrics, false);
     if (end == CI_TASK_END_WAIT) {
         hold_task(w, slot, d, &wait);
@@ -211,11 +211,11 @@ static void *slot_main(void *p)
                 ci_log_num(CI_LOG_INFO, "session.tasks_returned", "count", (int64_t)back,
                            NULL);
             if (ci_waitroom_take(w->room, ROOM_FETCH_WAIT_MS, &d, &ready))
-                run_task(w, a->slot, d, true);
+                run_task(w, a->slot, d, &ready);
             continue;
         }
         if (ci_waitroom_take(w->room, 0, &d, &ready)) {
-            run_task(w, a->slot, d, true);
+            run_task(w, a->slot, d, &ready);
             continue;
         }
         int wait_ms = ci_waitroom_count(w->room) ? ROOM_FETCH_WAIT_MS : FETCH_WAIT_MS;
@@ -249,7 +249,7 @@ static void *slot_main(void *p)
             ci_delivery_free(d);
             continue; /* the room may still hold a last attempt */
         }
-        run_task(w, a->slot, d, false);
+        run_task(w, a->slot, d, NULL);
     }
     if (puller)
         atomic_fetch_sub(&w->bound_slots, 1);

@@ -1297,9 +1297,10 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
 }
 
 enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot *slot,
-                                 struct ci_delivery *d, bool turn_checked,
+                                 struct ci_delivery *d, const struct ci_task_wait *resumed,
                                  struct ci_task_wait *ret_wait)
 {
+    bool turn_checked = resumed && !resumed->cancelled;
     struct task t = {.env = env, .slot = slot, .d = d, .started_at_ms = ci_now_ms(),
                      .taken_mono_ms = ci_mono_ms(), .queue_wait_ms = -1,
                      .turn_checked = turn_checked, .wait = ret_wait};
@@ -1340,6 +1341,11 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
         return CI_TASK_END_DROPPED;
     }
     slot_set(slot, t.id, d);
+    if (resumed && resumed->cancelled) { /* seen while it waited: the stream may lag */
+        pthread_mutex_lock(&slot->lock);
+        slot->cancel_requested = true;
+        pthread_mutex_unlock(&slot->lock);
+    }
 
     Ci__V1__ExecutionResult *prev = existing_result(&t);
     if (prev && ci_task_status_terminal(prev->status)) {

@@ -50,16 +50,18 @@ enum ci_task_end {
 struct ci_task_wait {
     char task_id[65];
     char session_id[65];
-    uint64_t seq; /* the task's own sequence in the tasks stream */
+    uint64_t seq;   /* the task's own sequence in the tasks stream */
+    bool cancelled; /* a cancel came for it while it waited: it ends CANCELLED */
 };
 
 /* Processes one delivery and disposes of it (ack, term or nak), taking
  * ownership of d - except on CI_TASK_END_WAIT, when d stays the caller's
- * and *ret_wait says what it waits for. With turn_checked (a task the
- * caller held until its turn came, or one cancelled meanwhile) the session
- * order is not looked at again. */
+ * and *ret_wait says what it waits for. resumed is NULL for a task fresh
+ * from the queue, else what the caller held it for: its turn came (the
+ * session order is not looked at again), or it was cancelled meanwhile (it
+ * ends CANCELLED without running). */
 enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot *slot,
-                                 struct ci_delivery *d, bool turn_checked,
+                                 struct ci_delivery *d, const struct ci_task_wait *resumed,
                                  struct ci_task_wait *ret_wait);
 
 /* Marks the slot's task cancelled if it is task_id, and kills its run. */

@@ -15,6 +15,13 @@
 #include "worker/task.h"
 
 #define LOOKUP_LOG_MS 10000 /* a failing lookup is logged at most this often */
+/* A task whose turn has not come is looked up less and less often, up to
+ * this: a direct get returns the whole predecessor message, inputs and all. */
+#define LOOKUP_BACKOFF_MAX_MS 400
+/* Places beyond max_waiting, for tasks on their last delivery only: a nak
+ * of those would leave them in the stream for good, and their session
+ * blocked behind them. */
+#define LAST_ATTEMPT_EXTRA 64
 
 enum place_state { PLACE_FREE, PLACE_HELD, PLACE_READY };
 
@@ -25,6 +32,8 @@ struct place {
     int64_t last_progress_ms; /* 0: in-progress ack on the next round */
     uint64_t order;           /* when it became ready: the oldest is taken first */
     size_t session;           /* the round's index of its session (the thread's) */
+    int64_t due_ms;           /* its next lookup (monotonic); 0: at once */
+    int interval_ms;          /* the pause before the one after */
 };
 
 /* One lookup of a round. */
@@ -43,6 +52,7 @@ struct ci_waitroom {
     bool started, stop, draining;
     bool closed; /* ci_waitroom_close: holds nothing more, even a last attempt */
     size_t cap, count;
+    size_t places_n; /* cap + LAST_ATTEMPT_EXTRA */
     uint64_t next_order;
     struct place *places;
     struct lookup *lookups; /* the thread's, cap of them */
@@ -77,7 +87,7 @@ static void release(struct ci_waitroom *r, struct place *p)
 /* Under the lock: an in-progress ack for each delivery due one. */
 static void keep_alive(struct ci_waitroom *r, int64_t now)
 {
-    for (size_t i = 0; i < r->cap; i++) {
+    for (size_t i = 0; i < r->places_n; i++) {
         struct place *p = &r->places[i];
         if (p->state == PLACE_FREE || now - p->last_progress_ms < r->o.progress_every_ms)
             continue;
@@ -86,13 +96,15 @@ static void keep_alive(struct ci_waitroom *r, int64_t now)
     }
 }
 
-/* Under the lock: the sessions of the held tasks, each once. */
-static size_t collect_sessions(struct ci_waitroom *r)
+/* Under the lock: the sessions of the held tasks due a lookup, each once;
+ * looked[i] says which places take part. */
+static size_t collect_sessions(struct ci_waitroom *r, int64_t now, bool *looked)
 {
     size_t n = 0;
-    for (size_t i = 0; i < r->cap; i++) {
+    for (size_t i = 0; i < r->places_n; i++) {
         struct place *p = &r->places[i];
-        if (p->state != PLACE_HELD)
+        looked[i] = p->state == PLACE_HELD && p->due_ms <= now;
+        if (!looked[i])
             continue;
         size_t k = 0;
         while (k < n && strcmp(r->lookups[k].session_id, p->w.session_id) != 0)
@@ -107,10 +119,16 @@ static size_t collect_sessions(struct ci_waitroom *r)
     return n;
 }
 
-/* Without the lock: one lookup per session. */
+/* Without the lock: one lookup per session. The in-progress acks go on
+ * between them, however slow the server is. */
 static void look_up(struct ci_waitroom *r, size_t n)
 {
     for (size_t k = 0; k < n; k++) {
+        if (k) {
+            pthread_mutex_lock(&r->lock);
+            keep_alive(r, ci_mono_ms());
+            pthread_mutex_unlock(&r->lock);
+        }
         struct lookup *l = &r->lookups[k];
         struct ci_error e = {{0}};
         l->seq = 0;
@@ -133,26 +151,31 @@ static void look_up(struct ci_waitroom *r, size_t n)
  * redelivery); ci_task_process sorts that out. */
 static void settle(struct ci_waitroom *r, size_t n, const bool *looked)
 {
-    for (size_t i = 0; i < r->cap; i++) {
+    int64_t now = ci_mono_ms();
+    for (size_t i = 0; i < r->places_n; i++) {
         struct place *p = &r->places[i];
         if (p->state != PLACE_HELD || !looked[i] || p->session >= n)
             continue;
         const struct lookup *l = &r->lookups[p->session];
-        if (l->status == CI_ERR_NOT_FOUND || (l->status == CI_OK && l->seq >= p->w.seq))
+        if (l->status == CI_ERR_NOT_FOUND || (l->status == CI_OK && l->seq >= p->w.seq)) {
             make_ready(r, p);
+            continue;
+        }
+        p->due_ms = now + p->interval_ms;
+        p->interval_ms = p->interval_ms * 2 > LOOKUP_BACKOFF_MAX_MS ? LOOKUP_BACKOFF_MAX_MS
+                                                                    : p->interval_ms * 2;
     }
 }
 
 static void *room_main(void *arg)
 {
     struct ci_waitroom *r = arg;
-    bool *looked = calloc(r->cap, sizeof(*looked));
+    bool *looked = calloc(r->places_n, sizeof(*looked));
     pthread_mutex_lock(&r->lock);
     while (!r->stop) {
-        keep_alive(r, ci_mono_ms());
-        size_t n = looked ? collect_sessions(r) : 0;
-        for (size_t i = 0; looked && i < r->cap; i++)
-            looked[i] = r->places[i].state == PLACE_HELD;
+        int64_t now = ci_mono_ms();
+        keep_alive(r, now);
+        size_t n = looked ? collect_sessions(r, now, looked) : 0;
         if (n) {
             pthread_mutex_unlock(&r->lock);
             look_up(r, n);
@@ -182,9 +205,9 @@ ci_status ci_waitroom_new(const struct ci_waitroom_opts *o, struct ci_waitroom *
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     r->o = *o;
     r->cap = o->max_waiting;
-    size_t n = r->cap ? r->cap : 1;
-    r->places = calloc(n, sizeof(*r->places));
-    r->lookups = calloc(n, sizeof(*r->lookups));
+    r->places_n = r->cap + LAST_ATTEMPT_EXTRA;
+    r->places = calloc(r->places_n, sizeof(*r->places));
+    r->lookups = calloc(r->places_n, sizeof(*r->lookups));
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -219,7 +242,7 @@ void ci_waitroom_close(struct ci_waitroom *r)
     if (join)
         pthread_join(r->thread, NULL);
     pthread_mutex_lock(&r->lock);
-    for (size_t i = 0; r->places && i < r->cap; i++) {
+    for (size_t i = 0; r->places && i < r->places_n; i++) {
         struct place *p = &r->places[i];
         if (p->state == PLACE_FREE)
             continue;
@@ -250,9 +273,10 @@ enum ci_waitroom_held ci_waitroom_hold(struct ci_waitroom *r, struct ci_delivery
     const struct ci_waitroom_ops *ops = r->o.ops;
     pthread_mutex_lock(&r->lock);
     enum ci_waitroom_held res = CI_WAITROOM_HELD;
-    if (r->closed || (r->draining && !ops->last_attempt(r->o.ctx, d)))
+    bool last = ops->last_attempt(r->o.ctx, d);
+    if (r->closed || (r->draining && !last))
         res = CI_WAITROOM_RETURNED;
-    else if (r->count >= r->cap)
+    else if (r->count >= (last ? r->places_n : r->cap))
         res = CI_WAITROOM_FULL;
     if (res != CI_WAITROOM_HELD) {
         ops->nak(r->o.ctx, d, res == CI_WAITROOM_FULL ? CI_WAITROOM_FULL_DELAY_MS : 0);
@@ -267,7 +291,9 @@ enum ci_waitroom_held ci_waitroom_hold(struct ci_waitroom *r, struct ci_delivery
     p->d = d;
     p->w = *w;
     p->last_progress_ms = 0;
-    p->session = r->cap; /* not looked up yet */
+    p->session = r->places_n; /* not looked up yet */
+    p->due_ms = 0;
+    p->interval_ms = r->o.poll_ms > 0 ? r->o.poll_ms : 1;
     r->count++;
     pthread_cond_broadcast(&r->wake); /* look it up now: its predecessor may be gone */
     pthread_mutex_unlock(&r->lock);
@@ -282,7 +308,7 @@ bool ci_waitroom_take(struct ci_waitroom *r, int timeout_ms, struct ci_delivery 
     pthread_mutex_lock(&r->lock);
     struct place *best = NULL;
     for (;;) {
-        for (size_t i = 0; i < r->cap; i++) {
+        for (size_t i = 0; i < r->places_n; i++) {
             struct place *p = &r->places[i];
             if (p->state == PLACE_READY && (!best || p->order < best->order))
                 best = p;
@@ -306,11 +332,12 @@ bool ci_waitroom_cancel(struct ci_waitroom *r, const char *task_id)
 {
     bool found = false;
     pthread_mutex_lock(&r->lock);
-    for (size_t i = 0; i < r->cap; i++) {
+    for (size_t i = 0; i < r->places_n; i++) {
         struct place *p = &r->places[i];
         if (p->state == PLACE_FREE || strcmp(p->w.task_id, task_id) != 0)
             continue;
         found = true;
+        p->w.cancelled = true; /* it ends CANCELLED, whatever the cancel stream says yet */
         if (p->state == PLACE_HELD)
             make_ready(r, p);
     }
@@ -323,7 +350,7 @@ size_t ci_waitroom_drain(struct ci_waitroom *r)
     size_t n = 0;
     pthread_mutex_lock(&r->lock);
     r->draining = true;
-    for (size_t i = 0; i < r->cap; i++) {
+    for (size_t i = 0; i < r->places_n; i++) {
         struct place *p = &r->places[i];
         if (p->state == PLACE_FREE || r->o.ops->last_attempt(r->o.ctx, p->d))
             continue;

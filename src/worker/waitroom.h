@@ -39,15 +39,18 @@ struct ci_waitroom_ops {
 struct ci_waitroom_opts {
     const struct ci_waitroom_ops *ops;
     void *ctx;
-    size_t max_waiting;        /* tasks held or ready at once (sessions.max_waiting) */
-    int poll_ms;               /* how often the sessions are looked up (e.g. 25) */
+    size_t max_waiting;        /* tasks held or ready at once (sessions.max_waiting); tasks
+                                  on their last delivery may take 64 places more */
+    int poll_ms;               /* the first lookup's pause (e.g. 25); it grows to 400 ms
+                                  while a task's turn does not come */
     int64_t progress_every_ms; /* in-progress ack of each held delivery this often */
 };
 
 /* What ci_waitroom_hold did with the delivery (always the room's now). */
 enum ci_waitroom_held {
     CI_WAITROOM_HELD,     /* waits for its turn */
-    CI_WAITROOM_FULL,     /* max_waiting reached: nak'ed with FULL_DELAY_MS */
+    CI_WAITROOM_FULL,     /* max_waiting reached (and for a last delivery, the 64 places
+                             more): nak'ed with FULL_DELAY_MS */
     CI_WAITROOM_RETURNED, /* draining: nak'ed at once for another worker */
 };
 #define CI_WAITROOM_FULL_DELAY_MS 1000

@@ -42,8 +42,8 @@ static void test_record_refuses_garbage(void)
         "", "[]", "not json", "{\"step\":\"x\"}", "{\"step\":\"-1\"}",
         "{\"step\":\"2\",\"stateStep\":\"3\"}", /* a state from the future */
         "{\"closed\":\"yes\"}", "{\"step\":\"99999999999\"}",
-        "{\"lastTaskId\":\"" /* longer than a task id */
-        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}",
+        /* longer than a task id */
+        "{\"lastTaskId\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         CHECK(ci_session_record_parse((const uint8_t *)bad[i], strlen(bad[i]), &r, &err) ==
