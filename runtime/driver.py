@@ -12,7 +12,10 @@
 # "memory"), error, hint, peak_kb, and for a session step (below)
 # session_restored ("1"), session_restore_error, session_dropped ("name
 # (reason)" lines), session_state_error and session_files ("<sha256> <path>"
-# lines: the files restored from the state). The code can write there too:
+# lines: the files restored from the state), session_keep_previous ("1":
+# the state could not be loaded for want of memory or room, so what this
+# step leaves must not replace it). The restore's keys are reported once
+# before the code runs, and again at the end. The code can write there too:
 # that only changes the result of its own step.
 #
 # Sessions (docs/contract.md section 16): when the worker put `.ci-session`
@@ -230,6 +233,11 @@ def _read_regular(path):
         os.close(fd)
 
 
+# The restore's keys, reported before the code runs.
+_SESSION_EARLY_KEYS = ("session_restored", "session_restore_error", "session_files",
+                       "session_keep_previous")
+
+
 class _NotPlain(Exception):
     pass
 
@@ -341,6 +349,10 @@ class _Session:
             if not isinstance(values, dict):
                 raise ValueError("it holds no variables")
         except Exception as e:
+            if isinstance(e, MemoryError):
+                # Not the state's fault: the step's memory limit. What this
+                # step leaves must not replace it.
+                self.fields["session_keep_previous"] = "1"
             self.fields["session_restore_error"] = (
                 "the variables could not be restored (%s); this step ran without them"
                 % _describe(e))
@@ -359,6 +371,7 @@ class _Session:
         """Writes each file unless one of that path exists (an input of this
         step wins); reports what it wrote with its sha256, for the artifact
         walk to tell an unchanged restored file from a new one."""
+        import errno
         import hashlib
         lines, size, failed = [], 0, []
         for item in files[:_STATE_MAX_FILES]:
@@ -383,6 +396,8 @@ class _Session:
                     os.close(fd)
             except OSError as e:
                 failed.append("%s (%s)" % (rel, os.strerror(e.errno) if e.errno else e))
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                    self.fields["session_keep_previous"] = "1"
                 continue
             line = "%s %s" % (hashlib.sha256(blob).hexdigest(), rel)
             if len(lines) < _REPORT_FILES and size + len(line) + 1 <= _REPORT_FILES_BYTES:
@@ -561,14 +576,18 @@ class _Driver:
         sys.stdout.reconfigure(line_buffering=True)
         return code
 
-    def send_report(self):
-        peak = _peak_kb()
-        if peak is not None:
-            self.fields["peak_kb"] = peak
-        if self.report is None or not self.fields:
+    def send_report(self, only=None):
+        """Writes the fields (with only: just those keys) to the report; a
+        later report's value of a key replaces an earlier one's."""
+        if only is None:
+            peak = _peak_kb()
+            if peak is not None:
+                self.fields["peak_kb"] = peak
+        fields = {k: v for k, v in self.fields.items() if only is None or k in only}
+        if self.report is None or not fields:
             return
         parts = []
-        for key, value in self.fields.items():
+        for key, value in fields.items():
             parts.append(key.encode())
             parts.append(str(value).replace("\0", "").encode("utf-8", "replace"))
         data = b"\0".join(parts) + b"\0"
@@ -619,6 +638,10 @@ class _Driver:
         sys.path.insert(0, os.getcwd())
         if self.session is not None:
             self.session.restore(main)
+            # Said now, not only at the end: a step killed for time or
+            # memory leaves no final report, and its restored files must
+            # not come back as its artifacts.
+            self.send_report(only=_SESSION_EARLY_KEYS)
         try:
             text = source.decode("utf-8")
         except UnicodeDecodeError as e:

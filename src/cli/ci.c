@@ -896,28 +896,44 @@ static int session_show(struct ci_broker *b, const struct ci_config *cfg, const 
 
 static int session_close(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
 {
-    struct ci_session_record rec;
-    CI_AUTOFREE uint8_t *raw = NULL;
-    size_t len = 0;
-    int rc = session_read(b, o->session_id, &rec, &raw, &len);
-    if (rc)
-        return rc;
     struct ci_error e = {{0}};
-    struct ci_session_record closed = {.closed = true, .updated_ms = ci_now_ms()};
-    CI_AUTOFREE char *json = NULL;
-    size_t jlen = 0;
-    if (ci_session_record_encode(o->session_id, &closed, &json, &jlen, &e) ||
-        ci_broker_session_put(b, o->session_id, json, jlen, &e)) {
-        say(stderr, "ci: %s\n", e.msg);
-        return EXIT_INFRA;
+    struct ci_session_record rec, closed = {.closed = true};
+    /* Compare-and-set: a step that ends meanwhile writes a newer record,
+     * whose state is the one to delete. */
+    for (int tries = 0;; tries++) {
+        CI_AUTOFREE uint8_t *raw = NULL;
+        size_t len = 0;
+        uint64_t rev = 0;
+        ci_status s = ci_broker_session_get(b, o->session_id, &raw, &len, &rev, &e);
+        if (s == CI_ERR_NOT_FOUND) {
+            say(stderr, "ci: no session '%s' (never used, or its record expired)\n", o->session_id);
+            return 1;
+        }
+        if (s) {
+            say(stderr, "ci: %s\n", e.msg);
+            return EXIT_INFRA;
+        }
+        if (ci_session_record_parse(raw, len, &rec, NULL))
+            memset(&rec, 0, sizeof(rec)); /* not a record: close it all the same */
+        closed.updated_ms = ci_now_ms();
+        CI_AUTOFREE char *json = NULL;
+        size_t jlen = 0;
+        if (ci_session_record_encode(o->session_id, &closed, &json, &jlen, &e)) {
+            say(stderr, "ci: %s\n", e.msg);
+            return EXIT_INFRA;
+        }
+        s = ci_broker_session_swap(b, o->session_id, json, jlen, rev, NULL, &e);
+        if (s == CI_OK)
+            break;
+        if (s != CI_ERR_CONFLICT || tries == 4) {
+            say(stderr, "ci: %s\n", e.msg);
+            return EXIT_INFRA;
+        }
     }
-    if (!rec.closed && rec.state_step) {
-        char object[CI_SESSION_OBJECT_MAX];
-        ci_session_object_name(o->session_id, rec.state_step, object);
-        if (ci_objstore_delete(ci_broker_objstore(b), object, &e) && e.msg[0])
-            say(stderr, "ci: the session is closed, but its state %s could not be deleted "
-                "(it expires within %u s): %s\n", object, cfg->jetstream.max_age_s, e.msg);
-    }
+    if (!rec.closed && rec.state_step && ci_session_object_valid(o->session_id, rec.state) &&
+        ci_objstore_delete(ci_broker_objstore(b), rec.state, &e) && e.msg[0])
+        say(stderr, "ci: the session is closed, but its state %s could not be deleted "
+            "(it expires within %u s): %s\n", rec.state, cfg->jetstream.max_age_s, e.msg);
     if (!o->json)
         say(stdout, "session %s closed\n", o->session_id);
     return 0;

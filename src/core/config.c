@@ -228,6 +228,7 @@ static const struct ci_config_rule {
     {RULE_LE, "limits.default_memory_mb", "limits.max_memory_mb"},
     {RULE_LE, "jetstream.duplicate_window_s", "jetstream.max_age_s"},
     {RULE_LE, "sessions.idle_s", "jetstream.max_age_s"},
+    {RULE_LE, "sessions.max_state_mb", "local.workspace_mb"},
     {RULE_LE, "cloudrun.backoff_initial_ms", "cloudrun.backoff_max_ms"},
     {RULE_DIFFERENT, "jetstream.tasks_stream", "jetstream.status_stream"},
     {RULE_DIFFERENT, "jetstream.tasks_stream", "jetstream.cancel_stream"},
@@ -1317,10 +1318,15 @@ ci_status ci_config_parse(const char *name, const uint8_t *data, size_t len,
     }
     /* A session may idle at most as long as its data lives: the default
      * gives way to a shorter max_age_s; a chosen idle_s must fit (a rule). */
-    size_t idle = 0;
+    size_t idle = 0, state = 0;
     if (!s && find_key("sessions.idle_s", &idle) && !p.key_line[idle] &&
         p.cfg->sessions.idle_s > p.cfg->jetstream.max_age_s)
         p.cfg->sessions.idle_s = p.cfg->jetstream.max_age_s;
+    /* Likewise a state travels through the workspace: half of it at most. */
+    if (!s && find_key("sessions.max_state_mb", &state) && !p.key_line[state] &&
+        p.cfg->sessions.max_state_mb > p.cfg->local.workspace_mb / 2)
+        p.cfg->sessions.max_state_mb =
+            p.cfg->local.workspace_mb / 2 ? p.cfg->local.workspace_mb / 2 : 1;
     if (!s)
         s = check_rules(&p);
     if (!s)

@@ -83,6 +83,8 @@ enum ci_outcome_kind {
  * texts are capped and sanitized, the archive is opaque. */
 struct ci_session_outcome {
     bool restored;       /* the state given was restored before the code ran */
+    bool keep_previous;  /* it could not be loaded for want of memory or room: what the
+                            step leaves must not replace it */
     char *restore_error; /* why it could not be, or NULL */
     char *dropped;       /* names not kept, one per line: "fh (open file)"; NULL: none */
     uint8_t *state;      /* the archive the step left; NULL when none (state_error says why) */

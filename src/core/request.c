@@ -8,6 +8,7 @@
  * string (the codec refuses one, since a char * would silently cut it), so the
  * checks here may use strlen(). */
 #include "core/request.h"
+#include "core/session.h"
 
 #include "core/text.h"
 
@@ -167,6 +168,13 @@ static ci_status check_files(const struct ci_config *cfg, const Ci__V1__Executio
                                     "input '%s' names an object of %zu bytes; object names are "
                                     "at most %d bytes",
                                     q, n, MAX_OBJECT_NAME);
+            /* A session's state is its own (docs/contract.md §16). */
+            if (strncmp(f->object, CI_SESSION_OBJECT_PREFIX,
+                        strlen(CI_SESSION_OBJECT_PREFIX)) == 0)
+                return ci_error_set(err, CI_ERR_INVALID,
+                                    "input '%s' names an object under '%s', where sessions keep "
+                                    "their state: no task may read it",
+                                    q, CI_SESSION_OBJECT_PREFIX);
             break;
         }
         default:

@@ -115,16 +115,33 @@ ci_status ci_session_record_encode(const char *session_id, const struct ci_sessi
     return CI_OK;
 }
 
-void ci_session_object_name(const char *session_id, uint32_t step, char out[CI_SESSION_OBJECT_MAX])
+void ci_session_object_name(const char *session_id, uint32_t step, uint32_t attempt,
+                            char out[CI_SESSION_OBJECT_MAX])
 {
-    snprintf(out, CI_SESSION_OBJECT_MAX, "sessions/%s/%" PRIu32, session_id, step);
+    snprintf(out, CI_SESSION_OBJECT_MAX, CI_SESSION_OBJECT_PREFIX "%s/%" PRIu32 "-%" PRIu32,
+             session_id, step, attempt);
 }
 
-/* The state objects are named from the session id and the step, never
- * taken from the record's "state" (which is for people): a record a client
- * wrote cannot point a step at another session's state. */
-void ci_session_plan(const char *session_id, const struct ci_session_record *rec, uint64_t seq,
-                     int64_t now_ms, uint32_t idle_s, struct ci_session_plan *ret)
+bool ci_session_object_valid(const char *session_id, const char *name)
+{
+    size_t pre = strlen(CI_SESSION_OBJECT_PREFIX), id = strlen(session_id);
+    if (strncmp(name, CI_SESSION_OBJECT_PREFIX, pre) != 0 ||
+        strncmp(name + pre, session_id, id) != 0 || name[pre + id] != '/')
+        return false;
+    const char *p = name + pre + id + 1;
+    size_t digits = strspn(p, "0123456789");
+    if (!digits || digits > 10 || p[digits] != '-')
+        return false;
+    p += digits + 1;
+    digits = strspn(p, "0123456789");
+    return digits && digits <= 10 && !p[digits];
+}
+
+/* A record may be a client's (a close writes one): its state is restored
+ * only when it names an object of this session's own. */
+void ci_session_plan(const char *session_id, const char *task_id,
+                     const struct ci_session_record *rec, int64_t now_ms, uint32_t idle_s,
+                     struct ci_session_plan *ret)
 {
     memset(ret, 0, sizeof(*ret));
     ret->created_ms = now_ms;
@@ -138,7 +155,9 @@ void ci_session_plan(const char *session_id, const struct ci_session_record *rec
         ret->step = 1;
         return;
     }
-    if (seq && rec->last_seq >= seq) {
+    /* Redelivered after its worker stored the record: task ids are unique,
+     * stream sequences start again when the stream is made again. */
+    if (task_id && strcmp(rec->last_task_id, task_id) == 0) {
         ret->applied = true;
         ret->step = rec->step;
         ret->restore_step = rec->state_step;
@@ -148,14 +167,16 @@ void ci_session_plan(const char *session_id, const struct ci_session_record *rec
     if (rec->updated_ms + (int64_t)idle_s * 1000 < now_ms) {
         ret->new_session = ret->previous_gone = true;
         ret->step = 1;
-        if (rec->state_step)
-            ci_session_object_name(session_id, rec->state_step, ret->stale_object);
+        if (ci_session_object_valid(session_id, rec->state))
+            snprintf(ret->stale_object, sizeof(ret->stale_object), "%s", rec->state);
         return;
     }
     ret->step = rec->step + 1;
     ret->created_ms = rec->created_ms;
-    if (rec->state_step) {
+    if (rec->state_step && ci_session_object_valid(session_id, rec->state)) {
         ret->restore_step = rec->state_step;
-        ci_session_object_name(session_id, rec->state_step, ret->restore_object);
+        snprintf(ret->restore_object, sizeof(ret->restore_object), "%s", rec->state);
+    } else if (rec->state_step) {
+        ret->previous_gone = true; /* a state this session cannot have */
     }
 }

@@ -212,6 +212,8 @@ ci_status session_collect(struct ci_sandbox_run *run, struct ci_sandbox_result *
     ci_status s = CI_OK;
     const char *v = ci_report_get(rep, len, "session_restored", &vlen);
     so->restored = v && strcmp(v, "1") == 0;
+    v = ci_report_get(rep, len, "session_keep_previous", &vlen);
+    so->keep_previous = v && strcmp(v, "1") == 0;
     v = ci_report_get(rep, len, "session_restore_error", &vlen);
     so->restore_error = session_text(v, vlen, SESSION_TEXT_MAX, false, &s);
     v = ci_report_get(rep, len, "session_dropped", &vlen);

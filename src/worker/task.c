@@ -964,7 +964,7 @@ static bool session_begin(struct task *t, struct result *r, enum ci_task_end *re
         garbled = !t->sess_have_rec;
     }
     free(buf);
-    ci_session_plan(sid, t->sess_have_rec ? &t->rec : NULL, t->seq, ci_now_ms(),
+    ci_session_plan(sid, t->id, t->sess_have_rec ? &t->rec : NULL, ci_now_ms(),
                     env->cfg->sessions.idle_s, &t->plan);
     if (garbled) /* not a record a worker wrote: whatever it was is gone */
         t->plan.previous_gone = true;
@@ -992,7 +992,9 @@ static bool session_begin(struct task *t, struct result *r, enum ci_task_end *re
     uint64_t cap = (uint64_t)env->cfg->sessions.max_state_mb * 1024 * 1024;
     s = ci_objstore_get(ci_broker_objstore(env->broker), t->plan.restore_object, (size_t)cap,
                         &t->state, &t->state_len, &e);
-    if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT) {
+    if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT || s == CI_ERR_INTEGRITY) {
+        /* Not the state's fault (a replica may lag): running without it
+         * would replace it with less. */
         *ret_end = give_up_or_retry(t, r, "read the session's state", &e);
         return false;
     }
@@ -1075,10 +1077,8 @@ static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
     struct ci_error e = {{0}};
     uint32_t step = t->plan.step;
     /* What the session has now, should this step's state not be kept. */
-    uint32_t prev_step = t->plan.previous_gone || t->plan.new_session ? 0 : t->rec.state_step;
+    uint32_t prev_step = t->plan.restore_step;
     uint64_t prev_bytes = prev_step ? t->rec.state_bytes : 0;
-    if (t->state_note[0])
-        prev_step = 0, prev_bytes = 0;
 
     r->session.restored_from_step = o->session.restored ? t->plan.restore_step : 0;
     session_dropped(r, o->session.dropped);
@@ -1093,11 +1093,15 @@ static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
     char why[600] = "";
     if (o->kind != CI_OUTCOME_EXITED)
         snprintf(why, sizeof(why), "%s", not_run_reason(o->kind));
+    else if (o->session.keep_previous && prev_step)
+        /* The state was there but this step could not load it (memory, a
+         * full workspace): what it leaves would replace it with less. */
+        keep = false, snprintf(why, sizeof(why), "it could not load the session's state");
     else if (!o->session.state)
         snprintf(why, sizeof(why), "%.590s",
                  o->session.state_error ? o->session.state_error : "the step left no state");
     char object[CI_SESSION_OBJECT_MAX];
-    ci_session_object_name(sid, step, object);
+    ci_session_object_name(sid, step, ci_delivery_attempt(t->d), object);
     if (keep) {
         ci_status s = ci_objstore_put(os, object, o->session.state, o->session.state_len, &e);
         if (s) {
@@ -1116,40 +1120,45 @@ static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
         .updated_ms = ci_now_ms(),
     };
     snprintf(rec.last_task_id, sizeof(rec.last_task_id), "%s", t->id);
-    if (rec.state_step)
-        ci_session_object_name(sid, rec.state_step, rec.state);
+    snprintf(rec.state, sizeof(rec.state), "%s", keep ? object : prev_step ? t->plan.restore_object : "");
     ci_status s = session_swap(t, &rec, &e);
     if (s == CI_ERR_CONFLICT) {
-        /* Closed meanwhile, or another attempt of this step wrote first
-         * (its state object has this one's name: leave it). */
+        /* Written meanwhile: by this attempt (a write whose ack was lost),
+         * by a close, or by another attempt of this step. */
         uint8_t *buf = NULL;
         size_t len = 0;
         struct ci_session_record now;
-        bool closed = ci_broker_session_get(env->broker, sid, &buf, &len, NULL, NULL) == CI_OK &&
-                      ci_session_record_parse(buf, len, &now, NULL) == CI_OK && now.closed;
+        bool have = ci_broker_session_get(env->broker, sid, &buf, &len, NULL, NULL) == CI_OK &&
+                    ci_session_record_parse(buf, len, &now, NULL) == CI_OK;
         free(buf);
-        if (closed && keep)
-            ci_objstore_delete(os, object, NULL);
-        keep = false;
-        rec.state_step = 0;
-        rec.state_bytes = 0;
-        snprintf(why, sizeof(why), "%s",
-                 closed ? "the session was closed while the step ran"
-                        : "another attempt of this step wrote the session's record first");
+        if (have && !now.closed && strcmp(now.last_task_id, t->id) == 0 &&
+            strcmp(now.state, rec.state) == 0) {
+            s = CI_OK; /* ours */
+        } else {
+            if (keep) /* this attempt's own object: nobody else names it */
+                ci_objstore_delete(os, object, NULL);
+            keep = false;
+            rec.state_step = have && !now.closed ? now.state_step : 0;
+            rec.state_bytes = have && !now.closed ? now.state_bytes : 0;
+            snprintf(why, sizeof(why), "%s",
+                     have && now.closed ? "the session was closed while the step ran"
+                                        : "another attempt of this step or a client wrote the "
+                                          "session's record meanwhile");
+        }
     } else if (s) {
+        if (keep)
+            ci_objstore_delete(os, object, NULL);
         keep = false;
         rec.state_step = prev_step;
         rec.state_bytes = prev_bytes;
         snprintf(why, sizeof(why), "the session's record could not be written: %.500s", e.msg);
         ci_log(CI_LOG_ERROR, "session.record_failed", "task_id", t->id, "session_id", sid,
                "error", e.msg, NULL);
-    } else if (keep && prev_step && prev_step != step) {
-        char old[CI_SESSION_OBJECT_MAX];
-        ci_session_object_name(sid, prev_step, old);
-        if (ci_objstore_delete(os, old, &e))
-            ci_log(CI_LOG_DEBUG, "session.old_state_delete_failed", "object", old, "error",
-                   e.msg, NULL);
     }
+    if (s == CI_OK && keep && prev_step && strcmp(t->plan.restore_object, object) != 0 &&
+        ci_objstore_delete(os, t->plan.restore_object, &e))
+        ci_log(CI_LOG_DEBUG, "session.old_state_delete_failed", "object",
+               t->plan.restore_object, "error", e.msg, NULL);
     r->session.state_kept = keep;
     r->session.state_bytes = rec.state_bytes;
     if (!keep) {

@@ -71,12 +71,12 @@ describe("sessions", () => {
     assert.equal(rec.sessionId, s);
     assert.equal(rec.step, "2");
     assert.equal(rec.stateStep, "2");
-    assert.equal(rec.state, `sessions/${s}/2`);
+    assert.equal(rec.state, `.sessions/${s}/2-1`);
     assert.equal(rec.lastTaskId, r2.taskId);
     assert.equal(rec.stateBytes, String(r2.session.stateBytes));
     // The previous step's state object is deleted once the new one is recorded.
-    assert.equal(await c.objectInfo(`sessions/${s}/1`).then((i) => (i && !i.deleted ? i : null)), null);
-    assert.ok(await c.objectInfo(`sessions/${s}/2`));
+    assert.equal(await c.objectInfo(`.sessions/${s}/1-1`).then((i) => (i && !i.deleted ? i : null)), null);
+    assert.ok(await c.objectInfo(`.sessions/${s}/2-1`));
   });
 
   test("files carry over; a restored file is no artifact again unless the step changes it", async () => {
@@ -191,7 +191,7 @@ describe("sessions", () => {
     const closed = await run(CLI_BIN, ["session", "close", s], { env });
     assert.match(closed.stdout, /closed/);
     assert.equal(JSON.parse(new TextDecoder().decode((await kv.get(s)).value)).closed, true);
-    assert.equal(await c.objectInfo(`sessions/${s}/1`).then((i) => (i && !i.deleted ? i : null)), null, "close deletes the state");
+    assert.equal(await c.objectInfo(`.sessions/${s}/1-1`).then((i) => (i && !i.deleted ? i : null)), null, "close deletes the state");
     const two = await run(CLI_BIN, ["run", "--session", s, "--no-save", join(dir, "step2.py")], { env });
     assert.equal(two.stdout, "False\n");
     assert.match(two.stderr, /new session \(the earlier state is gone/);
@@ -212,17 +212,17 @@ describe("sessions", () => {
     assert.match(noSession.error, /a session's subject, without session_id/);
   });
 
-  test("a step whose sequence the record has seen already does not run again", async () => {
+  test("a step the record names as its last already does not run again", async () => {
     const c = stack.client;
     const s = newSession();
     const r1 = succeeded(await step(c, s, "n = 1\n"));
     // As a worker leaves the record when it dies between the record and the
-    // result: lastSeq is the next message's sequence.
-    const si = await c.jsm.streams.info("CI_TASKS");
+    // result: the record's last task is the step that comes again.
+    const again = newTaskId("again");
     const rec = JSON.parse(new TextDecoder().decode((await kv.get(s)).value));
-    rec.lastSeq = String(si.state.last_seq + 1);
+    rec.lastTaskId = again;
     await kv.put(s, JSON.stringify(rec));
-    const r2 = (await step(c, s, "n += 1\nprint(n)\n")).result;
+    const r2 = (await step(c, s, "n += 1\nprint(n)\n", { taskId: again })).result;
     assert.equal(r2.status, "TASK_STATUS_FAILED", show(r2));
     assert.equal(r2.stdout, "", "the code did not run");
     assert.match(r2.error, /ran already as step 1/);

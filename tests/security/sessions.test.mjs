@@ -55,11 +55,19 @@ describe("sessions", { concurrency: 1 }, () => {
     // attacker's record at the victim's state object.
     const kv = await b.client.sessionsBucket();
     const rec = JSON.parse(new TextDecoder().decode((await kv.get(attacker)).value));
-    rec.state = `sessions/${victim}/1`;
+    rec.state = `.sessions/${victim}/1-1`;
     await kv.put(attacker, JSON.stringify(rec));
-    const a2 = await b.run(`import os\nprint("token" in globals(), os.path.exists("secret.txt"), x)\nreport()\n`, { sessionId: attacker });
+    const a2 = await b.run(`import os\nprint("token" in globals(), os.path.exists("secret.txt"))\nreport()\n`, { sessionId: attacker });
     assert.doesNotMatch(a2.result.stdout, new RegExp(secret));
-    assert.match(a2.result.stdout, /False False 1/, `the attacker's step saw the victim's state: ${show(a2.result)}`);
+    assert.match(a2.result.stdout, /False False/, `the attacker's step saw the victim's state: ${show(a2.result)}`);
+    // A record naming a state the session cannot have: its state is gone, and the step says so.
+    assert.equal(a2.result.session.previousStateGone, true, show(a2.result));
+    assert.equal(a2.result.session.restoredFromStep, 0, show(a2.result));
+    // Nor as an input object, nor by artifacts named like its state: task
+    // ids cannot start with '.', and no input may name '.sessions/'.
+    const asInput = await b.run("print('must not run')\n", { ran: false, files: [{ name: "s.bin", object: `.sessions/${victim}/1-1` }] });
+    assert.equal(asInput.result.status, "TASK_STATUS_FAILED", show(asInput.result));
+    assert.match(asInput.result.error, /under '\.sessions\/'/);
     // The victim's state is untouched.
     const v2 = await b.run(`print(token, open("secret.txt").read())\nreport()\n`, { sessionId: victim });
     assert.match(v2.result.stdout, new RegExp(`${secret} ${secret}`));

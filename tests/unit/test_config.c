@@ -530,6 +530,8 @@ static void test_cross_field_rules(void)
          "worker.yaml:2: key 'jetstream.max_age_s': 60 is below jetstream.duplicate_window_s (120)"},
         {"sessions:\n  idle_s: 7200\n",
          "worker.yaml:2: key 'sessions.idle_s': 7200 is above jetstream.max_age_s (3600)"},
+        {"sessions:\n  max_state_mb: 100\nlocal:\n  workspace_mb: 64\n",
+         "worker.yaml:4: key 'local.workspace_mb': 64 is below sessions.max_state_mb (100)"},
         {"jetstream:\n  duplicate_window_s: 7200\n",
          "worker.yaml:2: key 'jetstream.duplicate_window_s': 7200 is above jetstream.max_age_s "
          "(3600)"},

@@ -99,6 +99,17 @@ static void test_session_id(void)
                   "(65 bytes) is not a session id");
 }
 
+/* Sessions' states are no inputs: a task could read another session's. */
+static void test_session_state_no_input(void)
+{
+    setup();
+    CHECK_REFUSED(OK_JSON ",\"files\":[{\"name\":\"a.csv\",\"object\":\".sessions/victim/1-1\"}]}",
+                  "input 'a.csv' names an object under '.sessions/'");
+    uint32_t t, m;
+    CHECK(validate_json(OK_JSON ",\"files\":[{\"name\":\"a.csv\",\"object\":\"sessions/x\"}]}",
+                        &t, &m) == CI_OK);
+}
+
 static void test_input_name(void)
 {
     CHECK(ci_input_name_valid("sales.csv", 9));
@@ -378,6 +389,6 @@ static void test_labels(void)
     ci_message_free(&r->base);
 }
 
-TEST_MAIN(T(test_task_id), T(test_session_id), T(test_input_name), T(test_valid_and_defaults), T(test_language),
+TEST_MAIN(T(test_task_id), T(test_session_id), T(test_session_state_no_input), T(test_input_name), T(test_valid_and_defaults), T(test_language),
           T(test_code), T(test_runtime), T(test_limits), T(test_policy), T(test_files),
           T(test_file_count), T(test_input_total), T(test_labels))

@@ -10,14 +10,14 @@ static void test_record_round_trip(void)
                                   .state_bytes = 81234, .created_ms = 1796135410296,
                                   .updated_ms = 1796135420338};
     snprintf(r.last_task_id, sizeof(r.last_task_id), "t-3");
-    ci_session_object_name("s1", 2, r.state);
-    CHECK_STR(r.state, "sessions/s1/2");
+    ci_session_object_name("s1", 2, 1, r.state);
+    CHECK_STR(r.state, ".sessions/s1/2-1");
     char *json = NULL;
     size_t len = 0;
     struct ci_error err = {{0}};
     REQUIRE(ci_session_record_encode("s1", &r, &json, &len, &err) == CI_OK);
     CHECK_STR(json, "{\"sessionId\":\"s1\",\"step\":\"3\",\"stateStep\":\"2\",\"lastTaskId\":\"t-3\","
-                    "\"lastSeq\":\"1042\",\"state\":\"sessions/s1/2\",\"stateBytes\":\"81234\","
+                    "\"lastSeq\":\"1042\",\"state\":\".sessions/s1/2-1\",\"stateBytes\":\"81234\","
                     "\"createdAtMs\":\"1796135410296\",\"updatedAtMs\":\"1796135420338\"}");
     struct ci_session_record back;
     REQUIRE(ci_session_record_parse((const uint8_t *)json, len, &back, &err) == CI_OK);
@@ -50,36 +50,57 @@ static void test_record_refuses_garbage(void)
               CI_ERR_INVALID);
 }
 
+static void test_object_names(void)
+{
+    CHECK(ci_session_object_valid("s1", ".sessions/s1/2-1"));
+    CHECK(ci_session_object_valid("s1", ".sessions/s1/4294967295-5"));
+    CHECK(!ci_session_object_valid("s1", ".sessions/s2/2-1"));    /* another session's */
+    CHECK(!ci_session_object_valid("s1", ".sessions/s1x/2-1"));
+    CHECK(!ci_session_object_valid("s1", "sessions/s1/2-1"));     /* a task id's prefix */
+    CHECK(!ci_session_object_valid("s1", ".sessions/s1/2"));
+    CHECK(!ci_session_object_valid("s1", ".sessions/s1/2-1/x"));
+    CHECK(!ci_session_object_valid("s1", ".sessions/s1/../s2/2-1"));
+    CHECK(!ci_session_object_valid("s1", ".sessions/s1/-1"));
+    CHECK(!ci_session_object_valid("s1", ""));
+}
+
 static void test_plan(void)
 {
     struct ci_session_plan p;
-    ci_session_plan("s1", NULL, 10, 1000000, 1200, &p);
+    ci_session_plan("s1", "t-1", NULL, 1000000, 1200, &p);
     CHECK(p.new_session && !p.previous_gone && p.step == 1 && p.restore_step == 0);
 
     struct ci_session_record r = {.step = 3, .state_step = 2, .last_seq = 100,
                                   .updated_ms = 1000000};
-    /* Whatever the record says its state object is, the name comes from the id. */
-    snprintf(r.state, sizeof(r.state), "sessions/other/9");
-    ci_session_plan("s1", &r, 101, 1000000 + 1199 * 1000, 1200, &p);
+    snprintf(r.last_task_id, sizeof(r.last_task_id), "t-3");
+    snprintf(r.state, sizeof(r.state), ".sessions/s1/2-1");
+    ci_session_plan("s1", "t-4", &r, 1000000 + 1199 * 1000, 1200, &p);
     CHECK(!p.new_session && !p.previous_gone && !p.applied && p.step == 4);
     CHECK(p.restore_step == 2);
-    CHECK_STR(p.restore_object, "sessions/s1/2");
+    CHECK_STR(p.restore_object, ".sessions/s1/2-1");
 
-    ci_session_plan("s1", &r, 100, 1000000, 1200, &p); /* redelivered: ran already */
+    ci_session_plan("s1", "t-3", &r, 1000000, 1200, &p); /* redelivered: ran already */
     CHECK(p.applied && p.step == 3);
 
-    ci_session_plan("s1", &r, 101, 1000000 + 1201 * 1000, 1200, &p); /* idle too long */
+    ci_session_plan("s1", "t-4", &r, 1000000 + 1201 * 1000, 1200, &p); /* idle too long */
     CHECK(p.new_session && p.previous_gone && p.step == 1 && p.restore_step == 0);
-    CHECK_STR(p.stale_object, "sessions/s1/2");
+    CHECK_STR(p.stale_object, ".sessions/s1/2-1");
+
+    /* A record a client wrote cannot point a step at another session's state. */
+    snprintf(r.state, sizeof(r.state), ".sessions/other/9-1");
+    ci_session_plan("s1", "t-4", &r, 1000000, 1200, &p);
+    CHECK(p.restore_step == 0 && p.restore_object[0] == '\0' && p.previous_gone);
+    snprintf(r.state, sizeof(r.state), ".sessions/s1/2-1");
 
     r.closed = true;
-    ci_session_plan("s1", &r, 101, 1000000, 1200, &p);
+    ci_session_plan("s1", "t-4", &r, 1000000, 1200, &p);
     CHECK(p.new_session && p.previous_gone && p.step == 1 && p.stale_object[0] == '\0');
 
     struct ci_session_record none_kept = {.step = 1, .state_step = 0, .last_seq = 5,
                                           .updated_ms = 1000000};
-    ci_session_plan("s1", &none_kept, 6, 1000000, 1200, &p);
+    ci_session_plan("s1", "t-2", &none_kept, 1000000, 1200, &p);
     CHECK(p.step == 2 && p.restore_step == 0 && !p.new_session);
 }
 
-TEST_MAIN(T(test_record_round_trip), T(test_record_refuses_garbage), T(test_plan))
+TEST_MAIN(T(test_record_round_trip), T(test_record_refuses_garbage), T(test_object_names),
+          T(test_plan))
