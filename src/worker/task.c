@@ -943,7 +943,9 @@ static bool session_begin(struct task *t, struct result *r, enum ci_task_end *re
             *ret_end = give_up_or_retry(t, r, "look up the session's order", &e);
             return false;
         }
-        if (s == CI_OK && first < t->seq) {
+        /* Nothing found: its own message is not visible there yet (a
+         * lagging follower answered): the room looks again. */
+        if ((s == CI_OK && first < t->seq) || s == CI_ERR_NOT_FOUND) {
             snprintf(t->wait->task_id, sizeof(t->wait->task_id), "%s", t->id);
             snprintf(t->wait->session_id, sizeof(t->wait->session_id), "%s", sid);
             t->wait->seq = t->seq;

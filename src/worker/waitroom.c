@@ -22,6 +22,10 @@
  * of those would leave them in the stream for good, and their session
  * blocked behind them. */
 #define LAST_ATTEMPT_EXTRA 64
+/* The task's own message is in the stream while it waits: a lookup that
+ * finds nothing of its session is a follower that lags (replicas > 1), or
+ * its message gone for good. Only the second, lasting, lets it go. */
+#define NOT_FOUND_GRACE_MS 2000
 
 enum place_state { PLACE_FREE, PLACE_HELD, PLACE_READY };
 
@@ -34,6 +38,7 @@ struct place {
     size_t session;           /* the round's index of its session (the thread's) */
     int64_t due_ms;           /* its next lookup (monotonic); 0: at once */
     int interval_ms;          /* the pause before the one after */
+    int64_t gone_since_ms;    /* lookups have found nothing since; 0: they found */
 };
 
 /* One lookup of a round. */
@@ -157,7 +162,12 @@ static void settle(struct ci_waitroom *r, size_t n, const bool *looked)
         if (p->state != PLACE_HELD || !looked[i] || p->session >= n)
             continue;
         const struct lookup *l = &r->lookups[p->session];
-        if (l->status == CI_ERR_NOT_FOUND || (l->status == CI_OK && l->seq >= p->w.seq)) {
+        if (l->status == CI_ERR_NOT_FOUND && !p->gone_since_ms)
+            p->gone_since_ms = now;
+        else if (l->status != CI_ERR_NOT_FOUND)
+            p->gone_since_ms = 0;
+        if ((l->status == CI_ERR_NOT_FOUND && now - p->gone_since_ms >= NOT_FOUND_GRACE_MS) ||
+            (l->status == CI_OK && l->seq >= p->w.seq)) {
             make_ready(r, p);
             continue;
         }
@@ -294,6 +304,7 @@ enum ci_waitroom_held ci_waitroom_hold(struct ci_waitroom *r, struct ci_delivery
     p->session = r->places_n; /* not looked up yet */
     p->due_ms = 0;
     p->interval_ms = r->o.poll_ms > 0 ? r->o.poll_ms : 1;
+    p->gone_since_ms = 0;
     r->count++;
     pthread_cond_broadcast(&r->wake); /* look it up now: its predecessor may be gone */
     pthread_mutex_unlock(&r->lock);
