@@ -79,6 +79,48 @@ describe("sessions", () => {
     assert.ok(await c.objectInfo(`.sessions/${s}/2-1`));
   });
 
+  test("every kind the contract names carries over, and shared objects stay shared", async () => {
+    const c = stack.client;
+    const s = newSession();
+    succeeded(
+      await step(
+        c,
+        s,
+        [
+          "import datetime as dt, numpy, pandas",
+          "i, f, z, t, b = 7, 2.5, 3j, 'text', b'\\x00\\xff'",
+          "lst, dct, st, tup = [1, [2]], {'k': (1, 2)}, {3, 4}, (5, 'six')",
+          "arr = numpy.arange(6).reshape(2, 3)",
+          "ser = pandas.Series([1.5, 2.5], index=['a', 'b'])",
+          "when = dt.datetime(2026, 12, 1, 12, 30)",
+          "day = pandas.Timestamp('2026-12-01')",
+          "alias = lst",
+          "class Point:",
+          "    def __init__(self, x): self.x = x",
+          "pt = Point(4)",
+        ].join("\n") + "\n",
+      ),
+    );
+    const r2 = succeeded(
+      await step(
+        c,
+        s,
+        [
+          "alias.append(9)",
+          "print(i, f, z, t, b, lst, dct, sorted(st), tup)",
+          "print(arr.sum(), ser['b'], when.isoformat(), day.day, pt.x, type(pt).__name__)",
+          "print(dt.date(2026, 1, 2), numpy.__name__, pandas.__name__)",
+        ].join("\n") + "\n",
+      ),
+    );
+    assert.equal(
+      r2.stdout,
+      "7 2.5 3j text b'\\x00\\xff' [1, [2], 9] {'k': (1, 2)} [3, 4] (5, 'six')\n" +
+        "15 2.5 2026-12-01T12:30:00 1 4 Point\n2026-01-02 numpy pandas\n",
+    );
+    assert.deepEqual([...r2.session.dropped], []);
+  });
+
   test("files carry over; a restored file is no artifact again unless the step changes it", async () => {
     const c = stack.client;
     const s = newSession();
