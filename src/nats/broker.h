@@ -203,6 +203,17 @@ ci_status ci_broker_session_put(struct ci_broker *b, const char *session_id, con
 ci_status ci_broker_sessions_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
                                   void *closure, struct ci_error *err);
 
+/* --- the runtime manifest (docs/contract.md §18) --- */
+
+/* Writes the manifest JSON of runtime (a worker at start and with its
+ * heartbeat) into jetstream.runtimes_bucket, made with create. */
+ci_status ci_broker_runtime_put(struct ci_broker *b, const char *runtime, const void *data,
+                                size_t len, struct ci_error *err);
+/* The manifest of runtime. CI_ERR_NOT_FOUND when no worker published one
+ * (or the bucket does not exist: no worker of this version ran). */
+ci_status ci_broker_runtime_get(struct ci_broker *b, const char *runtime, uint8_t **ret_data,
+                                size_t *ret_len, struct ci_error *err);
+
 /* --- submitting and watching (clients) --- */
 
 /* JetStream-publishes a request on the submit subject with Nats-Msg-Id =
