@@ -336,6 +336,8 @@ class _Session:
             blob = box.get("globals", b"")
             dropped = box.get("dropped") or {}
         except Exception as e:
+            if isinstance(e, MemoryError):
+                self.fields["session_keep_previous"] = "1"
             self.fields["session_restore_error"] = (
                 "the state could not be restored (%s); this step ran without it" % _describe(e))
             return
@@ -576,14 +578,16 @@ class _Driver:
         sys.stdout.reconfigure(line_buffering=True)
         return code
 
-    def send_report(self, only=None):
-        """Writes the fields (with only: just those keys) to the report; a
-        later report's value of a key replaces an earlier one's."""
+    def send_report(self, only=None, skip=()):
+        """Writes the fields (with only: just those keys; never those in
+        skip) to the report; a later report's value of a key replaces an
+        earlier one's."""
         if only is None:
             peak = _peak_kb()
             if peak is not None:
                 self.fields["peak_kb"] = peak
-        fields = {k: v for k, v in self.fields.items() if only is None or k in only}
+        fields = {k: v for k, v in self.fields.items()
+                  if (only is None or k in only) and k not in skip}
         if self.report is None or not fields:
             return
         parts = []
@@ -725,7 +729,9 @@ def _main():
             stream.flush()
         except Exception:
             pass
-    driver.send_report()
+    # The restored files' list went out before the code ran: not twice,
+    # its size could crowd the rest out of the report's cap.
+    driver.send_report(skip=("session_files",))
     return code
 
 

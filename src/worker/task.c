@@ -949,6 +949,7 @@ static bool session_begin(struct task *t, struct result *r, enum ci_task_end *re
             snprintf(t->wait->task_id, sizeof(t->wait->task_id), "%s", t->id);
             snprintf(t->wait->session_id, sizeof(t->wait->session_id), "%s", sid);
             t->wait->seq = t->seq;
+            t->wait->cancelled = slot_cancelled(t->slot);
             *ret_end = CI_TASK_END_WAIT;
             return false;
         }
@@ -994,9 +995,11 @@ static bool session_begin(struct task *t, struct result *r, enum ci_task_end *re
     uint64_t cap = (uint64_t)env->cfg->sessions.max_state_mb * 1024 * 1024;
     s = ci_objstore_get(ci_broker_objstore(env->broker), t->plan.restore_object, (size_t)cap,
                         &t->state, &t->state_len, &e);
-    if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT || s == CI_ERR_INTEGRITY) {
-        /* Not the state's fault (a replica may lag): running without it
-         * would replace it with less. */
+    /* The record names this object, so it was stored: not found or not
+     * whole may be a replica that lags, and running without it would
+     * replace it with less. Only the last delivery runs without it. */
+    if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT ||
+        ((s == CI_ERR_NOT_FOUND || s == CI_ERR_INTEGRITY) && !ci_delivery_last_attempt(t->d))) {
         *ret_end = give_up_or_retry(t, r, "read the session's state", &e);
         return false;
     }
@@ -1137,7 +1140,9 @@ static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
             strcmp(now.state, rec.state) == 0) {
             s = CI_OK; /* ours */
         } else {
-            if (keep) /* this attempt's own object: nobody else names it */
+            /* This attempt's own object, which the record as read does not
+             * name; unread, it is left to expire: it may be named. */
+            if (keep && have && strcmp(now.state, object) != 0)
                 ci_objstore_delete(os, object, NULL);
             keep = false;
             rec.state_step = have && !now.closed ? now.state_step : 0;
@@ -1148,8 +1153,8 @@ static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
                                           "session's record meanwhile");
         }
     } else if (s) {
-        if (keep)
-            ci_objstore_delete(os, object, NULL);
+        /* A try may have landed before the error: the object stays (it
+         * expires with the bucket's TTL if nothing names it). */
         keep = false;
         rec.state_step = prev_step;
         rec.state_bytes = prev_bytes;
@@ -1187,8 +1192,8 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     if (t->req->runtime && t->req->runtime[0])
         r->msg.runtime = t->req->runtime;
 
-    bool cancelled = false;
-    if (ci_broker_cancel_requested(env->broker, t->id, &cancelled, &e))
+    bool cancelled = slot_cancelled(t->slot); /* a cancel seen already needs no stream */
+    if (!cancelled && ci_broker_cancel_requested(env->broker, t->id, &cancelled, &e))
         return give_up_or_retry(t, r, "read the cancel stream", &e);
     if (cancelled || slot_cancelled(t->slot)) {
         r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED;

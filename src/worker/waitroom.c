@@ -306,6 +306,8 @@ enum ci_waitroom_held ci_waitroom_hold(struct ci_waitroom *r, struct ci_delivery
     p->interval_ms = r->o.poll_ms > 0 ? r->o.poll_ms : 1;
     p->gone_since_ms = 0;
     r->count++;
+    if (w->cancelled) /* cancelled on its way here: it ends at once */
+        make_ready(r, p);
     pthread_cond_broadcast(&r->wake); /* look it up now: its predecessor may be gone */
     pthread_mutex_unlock(&r->lock);
     return res;

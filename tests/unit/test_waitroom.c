@@ -230,6 +230,14 @@ static void test_cancel(void)
     CHECK_STR(w.task_id, "t-9");
     CHECK(w.cancelled); /* it ends CANCELLED without running, turn or not */
     free(got);
+    /* Cancelled on its way to the room: ready at once, its turn or not. */
+    struct ci_task_wait wc = waiting("t-10", "s1", 10);
+    wc.cancelled = true;
+    CHECK(ci_waitroom_hold(r, delivery(10), &wc) == CI_WAITROOM_HELD);
+    got = NULL;
+    CHECK(ci_waitroom_take(r, 0, &got, &w));
+    CHECK(got && got->id == 10 && w.cancelled);
+    free(got);
     ci_waitroom_free(r);
 }
 
