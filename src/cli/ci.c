@@ -9,10 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/client.h"
+#include "cli/mcp.h"
+#include "cli/tools.h"
 #include "nats/broker.h"
 #include "core/codec.h"
 #include "core/config.h"
@@ -23,10 +25,8 @@
 #include "core/text.h"
 #include "core/util.h"
 
-/* Inputs larger than this go through the object store, not inline. */
-#define INLINE_MAX (256 * 1024)
-#define MAX_FILES 64
-#define MAX_LABELS 64
+#define MAX_FILES CI_CLIENT_MAX_FILES
+#define MAX_LABELS CI_CLIENT_MAX_LABELS
 #define MAX_READ (64u * 1024 * 1024)
 
 /* Exit codes of ci itself when the script's own code does not apply. */
@@ -48,6 +48,9 @@ struct opts {
     uint32_t timeout_ms;
     uint32_t memory_mb;
     int64_t wait_ms;
+    bool wait_set;          /* --wait-ms given (ci mcp has a shorter default) */
+    const char *save_dir;   /* ci mcp --save-dir */
+    const char *format;     /* ci tools --format */
     bool json;
     bool wire_json;
     bool no_save;
@@ -86,222 +89,41 @@ __attribute__((format(printf, 2, 3))) static void say(FILE *f, const char *fmt, 
     free(text);
 }
 
-static ci_status read_file(const char *path, size_t max, uint8_t **ret, size_t *ret_len,
-                           struct ci_error *err)
-{
-    CI_AUTOCLOSE int fd = strcmp(path, "-") == 0 ? dup(0) : open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return ci_error_errno(err, CI_ERR_IO, errno, "cannot open '%s'", path);
-    CI_AUTOBUF struct ci_buf b = CI_BUF_INIT;
-    uint8_t chunk[65536];
-    for (;;) {
-        ssize_t n = read(fd, chunk, sizeof(chunk));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return ci_error_errno(err, CI_ERR_IO, errno, "cannot read '%s'", path);
-        if (n == 0)
-            break;
-        if (b.len + (size_t)n > max)
-            return ci_error_set(err, CI_ERR_LIMIT, "'%s' is larger than %zu bytes", path, max);
-        if (ci_buf_append(&b, chunk, (size_t)n))
-            return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-    }
-    *ret = ci_buf_steal(&b, ret_len);
-    return *ret ? CI_OK : ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-}
-
-static void random_id(char out[27])
-{
-    static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-    uint8_t r[26];
-    if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
-        for (size_t i = 0; i < sizeof(r); i++)
-            r[i] = (uint8_t)(rand() ^ getpid());
-    }
-    for (size_t i = 0; i < sizeof(r); i++)
-        out[i] = alphabet[r[i] % 36];
-    out[26] = '\0';
-}
-
-static const char *base_name(const char *path)
-{
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
-}
-
-/* Builds, uploads large inputs for, and submits one request. */
+/* Reads the script and submits it with the options' inputs and labels. */
 static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
                   const char *script, char task_id[65])
 {
     struct ci_error e = {{0}};
-    int rc = EXIT_INFRA;
-    uint8_t *code = NULL, *wire = NULL;
-    size_t code_len = 0, wire_len = 0;
-    Ci__V1__InputFile files[MAX_FILES], *file_ptrs[MAX_FILES];
-    uint8_t *file_data[MAX_FILES] = {0};
-    char *object_names[MAX_FILES] = {0};
-    Ci__V1__ExecutionRequest__LabelsEntry labels[MAX_LABELS], *label_ptrs[MAX_LABELS];
-    Ci__V1__ExecutionResult__LabelsEntry qlabels[MAX_LABELS], *qlabel_ptrs[MAX_LABELS];
-    char *label_copies[MAX_LABELS] = {0};
-
-    if (o->id) /* checked by main() */
-        snprintf(task_id, 65, "%s", o->id);
-    else
-        random_id(task_id);
-    if (read_file(script, cfg->limits.max_code_bytes, &code, &code_len, &e)) {
+    CI_AUTOFREE uint8_t *code = NULL;
+    size_t code_len = 0;
+    if (ci_client_read_file(script, cfg->limits.max_code_bytes, &code, &code_len, &e)) {
         say(stderr, "ci: %s\n", e.msg);
-        rc = EXIT_USAGE;
-        goto out;
+        return EXIT_USAGE;
     }
-    /* The code travels as a C string: a NUL would silently cut it. */
     if (memchr(code, 0, code_len)) {
         say(stderr, "ci: '%s' holds a NUL byte, so it is not Python source\n", script);
-        rc = EXIT_USAGE;
-        goto out;
+        return EXIT_USAGE;
     }
-    Ci__V1__ExecutionRequest req = CI__V1__EXECUTION_REQUEST__INIT;
-    Ci__V1__Limits limits = CI__V1__LIMITS__INIT;
-    req.task_id = task_id;
-    req.session_id = (char *)(o->session ? o->session : "");
-    req.language = (char *)"python";
-    req.code = (char *)code;
-    limits.timeout_ms = o->timeout_ms;
-    limits.memory_mb = o->memory_mb;
-    req.limits = &limits;
-    for (size_t i = 0; i < o->n_files; i++) {
-        size_t len = 0;
-        const char *name = base_name(o->files[i]);
-        if (!ci_input_name_valid(name, strlen(name))) {
-            say(stderr, "ci: input name '%s' is not allowed: use [A-Za-z0-9._ -], not starting with '.'\n",
-                    name);
-            rc = EXIT_USAGE;
-            goto out;
-        }
-        if (read_file(o->files[i], cfg->limits.max_input_bytes, &file_data[i], &len, &e)) {
-            say(stderr, "ci: %s\n", e.msg);
-            rc = EXIT_USAGE;
-            goto out;
-        }
-        ci__v1__input_file__init(&files[i]);
-        files[i].name = (char *)name;
-        if (len <= INLINE_MAX) {
-            files[i].source_case = CI__V1__INPUT_FILE__SOURCE_CONTENT;
-            files[i].content.data = file_data[i];
-            files[i].content.len = len;
-        } else {
-            size_t n = strlen("inputs/") + strlen(task_id) + 1 + strlen(name) + 1;
-            object_names[i] = malloc(n);
-            if (!object_names[i])
-                goto out;
-            snprintf(object_names[i], n, "inputs/%s/%s", task_id, name);
-            if (ci_objstore_put(ci_broker_objstore(b), object_names[i], file_data[i], len, &e)) {
-                say(stderr, "ci: uploading '%s': %s\n", o->files[i], e.msg);
-                goto out;
-            }
-            files[i].source_case = CI__V1__INPUT_FILE__SOURCE_OBJECT;
-            files[i].object = object_names[i];
-        }
-        file_ptrs[i] = &files[i];
-    }
-    req.files = file_ptrs;
-    req.n_files = o->n_files;
-    for (size_t i = 0; i < o->n_labels; i++) {
-        label_copies[i] = strdup(o->labels[i]);
-        if (!label_copies[i])
-            goto out;
-        char *eq = strchr(label_copies[i], '=');
-        if (!eq) {
-            say(stderr, "ci: label '%s' is not KEY=VALUE\n", o->labels[i]);
-            rc = EXIT_USAGE;
-            goto out;
-        }
-        *eq = '\0';
-        ci__v1__execution_request__labels_entry__init(&labels[i]);
-        labels[i].key = label_copies[i];
-        labels[i].value = eq + 1;
-        label_ptrs[i] = &labels[i];
-        ci__v1__execution_result__labels_entry__init(&qlabels[i]);
-        qlabels[i].key = labels[i].key;
-        qlabels[i].value = labels[i].value;
-        qlabel_ptrs[i] = &qlabels[i];
-    }
-    req.labels = label_ptrs;
-    req.n_labels = o->n_labels;
-
-    enum ci_encoding enc = o->wire_json ? CI_ENC_JSON : CI_ENC_PROTOBUF;
-    if (ci_message_encode(enc, &req.base, &wire, &wire_len, &e)) {
-        say(stderr, "ci: %s\n", e.msg);
-        goto out;
-    }
-
-    /* The QUEUED record lets `ci get` answer before a worker picks it up. */
-    Ci__V1__ExecutionResult queued = CI__V1__EXECUTION_RESULT__INIT;
-    queued.task_id = task_id;
-    queued.status = CI__V1__TASK_STATUS__TASK_STATUS_QUEUED;
-    /* Entries of the result's own map type: the request's carry another
-     * descriptor, which the encoders may follow. */
-    queued.labels = qlabel_ptrs;
-    queued.n_labels = req.n_labels;
-    uint8_t *qbuf = NULL;
-    size_t qlen = 0;
-    if (ci_message_encode(enc, &queued.base, &qbuf, &qlen, &e) == CI_OK) {
-        if (ci_broker_result_create(b, task_id, qbuf, qlen, &e) == CI_ERR_INVALID) {
-            say(stderr, "ci: %s\n", e.msg);
-            free(qbuf);
-            rc = EXIT_USAGE;
-            goto out;
-        }
-        free(qbuf);
-    }
+    struct ci_submit_args a = {
+        .code = (const char *)code, .code_len = code_len, .id = o->id, .session = o->session,
+        .files = o->files, .n_files = o->n_files, .labels = o->labels, .n_labels = o->n_labels,
+        .timeout_ms = o->timeout_ms, .memory_mb = o->memory_mb, .wire_json = o->wire_json,
+    };
     bool dup = false;
-    ci_status ss = o->session ? ci_broker_submit_session(b, o->session, task_id,
-                                                         ci_encoding_content_type(enc), wire,
-                                                         wire_len, &dup, &e)
-                              : ci_broker_submit(b, task_id, ci_encoding_content_type(enc), wire,
-                                                 wire_len, &dup, &e);
-    if (ss) {
+    ci_status s = ci_client_submit(b, cfg, &a, task_id, &dup, &e);
+    if (s) {
         say(stderr, "ci: %s\n", e.msg);
-        goto out;
+        return s == CI_ERR_INVALID ? EXIT_USAGE : EXIT_INFRA;
     }
     if (dup)
         say(stderr, "ci: task %s was already submitted; not queued again\n", task_id);
-    rc = 0;
-out:
-    free(code);
-    free(wire);
-    for (size_t i = 0; i < MAX_FILES; i++) {
-        free(file_data[i]);
-        free(object_names[i]);
-    }
-    for (size_t i = 0; i < MAX_LABELS; i++)
-        free(label_copies[i]);
-    return rc;
-}
-
-static Ci__V1__ExecutionResult *decode_result(const uint8_t *buf, size_t len,
-                                              struct ci_error *err)
-{
-    ProtobufCMessage *m = NULL;
-    /* The encoding follows the request, which may not have been ours. */
-    if (ci_message_decode(CI_ENC_PROTOBUF, &ci__v1__execution_result__descriptor, buf, len, &m,
-                          NULL) &&
-        ci_message_decode(CI_ENC_JSON, &ci__v1__execution_result__descriptor, buf, len, &m, err))
-        return NULL;
-    return (Ci__V1__ExecutionResult *)m;
+    return 0;
 }
 
 static ci_status get_result(struct ci_broker *b, const char *id, Ci__V1__ExecutionResult **ret,
                             struct ci_error *err)
 {
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    ci_status s = ci_broker_result_get(b, id, &buf, &len, NULL, err);
-    if (s)
-        return s;
-    *ret = decode_result(buf, len, err);
-    free(buf);
-    return *ret ? CI_OK : CI_ERR_INVALID;
+    return ci_client_result_get(b, id, ret, err);
 }
 
 static void print_json(const ProtobufCMessage *m)
@@ -318,86 +140,13 @@ static void print_json(const ProtobufCMessage *m)
     free(buf);
 }
 
-/* Whether an artifact may be saved under the current folder by its name.
- * The name is chosen by untrusted code, and any file that starts like a
- * PNG is an artifact: so no hidden component (".bashrc",
- * ".ssh/authorized_keys"), no "..", nothing but well-formed UTF-8 without
- * control or format characters (terminal escapes, U+202E turning
- * "x\u202egnp.csv" into "xvsc.png" on screen), and the extension must be
- * that of its type. */
-static bool artifact_name_safe(const Ci__V1__Artifact *a)
-{
-    const char *name = a->name;
-    size_t len = strlen(name);
-    if (len == 0 || len > 4096 || name[0] == '/')
-        return false;
-    for (const char *p = name; *p;) {
-        const char *slash = strchr(p, '/');
-        size_t n = slash ? (size_t)(slash - p) : strlen(p);
-        if (n == 0 || n > 255 || p[0] == '.')
-            return false;
-        p += n;
-        if (*p == '/')
-            p++;
-    }
-    if (ci_text_name_check(name, len, NULL) != CI_TEXT_OK)
-        return false;
-    const char *ext = !strcmp(a->mime_type, "text/csv")    ? ".csv"
-                      : !strcmp(a->mime_type, "image/png") ? ".png"
-                                                           : NULL;
-    return ext && len > 4 && strcasecmp(name + len - 4, ext) == 0;
-}
-
-/* Opens name for writing under the current folder, creating its folders,
- * without following a symlink at any step; only a regular file is
- * replaced. -1 with errno on failure. */
-static int open_artifact(const char *name)
-{
-    char *copy = strdup(name);
-    if (!copy)
-        return -1;
-    int dir = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    char *p = copy;
-    for (char *slash; dir >= 0 && (slash = strchr(p, '/')) != NULL; p = slash + 1) {
-        *slash = '\0';
-        int sub = -1;
-        if (mkdirat(dir, p, 0755) == 0 || errno == EEXIST)
-            sub = openat(dir, p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        int e = errno;
-        close(dir);
-        errno = e;
-        dir = sub;
-    }
-    int fd = -1;
-    if (dir >= 0) {
-        /* O_NONBLOCK: a FIFO of that name fails instead of blocking. */
-        fd = openat(dir, p, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-        struct stat st;
-        int bad = fd < 0                     ? 0
-                  : fstat(fd, &st) != 0      ? errno
-                  : !S_ISREG(st.st_mode)     ? EINVAL
-                  : ftruncate(fd, 0) != 0    ? errno
-                                             : 0;
-        if (bad) {
-            close(fd);
-            fd = -1;
-            errno = bad;
-        }
-        int e = errno;
-        close(dir);
-        errno = e;
-    }
-    free(copy);
-    return fd;
-}
-
 static int save_artifacts(struct ci_broker *b, const Ci__V1__ExecutionResult *r)
 {
     int failures = 0;
     for (size_t i = 0; i < r->n_artifacts; i++) {
         const Ci__V1__Artifact *a = r->artifacts[i];
         struct ci_error e = {{0}};
-        if (!artifact_name_safe(a)) {
+        if (!ci_client_artifact_name_safe(a)) {
             say(stderr,
                 "ci: not saving artifact '%s' here: its name is unsafe (hidden, '..', control or "
                 "format characters, or not ending in .csv/.png); it is object '%s' in the files "
@@ -413,7 +162,7 @@ static int save_artifacts(struct ci_broker *b, const Ci__V1__ExecutionResult *r)
             failures++;
             continue;
         }
-        int fd = open_artifact(a->name);
+        int fd = ci_client_open_artifact(AT_FDCWD, a->name);
         if (fd < 0 || ci_write_all(fd, data, len)) {
             say(stderr, "ci: cannot write '%s': %s\n", a->name, strerror(errno));
             failures++;
@@ -437,90 +186,16 @@ static void print_event(const Ci__V1__StatusEvent *ev, bool json)
     fflush(stdout);
 }
 
-/* Whether the stored result is terminal; then it is printed as the event
- * that was missed. A safety net for a terminal event that never came. */
-static bool result_says_ended(struct ci_broker *b, const char *id, bool print, bool json)
+static void on_print_event(const Ci__V1__StatusEvent *ev, void *closure)
 {
-    Ci__V1__ExecutionResult *r = NULL;
-    if (get_result(b, id, &r, NULL))
-        return false;
-    bool done = ci_task_status_terminal(r->status);
-    if (done && print) {
-        Ci__V1__StatusEvent ev = CI__V1__STATUS_EVENT__INIT;
-        ev.task_id = r->task_id;
-        ev.status = r->status;
-        ev.at_ms = r->finished_at_ms;
-        ev.worker = r->worker;
-        ev.message = r->error;
-        if (r->_exit_code_case == CI__V1__EXECUTION_RESULT___EXIT_CODE_EXIT_CODE) {
-            ev._exit_code_case = CI__V1__STATUS_EVENT___EXIT_CODE_EXIT_CODE;
-            ev.exit_code = r->exit_code;
-        }
-        print_event(&ev, json);
-    }
-    ci_message_free(&r->base);
-    return done;
+    print_event(ev, *(const bool *)closure);
 }
 
-/* Waits for the task's terminal event; CI_ERR_TIMEOUT past wait_ms. The
- * ordered consumer replays the task's events from the first, so it may
- * start after the submit. */
+/* Waits for the task's terminal event, printing each event with print. */
 static ci_status wait_terminal(struct ci_broker *b, const char *id, int64_t wait_ms, bool print,
                                bool json, struct ci_error *err)
 {
-    struct ci_watch *w = NULL;
-    ci_status s = ci_watch_new(b, id, &w, err);
-    if (s)
-        return s;
-    int64_t deadline = ci_mono_ms() + wait_ms;
-    bool warned = false, seen = false;
-    int64_t started = ci_mono_ms(), last_check = started;
-    for (;;) {
-        int64_t left = deadline - ci_mono_ms();
-        if (left <= 0) {
-            s = ci_error_set(err, CI_ERR_TIMEOUT, "task %s did not end within %" PRId64 " ms",
-                             id, wait_ms);
-            break;
-        }
-        const uint8_t *data;
-        size_t len;
-        const char *ct;
-        s = ci_watch_next(w, left < 1000 ? (int)left : 1000, &data, &len, &ct, err);
-        if (s == CI_ERR_TIMEOUT) {
-            int64_t now = ci_mono_ms();
-            if (!warned && !seen && now - started > 10000) {
-                say(stderr, "ci: task %s has not started yet; is a worker running?\n", id);
-                warned = true;
-            }
-            if (now - last_check >= 5000) {
-                last_check = now;
-                if (result_says_ended(b, id, print, json)) {
-                    s = CI_OK;
-                    break;
-                }
-            }
-            continue;
-        }
-        if (s)
-            break;
-        enum ci_encoding enc = CI_ENC_PROTOBUF;
-        ci_encoding_from_content_type(ct, &enc, NULL);
-        ProtobufCMessage *m = NULL;
-        if (ci_message_decode(enc, &ci__v1__status_event__descriptor, data, len, &m, NULL))
-            continue;
-        Ci__V1__StatusEvent *ev = (Ci__V1__StatusEvent *)m;
-        seen = true;
-        if (print)
-            print_event(ev, json);
-        bool done = ci_task_status_terminal(ev->status);
-        ci_message_free(m);
-        if (done) {
-            s = CI_OK;
-            break;
-        }
-    }
-    ci_watch_free(w);
-    return s;
+    return ci_client_wait(b, id, wait_ms, print ? on_print_event : NULL, &json, true, err);
 }
 
 /* "session s1, step 3: restored step 2; state kept (81234 bytes); not kept: fh (open file)" */
@@ -961,6 +636,42 @@ static int cmd_submit(struct ci_broker *b, const struct ci_config *cfg, const st
     return run_script(b, cfg, o, script, false);
 }
 
+/* `ci mcp`: serves MCP on stdin/stdout until stdin ends. */
+static int cmd_mcp(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                   const char *unused)
+{
+    struct ci_mcp_opts mo = {.wait_ms = o->wait_set ? o->wait_ms : 120000,
+                             .save_dir = o->save_dir};
+    return ci_mcp_serve(b, cfg, &mo);
+}
+
+/* `ci tools`: the tool definitions of `ci mcp` in an API's shape. */
+static int cmd_tools(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                     const char *unused)
+{
+    enum ci_tools_format f = CI_TOOLS_OPENAI;
+    if (o->format && !ci_tools_format_parse(o->format, &f)) {
+        say(stderr, "ci: --format '%s': use openai, anthropic or mcp\n", o->format);
+        return EXIT_USAGE;
+    }
+    struct ci_error e = {{0}};
+    json_t *manifest = NULL;
+    if (ci_tools_manifest(b, &manifest, &e))
+        say(stderr, "ci: the runtime manifest cannot be read (%s); describing the tool from the "
+            "config\n", e.msg);
+    json_t *tools = ci_tools_build(f, manifest, cfg);
+    json_decref(manifest);
+    char *text = tools ? json_dumps(tools, JSON_INDENT(2)) : NULL;
+    json_decref(tools);
+    if (!text) {
+        say(stderr, "ci: out of memory\n");
+        return EXIT_INFRA;
+    }
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}
+
 /* The commands, for dispatch and for the usage text. A help that needs more
  * than one line continues after '\n', indented under the first. */
 struct command {
@@ -970,23 +681,30 @@ struct command {
     int (*run)(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
                const char *arg);
     const char *help;
+    bool offline_ok; /* runs (b NULL) when NATS cannot be reached */
 };
 
 static const struct command commands[] = {
     {"run", "SCRIPT.py", false, cmd_run,
      "submit, wait, print stdout/stderr, save artifacts here,\n"
      "exit with the script's exit code (124 timed out, 130 cancelled,\n"
-     "1 failed before running, 3 NATS or service error)"},
-    {"submit", "SCRIPT.py", false, cmd_submit, "submit and print the task id"},
-    {"get", "ID", true, cmd_get, "print the task's result"},
-    {"watch", "ID", true, cmd_watch, "print the task's status events until it ends"},
-    {"cancel", "ID", true, cmd_cancel, "ask the workers to cancel the task"},
+     "1 failed before running, 3 NATS or service error)", false},
+    {"submit", "SCRIPT.py", false, cmd_submit, "submit and print the task id", false},
+    {"get", "ID", true, cmd_get, "print the task's result", false},
+    {"watch", "ID", true, cmd_watch, "print the task's status events until it ends", false},
+    {"cancel", "ID", true, cmd_cancel, "ask the workers to cancel the task", false},
     {"session", "ls|show ID|close ID", false, cmd_session,
      "list sessions, show one, or close one (its state is deleted;\n"
-     "its next task starts a new session)"},
+     "its next task starts a new session)", false},
     {"stats", NULL, false, cmd_stats,
      "queue depth, tasks in flight, redeliveries, and the workers\n"
-     "seen recently (from their heartbeats)"},
+     "seen recently (from their heartbeats)", false},
+    {"mcp", NULL, false, cmd_mcp,
+     "serve the tools run_python, get_result, cancel to an agent\n"
+     "over MCP (JSON-RPC on stdin/stdout)", true},
+    {"tools", NULL, false, cmd_tools,
+     "print the tool definitions for an agent API as JSON\n"
+     "(--format openai|anthropic|mcp; openai by default)", true},
 };
 
 static const struct command *find_command(const char *name)
@@ -1028,7 +746,11 @@ static void usage(FILE *out)
           "  --json             print results and events as JSON\n"
           "  --wire-json        send the request as JSON instead of protobuf\n"
           "  --no-save          do not write artifacts to the current folder\n"
-          "  --wait-ms N        give up waiting after N ms (default 600000)\n"
+          "  --wait-ms N        give up waiting after N ms (default 600000; ci mcp: 120000,\n"
+          "                     then run_python returns the task id for get_result)\n"
+          "  --save-dir DIR     ci mcp: save CSV/PNG artifacts under DIR/TASK_ID/\n"
+          "                     (default $TMPDIR/ci-mcp-UID, made 0700)\n"
+          "  --format F         ci tools: openai, anthropic or mcp\n"
           "  --url URL          NATS server (default: $CI_NATS_URL, then the config's)\n"
           "  --config FILE      worker.yaml to take names and credentials from\n"
           "Use '-' as SCRIPT to read the code from standard input.\n",
@@ -1045,6 +767,7 @@ int main(int argc, char **argv)
         {"wait-ms", required_argument, NULL, 'w'},  {"url", required_argument, NULL, 'u'},
         {"config", required_argument, NULL, 'c'},   {"help", no_argument, NULL, 'h'},
         {"session", required_argument, NULL, 'S'},
+        {"save-dir", required_argument, NULL, 'D'}, {"format", required_argument, NULL, 'F'},
         {NULL, 0, NULL, 0},
     };
     struct opts o = {.wait_ms = 600000};
@@ -1080,12 +803,16 @@ int main(int argc, char **argv)
                 o.timeout_ms = (uint32_t)v;
             else if (c == 'm')
                 o.memory_mb = (uint32_t)v;
-            else
+            else {
                 o.wait_ms = (int64_t)v;
+                o.wait_set = true;
+            }
             break;
         }
         case 'i': o.id = optarg; break;
         case 'S': o.session = optarg; break;
+        case 'D': o.save_dir = optarg; break;
+        case 'F': o.format = optarg; break;
         case 'j': o.json = true; break;
         case 'W': o.wire_json = true; break;
         case 'n': o.no_save = true; break;
@@ -1174,9 +901,14 @@ int main(int argc, char **argv)
     }
     if (ci_broker_connect(cfg, &b, &e) || ci_broker_setup(b, false, &e)) {
         say(stderr, "ci: %s\n", e.msg);
-        goto out;
+        if (!cmd->offline_ok)
+            goto out;
+        ci_broker_free(b);
+        b = NULL;
     }
     rc = cmd->run(b, cfg, &o, arg);
+    if (cmd->run == cmd_mcp)
+        b = NULL; /* ci_mcp_serve() freed it */
 out:
     ci_broker_free(b);
     ci_config_free(cfg);
