@@ -97,6 +97,15 @@ describe("runtime manifest", () => {
     assert.match(m.atMs, /^\d+$/);
   });
 
+  test("the bucket: history 1, TTL jetstream.max_age_s, file storage, as ci-sessions", async () => {
+    const c = (await stack.client.jsm.streams.info("KV_ci-runtimes")).config;
+    assert.deepEqual(c.subjects, ["$KV.ci-runtimes.>"]);
+    assert.equal(c.max_msgs_per_subject, 1, "history 1");
+    assert.equal(c.max_age, 3600e9, "TTL 1 h");
+    assert.equal(c.storage, "file");
+    assert.equal(c.num_replicas, 1);
+  });
+
   test("the manifest is written again with the heartbeat", async () => {
     const first = await record();
     await new Promise((r) => setTimeout(r, 2500));
