@@ -93,6 +93,28 @@ def _workspace_listing():
     return shown
 
 
+def _shipped_versions():
+    """"numpy 1.24.2, pandas 1.5.3, ...": the shipped packages this Python
+    has, with the versions their metadata gives (cheap: nothing heavy is
+    imported). One whose metadata is missing is named without a version."""
+    try:
+        import importlib.metadata as md
+        import importlib.util
+    except Exception:
+        return ", ".join(_SHIPPED)
+    shown = []
+    for name in _SHIPPED:
+        try:
+            shown.append("%s %s" % (name, md.version(name)))
+        except Exception:
+            try:
+                if importlib.util.find_spec(name) is not None:
+                    shown.append(name)
+            except Exception:
+                pass
+    return ", ".join(shown) if shown else "no third-party package"
+
+
 def _hint(exc, dropped=None):
     """What to try next for the agent, or None. dropped: the names a
     session's earlier step could not keep, with why."""
@@ -100,8 +122,8 @@ def _hint(exc, dropped=None):
         top = exc.name.split(".", 1)[0]
         if top not in _SHIPPED and top not in sys.stdlib_module_names:
             return ("'%s' is not available in this runtime and packages cannot be installed "
-                    "(pip is unavailable and there is no network); use numpy, pandas, "
-                    "matplotlib, openpyxl or the Python standard library" % top)
+                    "(no pip, no network); available: %s and the Python %d.%d standard library"
+                    % (top, _shipped_versions(), sys.version_info[0], sys.version_info[1]))
         return None
     if isinstance(exc, NameError) and getattr(exc, "name", None):
         name = exc.name

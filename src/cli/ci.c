@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,6 +357,128 @@ static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, const str
     return 0;
 }
 
+/* --- ci runtimes: the manifests workers published (contract §18) --- */
+
+#define MAX_RUNTIMES 100
+#define MANIFEST_MAX (256 * 1024) /* a record larger than this is not ours */
+
+struct runtime_list {
+    struct ci_buf text;
+    size_t n;
+    bool json;
+    int64_t now_ms;
+};
+
+/* The string field key of o, or dflt. */
+static const char *jstr(json_t *o, const char *key, const char *dflt)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_string(v) ? json_string_value(v) : dflt;
+}
+
+static const char *yes_no(json_t *v)
+{
+    return json_is_true(v) ? "yes" : json_is_false(v) ? "no" : "unknown";
+}
+
+static void on_runtime(void *closure, const char *name, const uint8_t *data, size_t len,
+                       int64_t written_ms)
+{
+    struct runtime_list *rl = closure;
+    json_t *m = len <= MANIFEST_MAX ? json_loadb((const char *)data, len, 0, NULL) : NULL;
+    if (rl->json) {
+        if (json_is_object(m)) /* as stored: JSON already */
+            ci_buf_appendf(&rl->text, "%s%.*s", rl->n ? "," : "", (int)len, (const char *)data);
+        else
+            ci_buf_appendf(&rl->text, "%s{\"runtime\":\"%s\",\"unreadable\":true}",
+                           rl->n ? "," : "", name);
+        rl->n++;
+        json_decref(m);
+        return;
+    }
+    rl->n++;
+    if (!json_is_object(m)) {
+        ci_buf_appendf(&rl->text, "%s (not a manifest)\n", name);
+        json_decref(m);
+        return;
+    }
+    char ago[32];
+    human_age(ago, sizeof(ago), rl->now_ms - written_ms);
+    ci_buf_appendf(&rl->text, "%s (worker %s, version %s, written %s ago)\n", name,
+                   jstr(m, "worker", "?"), jstr(m, "version", "?"), ago);
+    json_t *pkgs = json_object_get(m, "packages");
+    if (json_is_string(json_object_get(m, "python")) && json_is_object(pkgs)) {
+        ci_buf_appendf(&rl->text, "  python:     %s\n  packages:  ", jstr(m, "python", ""));
+        const char *k;
+        json_t *v;
+        size_t i = 0;
+        json_object_foreach(pkgs, k, v)
+            ci_buf_appendf(&rl->text, "%s %s %s", i++ ? "," : "", k,
+                           json_is_string(v) ? json_string_value(v) : "?");
+        ci_buf_appendf(&rl->text, "%s\n", i ? "" : " none");
+    } else {
+        ci_buf_appendf(&rl->text, "  versions:   unknown (%s)\n",
+                       jstr(m, "versionsUnknown", "not in the manifest"));
+    }
+    ci_buf_appendf(&rl->text, "  network:    %s   pip: %s\n", yes_no(json_object_get(m, "network")),
+                   yes_no(json_object_get(m, "pip")));
+    ci_buf_appendf(&rl->text, "  inputs:     %s\n", jstr(m, "inputs", "?"));
+    json_t *l = json_object_get(m, "limits");
+    ci_buf_appendf(&rl->text,
+                   "  limits:     timeout %s ms (max %s), memory %s MiB (max %s),\n"
+                   "              code %s bytes, inputs %s bytes, artifacts %s bytes,\n"
+                   "              stdout and stderr %s bytes each\n",
+                   jstr(l, "defaultTimeoutMs", "?"), jstr(l, "maxTimeoutMs", "?"),
+                   jstr(l, "defaultMemoryMb", "?"), jstr(l, "maxMemoryMb", "?"),
+                   jstr(l, "maxCodeBytes", "?"), jstr(l, "maxInputBytes", "?"),
+                   jstr(l, "maxArtifactBytes", "?"), jstr(l, "maxOutputBytes", "?"));
+    json_t *arts = json_object_get(m, "artifacts");
+    ci_buf_appendf(&rl->text, "  artifacts: ");
+    size_t ai;
+    json_t *av;
+    json_array_foreach(arts, ai, av)
+        ci_buf_appendf(&rl->text, "%s %s", ai ? "," : "", json_is_string(av) ? json_string_value(av) : "?");
+    ci_buf_appendf(&rl->text, "\n");
+    json_t *ss = json_object_get(m, "sessions");
+    if (json_is_true(json_object_get(ss, "available")))
+        ci_buf_appendf(&rl->text,
+                       "  sessions:   yes (idle %s s, state up to %s MiB; keeps %s; drops %s)\n",
+                       jstr(ss, "idleS", "?"), jstr(ss, "maxStateMb", "?"),
+                       jstr(ss, "keeps", "?"), jstr(ss, "drops", "?"));
+    else
+        ci_buf_appendf(&rl->text, "  sessions:   no (%s)\n", jstr(ss, "why", "not offered"));
+    const char *iso = jstr(m, "isolation", "");
+    ci_buf_appendf(&rl->text, "  isolation:  %s\n  provider:   %s\n",
+                   iso[0] ? iso : "unknown until a task ran", jstr(m, "provider", "?"));
+    json_decref(m);
+}
+
+static int cmd_runtimes(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                        const char *unused)
+{
+    struct ci_error e = {{0}};
+    struct runtime_list rl = {.json = o->json, .now_ms = ci_now_ms()};
+    ci_status s = ci_broker_runtimes_list(b, MAX_RUNTIMES, on_runtime, &rl, &e);
+    if (s && s != CI_ERR_NOT_FOUND) {
+        say(stderr, "ci: %s\n", e.msg);
+        ci_buf_release(&rl.text);
+        return EXIT_INFRA;
+    }
+    int rc = 0;
+    if (o->json) {
+        printf("[%s]\n", rl.text.data ? (const char *)rl.text.data : "");
+    } else if (!rl.n) {
+        say(stderr, "ci: no runtime manifest in %s: no worker of this version has published "
+            "one in the last %u s (is a worker running?)\n",
+            cfg->jetstream.runtimes_bucket, cfg->jetstream.max_age_s);
+        rc = 1;
+    } else {
+        say(stdout, "%s", (const char *)rl.text.data);
+    }
+    ci_buf_release(&rl.text);
+    return rc;
+}
+
 /* run and submit: submits the script; with wait, waits for the result,
  * prints it, saves the artifacts and returns the script's exit code. */
 static int run_script(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
@@ -699,6 +822,9 @@ static const struct command commands[] = {
     {"stats", NULL, false, cmd_stats,
      "queue depth, tasks in flight, redeliveries, and the workers\n"
      "seen recently (from their heartbeats)", false},
+    {"runtimes", NULL, false, cmd_runtimes,
+     "what each runtime offers (Python and package versions, limits,\n"
+     "network, sessions, isolation), as its workers published it", false},
     {"mcp", NULL, false, cmd_mcp,
      "serve the tools run_python, get_result, cancel to an agent\n"
      "over MCP (JSON-RPC on stdin/stdout)", true},

@@ -136,6 +136,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_STR("jetstream.files_bucket", jetstream.files_bucket, "ci-files", CS_NAME),
     KEY_STR("jetstream.workers_bucket", jetstream.workers_bucket, "ci-workers", CS_NAME),
     KEY_STR("jetstream.sessions_bucket", jetstream.sessions_bucket, "ci-sessions", CS_NAME),
+    KEY_STR("jetstream.runtimes_bucket", jetstream.runtimes_bucket, "ci-runtimes", CS_NAME),
     KEY_U32("jetstream.max_age_s", jetstream.max_age_s, 3600, 60, 31536000),
     KEY_U32("jetstream.duplicate_window_s", jetstream.duplicate_window_s, 120, 1, 86400),
     KEY_U32("jetstream.ack_wait_s", jetstream.ack_wait_s, 30, 5, 3600),

@@ -60,6 +60,7 @@ struct ci_config {
         char *files_bucket;    /* ci-files */
         char *workers_bucket;  /* ci-workers: heartbeats, read by `ci stats` */
         char *sessions_bucket; /* ci-sessions: one record per session (contract §16) */
+        char *runtimes_bucket; /* ci-runtimes: what each runtime offers (contract §18) */
         uint32_t max_age_s;          /* 3600: streams, KV TTL, object TTL */
         uint32_t duplicate_window_s; /* 120 */
         uint32_t ack_wait_s;         /* 30 */

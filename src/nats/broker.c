@@ -33,7 +33,10 @@ struct ci_broker {
     /* Session records (contract §16). NULL while the bucket does not exist:
      * a client of an older deployment; bound on first use once it does. */
     kvStore *sessions_kv;
-    pthread_mutex_t sessions_lock; /* for sessions_kv */
+    pthread_mutex_t sessions_lock; /* for sessions_kv and runtimes_kv */
+    /* Runtime manifests (contract §18); NULL while the bucket does not
+     * exist, as sessions_kv. */
+    kvStore *runtimes_kv;
     struct ci_objstore *os;
     natsSubscription *cancel_sub;
     ci_cancel_fn cancel_fn;
@@ -356,6 +359,25 @@ static ci_status ensure_sessions_kv(struct ci_broker *b, bool create, struct ci_
     return ci_nats_fail(err, s, 0, "%s", what);
 }
 
+/* The runtimes bucket, made and bound as the sessions bucket. */
+static ci_status ensure_runtimes_kv(struct ci_broker *b, bool create, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    pthread_mutex_lock(&b->sessions_lock);
+    natsStatus s = NATS_OK;
+    if (!b->runtimes_kv) {
+        s = create ? create_bucket(b, c->jetstream.runtimes_bucket, "ci runtime manifests",
+                                   &b->runtimes_kv)
+                   : js_KeyValue(&b->runtimes_kv, b->js, c->jetstream.runtimes_bucket);
+    }
+    pthread_mutex_unlock(&b->sessions_lock);
+    if (s == NATS_OK || !create)
+        return CI_OK;
+    char what[160];
+    snprintf(what, sizeof(what), "cannot create runtimes bucket %s", c->jetstream.runtimes_bucket);
+    return ci_nats_fail(err, s, 0, "%s", what);
+}
+
 /* The streams of docs/contract.md, as data: what differs between them. All
  * three keep messages for max_age_s on the configured storage and
  * replicas. */
@@ -440,6 +462,8 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
     if ((r = ensure_kv(b, create, err)))
         return r;
     if ((r = ensure_sessions_kv(b, create, err)))
+        return r;
+    if ((r = ensure_runtimes_kv(b, create, err)))
         return r;
     if (b->os)
         return CI_OK;
@@ -574,6 +598,7 @@ void ci_broker_free(struct ci_broker *b)
     ci_objstore_free(b->os);
     kvStore_Destroy(b->workers_kv);
     kvStore_Destroy(b->sessions_kv);
+    kvStore_Destroy(b->runtimes_kv);
     kvStore_Destroy(b->kv);
     jsCtx_Destroy(b->js);
     if (b->nc) {
@@ -1360,6 +1385,121 @@ ci_status ci_broker_sessions_list(struct ci_broker *b, size_t max, ci_worker_ent
         int n = kvEntry_ValueLen(e);
         fn(closure, keys.Keys[i], (const uint8_t *)kvEntry_Value(e), n > 0 ? (size_t)n : 0,
            created / NS_PER_MS);
+    }
+    return CI_OK;
+}
+
+/* --- runtime manifests --- */
+
+/* A runtime name is a KV key of ours: 1 to 64 of A-Z a-z 0-9 _ - . with no
+ * dot at either end or twice in a row (the server's rule for keys, which
+ * are subject tokens joined by dots). */
+static bool runtime_name_ok(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > 64 || name[0] == '.' || name[n - 1] == '.')
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+        bool ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+                  (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' || ch == '.';
+        if (!ok || (ch == '.' && name[i + 1] == '.'))
+            return false;
+    }
+    return true;
+}
+
+static kvStore *runtimes_kv(struct ci_broker *b)
+{
+    pthread_mutex_lock(&b->sessions_lock);
+    if (!b->runtimes_kv &&
+        js_KeyValue(&b->runtimes_kv, b->js, b->cfg->jetstream.runtimes_bucket) != NATS_OK)
+        b->runtimes_kv = NULL;
+    kvStore *kv = b->runtimes_kv;
+    pthread_mutex_unlock(&b->sessions_lock);
+    return kv;
+}
+
+static ci_status no_runtimes_bucket(struct ci_broker *b, struct ci_error *err)
+{
+    return ci_error_set(err, CI_ERR_NOT_FOUND,
+                        "runtimes bucket %s not found (no worker that publishes its runtime "
+                        "has run)", b->cfg->jetstream.runtimes_bucket);
+}
+
+ci_status ci_broker_runtime_put(struct ci_broker *b, const char *runtime, const void *data,
+                                size_t len, struct ci_error *err)
+{
+    if (!runtime_name_ok(runtime))
+        return ci_error_set(err, CI_ERR_INVALID, "runtime name '%.80s' is not a valid key",
+                            runtime ? runtime : "");
+    const char *bucket = b->cfg->jetstream.runtimes_bucket;
+    kvStore *kv = runtimes_kv(b);
+    if (!kv)
+        return no_runtimes_bucket(b, err);
+    uint64_t rev = 0;
+    natsStatus s = kvStore_Put(&rev, kv, runtime, data, (int)len);
+    if (s != NATS_OK && b->may_create && ci_nats_gone(s, 0)) {
+        /* An operator deleted the bucket: a worker makes it again (not part
+         * of recover(): a missing manifest does not make a worker unready). */
+        struct ci_error e = {{0}};
+        if (!recreate_bucket(b, bucket, "ci runtime manifests", &e))
+            s = kvStore_Put(&rev, kv, runtime, data, (int)len);
+    }
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot write the manifest of runtime '%s' to %s",
+                            runtime, bucket);
+    return CI_OK;
+}
+
+ci_status ci_broker_runtime_get(struct ci_broker *b, const char *runtime, uint8_t **ret_data,
+                                size_t *ret_len, struct ci_error *err)
+{
+    if (!runtime_name_ok(runtime))
+        return ci_error_set(err, CI_ERR_INVALID, "runtime name '%.80s' is not a valid key",
+                            runtime ? runtime : "");
+    kvStore *kv = runtimes_kv(b);
+    if (!kv)
+        return no_runtimes_bucket(b, err);
+    CI_CLEANUP(kvEntry_Destroy) kvEntry *e = NULL;
+    natsStatus s = kvStore_Get(&e, kv, runtime);
+    if (s == NATS_NOT_FOUND)
+        return ci_error_set(err, CI_ERR_NOT_FOUND,
+                            "no manifest of runtime '%s' (no worker published one within %" PRIu32
+                            " s)", runtime, b->cfg->jetstream.max_age_s);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot read the runtimes bucket");
+    int n = kvEntry_ValueLen(e);
+    uint8_t *copy = malloc(n > 0 ? (size_t)n + 1 : 1);
+    if (!copy)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    if (n > 0)
+        memcpy(copy, kvEntry_Value(e), (size_t)n);
+    copy[n > 0 ? n : 0] = '\0';
+    *ret_data = copy;
+    *ret_len = n > 0 ? (size_t)n : 0;
+    return CI_OK;
+}
+
+ci_status ci_broker_runtimes_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
+                                  void *closure, struct ci_error *err)
+{
+    kvStore *kv = runtimes_kv(b);
+    if (!kv)
+        return no_runtimes_bucket(b, err);
+    CI_CLEANUP(kvKeysList_Destroy) kvKeysList keys = {0};
+    natsStatus s = kvStore_Keys(&keys, kv, NULL);
+    if (s == NATS_NOT_FOUND)
+        return CI_OK; /* none published */
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot list the runtimes");
+    for (int i = 0; i < keys.Count && (size_t)i < max; i++) {
+        CI_CLEANUP(kvEntry_Destroy) kvEntry *e = NULL;
+        if (kvStore_Get(&e, kv, keys.Keys[i]) != NATS_OK)
+            continue; /* expired or deleted between the listing and now */
+        int n = kvEntry_ValueLen(e);
+        fn(closure, keys.Keys[i], (const uint8_t *)kvEntry_Value(e), n > 0 ? (size_t)n : 0,
+           kvEntry_Created(e) / NS_PER_MS);
     }
     return CI_OK;
 }

@@ -213,6 +213,10 @@ ci_status ci_broker_runtime_put(struct ci_broker *b, const char *runtime, const 
  * (or the bucket does not exist: no worker of this version ran). */
 ci_status ci_broker_runtime_get(struct ci_broker *b, const char *runtime, uint8_t **ret_data,
                                 size_t *ret_len, struct ci_error *err);
+/* Calls fn for each manifest in the bucket, at most max of them; written_ms
+ * is when the server stored it. CI_ERR_NOT_FOUND when there is no bucket. */
+ci_status ci_broker_runtimes_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
+                                  void *closure, struct ci_error *err);
 
 /* --- submitting and watching (clients) --- */
 

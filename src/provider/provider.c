@@ -20,6 +20,12 @@ void ci_provider_warm_stats(struct ci_provider *p, struct ci_warm_stats *ret)
         p->ops->warm_stats(p->ctx, ret);
 }
 
+const char *ci_provider_isolation(const struct ci_provider *p)
+{
+    const char *s = p && p->ops->isolation ? p->ops->isolation(p->ctx) : NULL;
+    return s ? s : "";
+}
+
 unsigned ci_provider_warm_ready(struct ci_provider *p)
 {
     struct ci_warm_stats st;

@@ -43,6 +43,9 @@ struct ci_provider_ops {
     /* Whether it runs session steps: passes ci_job.session's state to the
      * run and fills ci_outcome.session (docs/contract.md §16). */
     bool sessions;
+    /* Optional (NULL when it is known only from a task's result, as for a
+     * remote executor): the isolation string every run of it carries. */
+    const char *(*isolation)(void *ctx);
 };
 
 struct ci_provider {
@@ -55,6 +58,9 @@ void ci_provider_free(struct ci_provider *p);
 static inline const char *ci_provider_name(const struct ci_provider *p) { return p->ops->name; }
 /* The warm pool's state; all zero for a provider without a warm pool. */
 void ci_provider_warm_stats(struct ci_provider *p, struct ci_warm_stats *ret);
+/* The isolation string its runs carry ("user,pid,...", "none"), or "" when
+ * the provider cannot tell before a task ran. */
+const char *ci_provider_isolation(const struct ci_provider *p);
 /* Warm runtimes ready to take a task; 0 for a provider without a warm pool. */
 unsigned ci_provider_warm_ready(struct ci_provider *p);
 ci_status ci_provider_start(struct ci_provider *p, const struct ci_job *job,

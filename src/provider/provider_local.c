@@ -298,6 +298,12 @@ static void local_warm_stats(void *ctx, struct ci_warm_stats *ret)
     snprintf(ret->last_failure, sizeof(ret->last_failure), "%s", st.last_failure);
 }
 
+static const char *local_isolation(void *ctx)
+{
+    const struct local *l = ctx;
+    return ci_sandbox_isolation(l->sb);
+}
+
 static const struct ci_provider_ops local_ops = {
     .name = "local",
     .start = local_start,
@@ -307,6 +313,7 @@ static const struct ci_provider_ops local_ops = {
     .destroy = local_destroy,
     .warm_stats = local_warm_stats,
     .sessions = true,
+    .isolation = local_isolation,
 };
 
 ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,

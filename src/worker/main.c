@@ -21,6 +21,7 @@
 #include "provider/registry.h"
 #include "core/request.h"
 #include "sandbox/sandbox.h"
+#include "worker/manifest.h"
 #include "worker/task.h"
 #include "worker/waitroom.h"
 #include "core/util.h"
@@ -33,6 +34,7 @@
 #define ROOM_POLL_MS 25 /* how often the room looks up its sessions */
 #define TICK_MS 250
 #define STREAM_CHECK_MS 15000 /* how often the streams are looked for (main loop) */
+#define VERSIONS_TIMEOUT_MS 20000 /* the runtime's Python saying its versions, at start */
 
 static volatile sig_atomic_t g_stop; /* set by the signal handler only */
 
@@ -61,6 +63,8 @@ struct worker {
     struct ci_monitor *monitor;
     struct ci_heartbeat *heartbeat;
     struct ci_waitroom *room; /* session tasks waiting for their turn */
+    struct ci_manifest_versions versions; /* read once at start (contract §18) */
+    bool manifest_failing;                /* the last manifest write failed */
 };
 
 struct slot_arg {
@@ -401,6 +405,55 @@ static void fill_heartbeat(void *closure, struct ci_heartbeat_info *info)
     info->tasks_done = atomic_load(&w->tasks_done);
 }
 
+/* The runtime manifest (contract §18): written after setup and then with
+ * every heartbeat, so that it outlives the bucket's TTL while a worker
+ * runs. Only `ci runtimes` and tool descriptions miss it when a write
+ * fails: logged (once until it works again), never fatal. */
+static void publish_manifest(struct worker *w)
+{
+    const struct ci_provider *p = w->env.provider;
+    struct ci_manifest m = {
+        .cfg = w->env.cfg,
+        .runtime = CI_DEFAULT_RUNTIME,
+        .provider = ci_provider_name(p),
+        .sessions = p->ops->sessions,
+        .isolation = ci_provider_isolation(p),
+        .worker = w->id,
+        .version = CI_WORKER_VERSION,
+        .at_ms = ci_now_ms(),
+        .versions = &w->versions,
+    };
+    char *json = NULL;
+    size_t len = 0;
+    struct ci_error e = {{0}};
+    ci_status r = ci_manifest_encode(&m, &json, &len, &e);
+    if (!r)
+        r = ci_broker_runtime_put(w->env.broker, CI_DEFAULT_RUNTIME, json, len, &e);
+    free(json);
+    if (r && !w->manifest_failing)
+        ci_log(CI_LOG_WARN, "worker.manifest_failed", "error", e.msg, NULL);
+    else if (!r && w->manifest_failing)
+        ci_log(CI_LOG_INFO, "worker.manifest_written", NULL);
+    w->manifest_failing = r != CI_OK;
+}
+
+/* The versions come from the runtime's own Python. A remote provider's
+ * runtime is not this machine's: its versions stay unknown, not guessed. */
+static void read_versions(struct worker *w)
+{
+    const struct ci_config *cfg = w->env.cfg;
+    if (strcmp(ci_provider_name(w->env.provider), "local") != 0) {
+        memset(&w->versions, 0, sizeof(w->versions));
+        snprintf(w->versions.unknown, sizeof(w->versions.unknown),
+                 "the %s provider runs another machine's Python, which this worker cannot see",
+                 ci_provider_name(w->env.provider));
+        return;
+    }
+    ci_manifest_read_versions(cfg->local.python, VERSIONS_TIMEOUT_MS, &w->versions);
+    if (!w->versions.known)
+        ci_log(CI_LOG_WARN, "worker.versions_unknown", "error", w->versions.unknown, NULL);
+}
+
 static void on_cancel(const char *task_id, void *closure)
 {
     struct worker *w = closure;
@@ -518,6 +571,7 @@ static int run_worker(const struct ci_config *cfg)
     }
     if (e.msg[0]) /* isolation: auto fell back to no sandbox: say it once */
         ci_log(CI_LOG_WARN, "worker.no_isolation", "warning", e.msg, NULL);
+    read_versions(&w);
     w.n_slots = ci_config_slots(cfg);
     w.slots = calloc(w.n_slots, sizeof(*w.slots));
     w.threads = calloc(w.n_slots, sizeof(*w.threads));
@@ -594,6 +648,7 @@ static int run_worker(const struct ci_config *cfg)
                            &w.heartbeat, &e))
         /* Only `ci stats` misses this worker: not a reason to stop. */
         ci_log(CI_LOG_WARN, "worker.heartbeat_failed", "error", e.msg, NULL);
+    publish_manifest(&w);
     if (ci_broker_on_cancel(w.env.broker, on_cancel, &w, &e)) {
         ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
         goto out;
@@ -635,12 +690,22 @@ static int run_worker(const struct ci_config *cfg)
     /* Now and then, what no failing write would reveal: a deleted CI_TASKS
      * (idle fetches just time out) is made again with its consumer. */
     int64_t next_check = ci_mono_ms() + STREAM_CHECK_MS;
+    /* The manifest with the heartbeat; without heartbeats, often enough
+     * that it never expires (a third of the bucket's TTL). */
+    int64_t manifest_every = cfg->worker.heartbeat_s
+                                 ? (int64_t)cfg->worker.heartbeat_s * 1000
+                                 : (int64_t)cfg->jetstream.max_age_s * 1000 / 3;
+    int64_t next_manifest = ci_mono_ms() + manifest_every;
     while (!g_stop) {
         struct timespec ts = {0, 100 * 1000000L};
         nanosleep(&ts, NULL);
         if (ci_mono_ms() >= next_check) {
             ci_broker_check(w.env.broker);
             next_check = ci_mono_ms() + STREAM_CHECK_MS;
+        }
+        if (ci_mono_ms() >= next_manifest) {
+            publish_manifest(&w);
+            next_manifest = ci_mono_ms() + manifest_every;
         }
     }
     ci_log(CI_LOG_INFO, "worker.draining", NULL);

@@ -1,0 +1,139 @@
+/* test_manifest.c - the runtime manifest (contract §18) without NATS: its
+ * JSON from a config and versions, what the version parser refuses, and the
+ * versions read from a Python (this machine's, when it has one). */
+#include <jansson.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "core/config.h"
+#include "worker/manifest.h"
+#include "testutil.h"
+
+static json_t *encode(const struct ci_manifest *m)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (ci_manifest_encode(m, &text, &len, NULL) != CI_OK)
+        return NULL;
+    json_t *o = json_loadb(text, len, 0, NULL);
+    free(text);
+    return o;
+}
+
+static const char *str(json_t *o, const char *path1, const char *path2)
+{
+    json_t *v = json_object_get(o, path1);
+    if (path2)
+        v = json_object_get(v, path2);
+    return json_is_string(v) ? json_string_value(v) : "(missing)";
+}
+
+static void test_encode_local(void)
+{
+    struct ci_config *cfg = NULL;
+    REQUIRE(ci_config_defaults(&cfg, NULL) == CI_OK);
+    cfg->limits.max_memory_mb = 2048;
+    struct ci_manifest_versions v;
+    const char *py = "{\"python\":\"3.11.2\",\"packages\":{\"numpy\":\"1.24.2\","
+                     "\"pandas\":\"1.5.3\"},\"pip\":true}";
+    REQUIRE(ci_manifest_parse_versions(py, strlen(py), &v, NULL) == CI_OK);
+    struct ci_manifest m = {
+        .cfg = cfg, .runtime = "python-data-analysis-v1", .provider = "local", .sessions = true,
+        .isolation = "user,pid,net,mnt", .worker = "w1", .version = "0.1.0",
+        .at_ms = 9007199254740993LL, .versions = &v,
+    };
+    json_t *o = encode(&m);
+    REQUIRE(o != NULL);
+    CHECK_STR(str(o, "runtime", NULL), "python-data-analysis-v1");
+    CHECK_STR(str(o, "python", NULL), "3.11.2");
+    CHECK_STR(str(o, "packages", "numpy"), "1.24.2");
+    CHECK_STR(str(o, "packages", "pandas"), "1.5.3");
+    CHECK(json_object_size(json_object_get(o, "packages")) == 2);
+    CHECK(json_object_get(o, "versionsUnknown") == NULL);
+    /* An empty network namespace: no network, so pip cannot install. */
+    CHECK(json_is_false(json_object_get(o, "network")));
+    CHECK(json_is_false(json_object_get(o, "pip")));
+    CHECK_STR(str(o, "limits", "maxMemoryMb"), "2048");
+    CHECK_STR(str(o, "limits", "defaultTimeoutMs"), "60000");
+    CHECK_STR(str(o, "limits", "maxOutputBytes"), "1048576");
+    CHECK(json_is_true(json_object_get(json_object_get(o, "sessions"), "available")));
+    CHECK_STR(str(o, "sessions", "idleS"), "1200");
+    CHECK_STR(str(o, "sessions", "maxStateMb"), "64");
+    CHECK_STR(str(o, "isolation", NULL), "user,pid,net,mnt");
+    CHECK_STR(str(o, "atMs", NULL), "9007199254740993"); /* above 2^53: a string */
+    CHECK(json_array_size(json_object_get(o, "artifacts")) == 2);
+    json_decref(o);
+
+    /* No sandbox: the host's network, and pip where the module is. */
+    m.isolation = "none";
+    o = encode(&m);
+    REQUIRE(o != NULL);
+    CHECK(json_is_true(json_object_get(o, "network")));
+    CHECK(json_is_true(json_object_get(o, "pip")));
+    json_decref(o);
+    ci_config_free(cfg);
+}
+
+static void test_encode_unknown(void)
+{
+    struct ci_config *cfg = NULL;
+    REQUIRE(ci_config_defaults(&cfg, NULL) == CI_OK);
+    struct ci_manifest_versions v = {.known = false, .unknown = "cannot see the executor's Python"};
+    struct ci_manifest m = {
+        .cfg = cfg, .runtime = "python-data-analysis-v1", .provider = "cloudrun",
+        .sessions = false, .isolation = "", .worker = "w2", .version = "0.1.0", .at_ms = 1,
+        .versions = &v,
+    };
+    json_t *o = encode(&m);
+    REQUIRE(o != NULL);
+    /* Never invented: no python, no packages, and why. */
+    CHECK(json_object_get(o, "python") == NULL);
+    CHECK(json_object_get(o, "packages") == NULL);
+    CHECK_STR(str(o, "versionsUnknown", NULL), "cannot see the executor's Python");
+    CHECK(json_object_get(o, "network") == NULL); /* unknown with the isolation */
+    CHECK(json_is_false(json_object_get(json_object_get(o, "sessions"), "available")));
+    CHECK(json_object_get(json_object_get(o, "sessions"), "idleS") == NULL);
+    CHECK_STR(str(o, "isolation", NULL), "");
+    CHECK_STR(str(o, "provider", NULL), "cloudrun");
+    json_decref(o);
+    ci_config_free(cfg);
+}
+
+static void test_parse_refuses(void)
+{
+    static const char *bad[] = {
+        "",
+        "[]",
+        "{\"packages\":{}}",
+        "{\"python\":\"3.11\",\"packages\":[]}",
+        "{\"python\":\"3 11\",\"packages\":{}}",
+        "{\"python\":\"3.11\",\"packages\":{\"numpy\":\"1.0\\u001b[31m\"}}",
+        "{\"python\":\"3.11\",\"packages\":{\"numpy\":1}}",
+        "{\"python\":\"3.11\",\"packages\":{\"a b\":\"1\"}}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct ci_manifest_versions v = {.known = true};
+        struct ci_error e = {{0}};
+        CHECK(ci_manifest_parse_versions(bad[i], strlen(bad[i]), &v, &e) == CI_ERR_INVALID);
+        CHECK(e.msg[0] != '\0');
+    }
+}
+
+static void test_read_versions(void)
+{
+    struct ci_manifest_versions v;
+    ci_manifest_read_versions("/nonexistent/python3", 5000, &v);
+    CHECK(!v.known);
+    CHECK_CONTAINS(v.unknown, "/nonexistent/python3");
+    /* A program that exits at once without JSON. */
+    ci_manifest_read_versions("/bin/false", 5000, &v);
+    CHECK(!v.known && v.unknown[0]);
+    if (access("/usr/bin/python3", X_OK) != 0)
+        return;
+    ci_manifest_read_versions("/usr/bin/python3", 20000, &v);
+    CHECK(v.known);
+    CHECK(v.python[0] == '3');
+}
+
+TEST_MAIN(T(test_encode_local), T(test_encode_unknown), T(test_parse_refuses),
+          T(test_read_versions))
