@@ -3,7 +3,7 @@
 // --format X` checked for the shape each agent API expects.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, spawnSync } from "node:child_process";
+import { execFileSync, spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -67,6 +67,14 @@ describe("ci mcp", () => {
     assert.match(run.description, /60 s/);
     assert.match(run.description, /1024 MiB/);
     assert.match(run.description, /session_id/);
+    // Described from the manifest the worker published (contract §18): the
+    // runtime's own versions, read from its Python, not written by hand.
+    const versions = JSON.parse(
+      execFileSync("/usr/bin/python3", ["-c", "import json, sys, pandas, numpy; print(json.dumps({'py': '%d.%d.%d' % sys.version_info[:3], 'pandas': pandas.__version__, 'numpy': numpy.__version__}))"], { encoding: "utf8" }),
+    );
+    assert.ok(run.description.includes(`Python ${versions.py}`), run.description);
+    assert.ok(run.description.includes(`pandas ${versions.pandas}`), run.description);
+    assert.ok(run.description.includes(`numpy ${versions.numpy}`), run.description);
   });
 
   test("run_python print(1): the output, not an error", async () => {
