@@ -763,7 +763,9 @@ static int cmd_submit(struct ci_broker *b, const struct ci_config *cfg, const st
 static int cmd_mcp(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
                    const char *unused)
 {
-    struct ci_mcp_opts mo = {.wait_ms = o->wait_set ? o->wait_ms : 120000,
+    /* Below the 60 s after which MCP hosts (the official SDK) give up on a
+     * request: a longer task comes back as its id, for get_result. */
+    struct ci_mcp_opts mo = {.wait_ms = o->wait_set ? o->wait_ms : 45000,
                              .save_dir = o->save_dir};
     return ci_mcp_serve(b, cfg, &mo);
 }
@@ -872,7 +874,7 @@ static void usage(FILE *out)
           "  --json             print results and events as JSON\n"
           "  --wire-json        send the request as JSON instead of protobuf\n"
           "  --no-save          do not write artifacts to the current folder\n"
-          "  --wait-ms N        give up waiting after N ms (default 600000; ci mcp: 120000,\n"
+          "  --wait-ms N        give up waiting after N ms (default 600000; ci mcp: 45000,\n"
           "                     then run_python returns the task id for get_result)\n"
           "  --save-dir DIR     ci mcp: save CSV/PNG artifacts under DIR/TASK_ID/\n"
           "                     (default $TMPDIR/ci-mcp-UID, made 0700)\n"

@@ -37,7 +37,8 @@
 #define TEXT_SIDE 3500
 /* Images inlined into one result, each and in all; artifacts looked at. */
 #define MAX_IMAGES 8
-#define IMAGE_MAX (4u * 1024 * 1024)
+/* base64 of it stays under 5 MB, the most some model APIs take per image */
+#define IMAGE_MAX (3700u * 1024)
 #define IMAGES_TOTAL (8u * 1024 * 1024)
 #define MAX_ARTIFACTS 50
 #define ARTIFACT_READ_MAX (32u * 1024 * 1024)
@@ -284,6 +285,13 @@ static int save_dir(struct mcp *m, struct ci_error *err)
         close(fd);
         return -1;
     }
+    /* The default lies in a shared /tmp: others must not be able to swap
+     * what is in it. A folder the user named is theirs to set. */
+    if (!m->o->save_dir && (st.st_mode & 077) && fchmod(fd, 0700) != 0) {
+        ci_error_errno(err, CI_ERR_IO, errno, "folder '%s' is open to others", path);
+        close(fd);
+        return -1;
+    }
     if (!realpath(path, m->save_path))
         snprintf(m->save_path, sizeof(m->save_path), "%s", path);
     m->save_fd = fd;
@@ -301,13 +309,30 @@ static void save_artifact(struct mcp *m, struct ci_buf *t, const Ci__V1__Executi
                        a->object);
         return;
     }
+    /* The folder is named after the task: an id is one plain name (the
+     * record is a KV value, not to be trusted as a path). */
+    if (!ci_task_id_valid(r->task_id)) {
+        ci_buf_appendf(t, "- %s: not saved locally: the result's task id is not an id\n",
+                       a->name);
+        return;
+    }
     int dir = save_dir(m, &e);
     if (dir < 0) {
         ci_buf_appendf(t, "- %s: not saved locally: %s\n", a->name, e.msg);
         return;
     }
     int sub = -1;
-    if (mkdirat(dir, r->task_id, 0700) == 0 || errno == EEXIST)
+    int made = mkdirat(dir, r->task_id, 0700);
+    if (made != 0 && errno == ENOENT) { /* the folder went (a tmp cleaner): again */
+        close(m->save_fd);
+        m->save_fd = -1;
+        if ((dir = save_dir(m, &e)) < 0) {
+            ci_buf_appendf(t, "- %s: not saved locally: %s\n", a->name, e.msg);
+            return;
+        }
+        made = mkdirat(dir, r->task_id, 0700);
+    }
+    if (made == 0 || errno == EEXIST)
         sub = openat(dir, r->task_id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     int fd = sub >= 0 ? ci_client_open_artifact(sub, a->name) : -1;
     if (fd < 0 || ci_write_all(fd, data, len))
@@ -470,7 +495,8 @@ static json_t *tool_run(struct mcp *m, json_t *args)
             return tool_error("input file '%s' is %.1f MiB; inputs may be %.1f MiB in all", p,
                               (double)st.st_size / (1024 * 1024),
                               (double)m->cfg->limits.max_input_bytes / (1024 * 1024));
-        paths[i] = p;
+        /* "-" would mean stdin, which is the protocol here. */
+        paths[i] = strcmp(p, "-") == 0 ? "./-" : p;
     }
     struct ci_error e = {{0}};
     if (ensure_broker(m, &e))

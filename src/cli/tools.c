@@ -108,6 +108,21 @@ static bool artifact_type(const json_t *m, const char *mime)
     return false;
 }
 
+/* A version or package name from the manifest as it may appear in a
+ * description: the record is a KV value that anyone allowed to write the
+ * bucket could have written, and the description goes to a model. */
+static bool plain_token(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 40)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.+-_!",
+                    s[i]))
+            return false;
+    return true;
+}
+
 /* run_python's description: everything in it is either read from the
  * manifest the workers published or true of every deployment of this
  * version (contract §12, §16); limits without a manifest are the client
@@ -116,40 +131,54 @@ static char *describe_run(const json_t *m, const struct ci_config *cfg, bool mcp
 {
     CI_AUTOBUF struct ci_buf t = CI_BUF_INIT;
     char tmp[32];
-    ci_buf_appendf(&t, "Runs Python code in an isolated sandbox and returns its stdout, stderr, "
-                       "error (with a hint on what to try next) and the files it wrote. ");
+    const json_t *iso = m ? json_object_get(m, "isolation") : NULL;
+    const char *isolation = json_is_string(iso) ? json_string_value(iso) : "";
+    if (strcmp(isolation, "none") == 0)
+        ci_buf_appendf(&t, "Runs Python code on a worker machine (this deployment runs it WITHOUT "
+                           "a sandbox) and returns its stdout, stderr, error (with a hint on what "
+                           "to try next) and the files it wrote. ");
+    else
+        ci_buf_appendf(&t, "Runs Python code in %s and returns its stdout, stderr, error (with a "
+                           "hint on what to try next) and the files it wrote. ",
+                       *isolation ? "an isolated sandbox" : "a remote runtime");
     if (m) {
         const char *py = mstr(m, "python", NULL, tmp);
-        ci_buf_appendf(&t, "Runtime %s: Python %s", CI_TOOLS_RUNTIME, py ? py : "3");
+        ci_buf_appendf(&t, "Runtime %s: Python %s", CI_TOOLS_RUNTIME, plain_token(py) ? py : "3");
         const json_t *pk = json_object_get(m, "packages");
+        size_t n = 0;
         if (json_is_object(pk) && json_object_size(pk)) {
             const char *k;
             const json_t *v;
-            size_t n = 0;
-            ci_buf_appendf(&t, " with ");
             json_object_foreach((json_t *)pk, k, v) {
+                const char *ver = json_is_string(v) ? json_string_value(v) : NULL;
+                if (!plain_token(k) || (ver && !plain_token(ver)))
+                    continue; /* not what a worker writes */
                 if (n == MAX_PACKAGES) {
-                    ci_buf_appendf(&t, " and %zu more", json_object_size(pk) - n);
+                    ci_buf_appendf(&t, " and more");
                     break;
                 }
-                ci_buf_appendf(&t, "%s%s%s%s", n ? ", " : "", k, json_is_string(v) ? " " : "",
-                               json_is_string(v) ? json_string_value(v) : "");
+                ci_buf_appendf(&t, "%s%s%s%s", n ? ", " : " with ", k, ver ? " " : "",
+                               ver ? ver : "");
                 n++;
             }
         }
         ci_buf_appendf(&t, ". ");
-        if (json_is_false(json_object_get(m, "pip")))
+        if (json_is_false(json_object_get(m, "pip")) && n)
             ci_buf_appendf(&t, "No pip: only these packages can be imported (and the standard "
                                "library). ");
+        else if (!n)
+            ci_buf_appendf(&t, "It ships numpy, pandas, matplotlib and openpyxl (versions not "
+                               "known). ");
         const json_t *net = json_object_get(m, "network");
         if (json_is_false(net))
             ci_buf_appendf(&t, "No network access. ");
         else if (json_is_true(net))
             ci_buf_appendf(&t, "The network is reachable. ");
     } else {
-        ci_buf_appendf(&t, "Runtime %s: Python 3 with numpy, pandas, matplotlib (Agg backend) and "
-                           "openpyxl; no pip, so other packages cannot be installed. No network "
-                           "access. ",
+        /* No worker said what it runs: only what the runtime's name
+         * promises (contract §12), and no claim about this deployment. */
+        ci_buf_appendf(&t, "Runtime %s, which ships Python 3 with numpy, pandas, matplotlib and "
+                           "openpyxl (no worker has published its versions yet). ",
                        CI_TOOLS_RUNTIME);
     }
 
@@ -173,17 +202,16 @@ static char *describe_run(const json_t *m, const struct ci_config *cfg, bool mcp
     } else {
         ci_buf_appendf(&t, " of time");
     }
-    ci_buf_appendf(&t, "; %" PRIu64 " MiB of memory; 1 CPU; inputs ", dmem);
+    ci_buf_appendf(&t, "; %" PRIu64 " MiB of memory; inputs ", dmem);
     append_size(&t, in);
     ci_buf_appendf(&t, " in all; stdout and stderr are kept up to ");
     append_size(&t, out);
-    ci_buf_appendf(&t, " each. ");
+    ci_buf_appendf(&t, " each%s. ", mcp ? " (this tool's result shows the start and the end of "
+                                          "long output)" : "");
 
-    const char *inputs = m ? mstr(m, "inputs", NULL, tmp) : NULL;
     if (mcp)
         ci_buf_appendf(&t, "Local files listed in `files` are uploaded and appear as ./NAME (their "
-                           "base name) in the working directory%s%s%s. ",
-                       inputs ? " (" : "", inputs ? inputs : "", inputs ? ")" : "");
+                           "base name) in the working directory. ");
     ci_buf_appendf(&t, "Each run without session_id starts from scratch. ");
     bool png = artifact_type(m, "image/png"), csv = artifact_type(m, "text/csv");
     if (png)
@@ -200,9 +228,8 @@ static char *describe_run(const json_t *m, const struct ci_config *cfg, bool mcp
         ci_buf_appendf(&t, "Sessions are not available on this deployment: do not pass "
                            "session_id.");
     } else {
-        const char *keeps = ss ? mstr(ss, "keeps", NULL, tmp) : NULL;
-        char tmp2[32];
-        const char *drops = ss ? mstr(ss, "drops", NULL, tmp2) : NULL;
+        /* The record's free texts are not passed on (see plain_token). */
+        const char *keeps = NULL, *drops = NULL;
         uint64_t idle = ss ? mnum(ss, "idleS", NULL, cfg->sessions.idle_s) : cfg->sessions.idle_s;
         ci_buf_appendf(&t, "To keep state between runs, like cells of a notebook, pass the same "
                            "session_id (your own unguessable id) each time: the next run starts "

@@ -239,7 +239,10 @@ describe("ci tools --format", () => {
     }
     const run = t.find((x) => x.function.name === "run_python").function;
     checkSchema(run.parameters, false);
-    assert.match(run.description, /no network/i);
+    // No worker published a manifest: nothing is claimed of this deployment
+    // (not even "no network": a worker may run without a sandbox).
+    assert.match(run.description, /no worker has published/);
+    assert.doesNotMatch(run.description, /no network|sandbox/i);
   });
 
   test("anthropic: name, description, input_schema", () => {
