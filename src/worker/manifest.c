@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -89,12 +90,11 @@ ci_status ci_manifest_parse_versions(const char *json, size_t len,
     const char *name;
     json_t *val;
     json_object_foreach(pkgs, name, val) {
-        if (v.n_packages == CI_MANIFEST_MAX_PACKAGES || !version_ok(name) ||
-            !json_is_string(val) || !version_ok(json_string_value(val))) {
-            r = ci_error_set(err, CI_ERR_INVALID,
-                             "the version script gave an odd package entry '%.64s'", name);
-            goto out;
-        }
+        if (v.n_packages == CI_MANIFEST_MAX_PACKAGES)
+            break;
+        /* One odd entry is left out; the rest (and Python's version) stand. */
+        if (!version_ok(name) || !json_is_string(val) || !version_ok(json_string_value(val)))
+            continue;
         struct ci_manifest_package *p = &v.packages[v.n_packages++];
         snprintf(p->name, sizeof(p->name), "%s", name);
         snprintf(p->version, sizeof(p->version), "%s", json_string_value(val));
@@ -207,9 +207,22 @@ void ci_manifest_read_versions(const char *python, int timeout_ms,
     }
     if (timed_out || out_open || err_open)
         kill(pid, SIGKILL);
+    /* Its stdio closed, it may still linger (a .pth that forks): the
+     * deadline holds for the exit too. */
     int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid || (w < 0 && errno != EINTR))
+            break;
+        if (w == 0 && ci_mono_ms() >= deadline && !timed_out) {
+            timed_out = true;
+            kill(pid, SIGKILL);
+        }
+        if (w == 0) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
     char why[200];
     last_line(&errs, why, sizeof(why));
     if (timed_out) {
