@@ -1196,15 +1196,19 @@ static void t_no_isolation_mode(void)
     struct ci_outcome o;
     struct ci_file f = {.name = "in.csv", .data = (uint8_t *)"q\n", .len = 2};
     REQUIRE(run_with(p, "import os\nprint(open('in.csv').read().strip(), os.getuid())\n"
-                        "open('out.csv', 'w').write('x\\n')\n", &f, 1, 20000, 1024,
+                        "open('out.csv', 'w').write('x\\n')\n"
+                        "display('bare')\n", &f, 1, 20000, 1024,
                      &o) == CI_OK);
     CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    REQUIRE(o.n_outputs == 1); /* outputs without a sandbox too */
+    CHECK_STR(o.outputs[0].data[0].value, "'bare'");
     char want[64];
     snprintf(want, sizeof(want), "q %u\n", geteuid() == 0 ? 65534u : (unsigned)geteuid());
     CHECK_STR(o.out, want);
     CHECK_STR(o.isolation, "none");
     CHECK(find_artifact(&o, "out.csv") != NULL);
     CHECK(find_artifact(&o, "in.csv") == NULL);
+    CHECK(o.n_artifacts == 1); /* .ci-outputs is none */
     ci_outcome_release(&o);
 
     char marker[64];
