@@ -24,6 +24,13 @@
 # code runs, and after it saves them into `.ci-state-out`. Inputs never
 # start with '.', so only the worker can have put those names there.
 #
+# Rich outputs (docs/contract.md section 17): the value of the code's last
+# statement, when it is a bare expression whose value is not None, and each
+# call of the builtin display(obj) are rendered (text/plain; a DataFrame or
+# Series also as text/html and application/json; a matplotlib Figure also as
+# image/png) when they are made and written at the end to `.ci-outputs`
+# (JSON), which the worker reads, checks and copies into the result.
+#
 # Nothing heavy is imported here: pandas and matplotlib cost ~0.5 s, and only
 # the code decides whether it needs them (MPLBACKEND=Agg is in the env).
 #
@@ -166,7 +173,9 @@ _SESSION_FILE = ".ci-session"
 _STATE_IN = ".ci-state"
 _STATE_OUT = ".ci-state-out"
 _STATE_TMP = ".ci-state-out.tmp"
-_RESERVED = (_SESSION_FILE, _STATE_IN, _STATE_OUT, _STATE_TMP)
+_OUTPUTS = ".ci-outputs"
+_OUTPUTS_TMP = ".ci-outputs.tmp"
+_RESERVED = (_SESSION_FILE, _STATE_IN, _STATE_OUT, _STATE_TMP, _OUTPUTS, _OUTPUTS_TMP)
 _STATE_MAGIC = b"ci-session-state 1\n"
 _STATE_MAX_FILES = 10000    # files a state may carry
 _STATE_MAX_DEPTH = 32       # directory levels walked
@@ -306,6 +315,185 @@ def _state_pickler(main):
     pickler = StatePickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
     pickler._main = main
     return pickler, buf
+
+
+# Rich outputs: the caps of docs/contract.md section 17 (the worker checks
+# them again; these keep the driver from making what it would refuse).
+_OUT_MAX = 20                    # outputs per task
+_OUT_TOTAL = 2 << 20             # bytes of data in all
+_OUT_TEXT = 64 * 1024            # text/plain
+_OUT_TABLE = 256 * 1024          # text/html and application/json, each
+_OUT_PNG = 256 * 1024            # a PNG inlined (before base64)
+_OUT_ROWS = 100                  # rows of a table shown
+
+
+def _clean_text(text):
+    """Text that is valid UTF-8 without NUL (the worker refuses either)."""
+    text = text.replace("\0", "\ufffd")
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _cut_utf8(text, cap):
+    """(text within cap bytes of UTF-8, cut on a character boundary, was_cut)."""
+    data = text.encode("utf-8")
+    if len(data) <= cap:
+        return text, False
+    return data[:cap].decode("utf-8", "ignore"), True
+
+
+class _Outputs:
+    """The outputs of one task, rendered as they are made."""
+
+    def __init__(self, ws):
+        self.ws = ws            # the workspace: the code may chdir away
+        self.items = []
+        self.size = 0           # bytes of data kept
+        self.truncated = False  # some were left out
+        self.png_n = 1          # the next output-N.png to try
+
+    def add(self, kind, value):
+        """Renders value as an output; never raises (but BaseExceptions such
+        as a KeyboardInterrupt or a MemoryError go through)."""
+        if self.truncated:
+            return
+        if len(self.items) >= _OUT_MAX:
+            self.truncated = True
+            return
+        out = {"kind": kind, "data": {}, "truncated": False, "total_rows": 0, "artifact": ""}
+        try:
+            self._render(value, out)
+        except Exception as e:
+            if not out["data"].get("text/plain"):
+                out["data"]["text/plain"] = "<%s: could not be shown: %s>" % (
+                    _type_name(value), _describe(e)[:200])
+        data = out["data"]
+        for key in list(data):
+            data[key] = _clean_text(data[key])
+        size = sum(len(v.encode("utf-8")) for v in data.values())
+        if self.size + size > _OUT_TOTAL:
+            self.truncated = True
+            return
+        self.size += size
+        self.items.append(out)
+
+    def _render(self, value, out):
+        data = out["data"]
+        try:
+            text = repr(value)
+            if not isinstance(text, str):
+                raise TypeError("__repr__ returned %s" % type(text).__name__)
+        except Exception as e:
+            text = "<%s: repr() failed: %s>" % (_type_name(value), _describe(e)[:200])
+        text, cut = _cut_utf8(_clean_text(text), _OUT_TEXT)
+        data["text/plain"] = text
+        out["truncated"] = cut
+        pd = sys.modules.get("pandas")
+        if pd is not None and isinstance(value, (pd.DataFrame, pd.Series)):
+            self._table(value, out)
+            return
+        figure = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
+        if figure is not None and isinstance(value, figure):
+            self._figure(value, out)
+
+    def _table(self, value, out):
+        """text/html and application/json of the first rows; fewer rows when
+        they would not fit their cap; a key is left out when even one row
+        would not."""
+        frame = value.to_frame() if hasattr(value, "to_frame") else value
+        total = len(frame)
+        out["total_rows"] = total
+        for key, make in (("text/html", lambda f: f.to_html()),
+                          ("application/json",
+                           lambda f: f.to_json(orient="records", date_format="iso"))):
+            rows = min(total, _OUT_ROWS)
+            text = None
+            try:
+                while True:
+                    text = make(frame.head(rows))
+                    if len(text.encode("utf-8", "replace")) <= _OUT_TABLE:
+                        break
+                    text = None
+                    if rows <= 1:
+                        break
+                    rows //= 2
+            except Exception:
+                text = None
+            if text is None:
+                out["truncated"] = True
+                continue
+            out["data"][key] = text
+            if rows < total:
+                out["truncated"] = True
+
+    def _figure(self, fig, out):
+        """image/png inline, or output-N.png in the workspace when larger;
+        then the figure is closed: it is not saved again as figure-N.png."""
+        import base64
+        import io
+        buf = io.BytesIO()
+        try:
+            fig.savefig(buf, format="png")
+        finally:
+            plt = sys.modules.get("matplotlib.pyplot")
+            if plt is not None:
+                try:
+                    plt.close(fig)
+                except Exception:
+                    pass
+        png = buf.getvalue()
+        if len(png) <= _OUT_PNG:
+            out["data"]["image/png"] = base64.b64encode(png).decode("ascii")
+            return
+        while True:
+            name = "output-%d.png" % self.png_n
+            self.png_n += 1
+            try:
+                fd = os.open(os.path.join(self.ws, name),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o644)
+            except FileExistsError:
+                continue
+            break
+        with open(fd, "wb") as f:
+            f.write(png)
+        out["artifact"] = name
+
+    def display(self, *objs, **kwargs):
+        """display(obj, ...): each object becomes an output, in order."""
+        for obj in objs:
+            self.add("display", obj)
+
+    def write(self):
+        """Writes .ci-outputs (a temporary name, then a rename); removes one
+        the code may have left when there is nothing to say."""
+        import json
+        for name in (_OUTPUTS, _OUTPUTS_TMP):
+            _remove(os.path.join(self.ws, name))
+        if not self.items and not self.truncated:
+            return
+        blob = json.dumps({"outputs": self.items, "truncated": self.truncated},
+                          ensure_ascii=False).encode("utf-8")
+        tmp = os.path.join(self.ws, _OUTPUTS_TMP)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as f:
+                f.write(blob)
+            os.rename(tmp, os.path.join(self.ws, _OUTPUTS))
+        except OSError as e:
+            _remove(tmp)
+            sys.stderr.write("could not write the outputs: %s\n" % _describe(e))
+
+
+def _type_name(value):
+    try:
+        return type(value).__name__
+    except Exception:
+        return "object"
 
 
 class _Session:
@@ -575,12 +763,31 @@ class _Session:
                 os.strerror(e.errno) if e.errno else _describe(e))
 
 
+def _compile_cell(text):
+    """(code of the statements, code of the last one's expression or None),
+    like a notebook cell: the value of a last bare expression is shown. Line
+    numbers stay the code's own. Source that does not parse is compiled
+    whole, so that its SyntaxError is the one Python gives."""
+    import ast
+    try:
+        tree = ast.parse(text, "main.py")
+    except (SyntaxError, ValueError):
+        tree = None  # out of the handler: the error must not chain to this one
+    if tree is None:
+        return compile(text, "main.py", "exec"), None
+    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
+        return compile(tree, "main.py", "exec"), None
+    last = ast.Expression(tree.body.pop().value)
+    return compile(tree, "main.py", "exec"), compile(last, "main.py", "eval")
+
+
 class _Driver:
     def __init__(self):
         self.report = None  # the report fd, kept out of the user's way
         self.fields = {}
         self.session = None  # a _Session for a session step
         self.main = None     # the code's module
+        self.outputs = _Outputs(os.getcwd())
 
     def open_channels(self):
         import fcntl
@@ -678,8 +885,16 @@ class _Driver:
         # Tracebacks show the code's lines: linecache keeps entries whose
         # mtime is None, and a file main.py in the workspace cannot shadow it.
         linecache.cache["main.py"] = (len(text), None, text.splitlines(True), "main.py")
+        # display() is a builtin, not one of the code's globals: a session
+        # does not carry it.
+        builtins.display = self.outputs.display
         try:
-            exec(compile(text, "main.py", "exec"), main.__dict__)
+            body, last = _compile_cell(text)
+            exec(body, main.__dict__)
+            if last is not None:
+                value = eval(last, main.__dict__)
+                if value is not None:
+                    self.outputs.add("result", value)
         except SystemExit as e:
             if e.code is None:
                 return 0
@@ -738,6 +953,10 @@ def _main():
         driver.save_figures()
     except BaseException as e:  # noqa: B036 - never lose the report
         sys.stderr.write("could not save the figures: %s\n" % _describe(e))
+    try:
+        driver.outputs.write()
+    except BaseException as e:  # noqa: B036 - never lose the report
+        sys.stderr.write("could not write the outputs: %s\n" % _describe(e))
     # After a MemoryError the code's globals are gone: the previous state
     # stands (the worker keeps it).
     if driver.session is not None and driver.fields.get("kind") != "memory":
@@ -762,7 +981,8 @@ def _main():
 _WARM_IMPORTS = (
     "numpy", "pandas", "matplotlib", "matplotlib.pyplot", "matplotlib.backends.backend_agg",
     "openpyxl", "random", "threading", "atexit", "builtins", "linecache", "types",
-    "traceback", "fcntl", "errno", "dill", "pickle", "hashlib", "io", "stat",
+    "traceback", "fcntl", "errno", "dill", "pickle", "hashlib", "io", "stat", "ast", "json",
+    "base64",
 )
 
 

@@ -90,6 +90,25 @@ __attribute__((format(printf, 2, 3))) static void say(FILE *f, const char *fmt, 
     free(text);
 }
 
+/* Each output's text/plain, as a notebook shows it after the cell's prints;
+ * an image kept as an artifact is named. */
+static void print_outputs(FILE *f, const Ci__V1__ExecutionResult *r)
+{
+    for (size_t i = 0; i < r->n_outputs; i++) {
+        const Ci__V1__Output *out = r->outputs[i];
+        for (size_t j = 0; j < out->n_data; j++) {
+            const char *v = out->data[j]->value;
+            if (strcmp(out->data[j]->key, "text/plain") != 0)
+                continue;
+            put_text(f, v, strlen(v));
+            if (!*v || v[strlen(v) - 1] != '\n')
+                fputc('\n', f);
+        }
+        if (out->artifact[0])
+            say(f, "[image: artifact %s]\n", out->artifact);
+    }
+}
+
 /* Reads the script and submits it with the options' inputs and labels. */
 static int submit(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
                   const char *script, char task_id[65])
@@ -243,6 +262,11 @@ static void print_summary(const Ci__V1__ExecutionResult *r)
     if (r->stdout[0])
         say(stdout, "--- stdout%s ---\n%s\n", r->stdout_truncated ? " (truncated)" : "",
             r->stdout);
+    if (r->n_outputs || r->outputs_truncated) {
+        say(stdout, "--- outputs (%zu%s) ---\n", r->n_outputs,
+            r->outputs_truncated ? ", more were left out" : "");
+        print_outputs(stdout, r);
+    }
     if (r->stderr[0])
         say(stdout, "--- stderr%s ---\n%s\n", r->stderr_truncated ? " (truncated)" : "",
             r->stderr);
@@ -506,6 +530,7 @@ static int run_script(struct ci_broker *b, const struct ci_config *cfg, const st
         print_json(&r->base);
     } else {
         put_text(stdout, r->stdout, strlen(r->stdout));
+        print_outputs(stdout, r);
         fflush(stdout);
         put_text(stderr, r->stderr, strlen(r->stderr));
         if (r->stdout_truncated)
@@ -518,6 +543,9 @@ static int run_script(struct ci_broker *b, const struct ci_config *cfg, const st
             say(stderr, "ci: %s: %s\n", ci_task_status_short(r->status), r->error);
         if (r->hint[0])
             say(stderr, "ci: hint: %s\n", r->hint);
+        if (r->outputs_truncated)
+            say(stderr, "ci: the code showed more outputs than a result keeps (20, 2 MiB); "
+                        "the rest were left out\n");
         print_session(stderr, "ci: ", r->session);
     }
     int failures = o->no_save ? 0 : save_artifacts(b, r);

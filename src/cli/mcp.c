@@ -346,8 +346,51 @@ static void save_artifact(struct mcp *m, struct ci_buf *t, const Ci__V1__Executi
         close(sub);
 }
 
+/* The outputs (docs/contract.md section 17) into the text (each one's
+ * text/plain, a long one cut like stdout) and images (an inline PNG, within
+ * the limits of a result's images). */
+static void append_outputs(struct ci_buf *t, json_t *images, const Ci__V1__ExecutionResult *r,
+                           size_t *n_images, size_t *image_bytes)
+{
+    for (size_t i = 0; i < r->n_outputs; i++) {
+        const Ci__V1__Output *out = r->outputs[i];
+        char label[64];
+        snprintf(label, sizeof(label), "output %zu (%s)", i + 1,
+                 strcmp(out->kind, "result") == 0 ? "the last expression's value" : "display");
+        for (size_t j = 0; j < out->n_data; j++) {
+            const char *key = out->data[j]->key, *v = out->data[j]->value;
+            if (strcmp(key, "text/plain") == 0) {
+                append_stream(t, label, v, false, 0);
+                if (out->total_rows)
+                    ci_buf_appendf(t, "[%" PRIu64 " rows in all]\n", out->total_rows);
+            } else if (strcmp(key, "image/png") == 0) {
+                size_t len = strlen(v) / 4 * 3; /* about: the PNG's bytes */
+                if (*n_images < MAX_IMAGES && *image_bytes + len <= IMAGES_TOTAL) {
+                    json_t *img = json_pack("{s:s, s:s, s:s}", "type", "image", "data", v,
+                                            "mimeType", "image/png");
+                    if (img && json_array_append_new(images, img) == 0) {
+                        (*n_images)++;
+                        *image_bytes += len;
+                        ci_buf_appendf(t, "[%s is shown as an image]\n", label);
+                    }
+                } else {
+                    ci_buf_appendf(t, "[%s: an image not shown: at most %d images, %u MiB, per "
+                                      "result]\n", label, MAX_IMAGES,
+                                   IMAGES_TOTAL / (1024 * 1024));
+                }
+            }
+        }
+        if (out->artifact[0])
+            ci_buf_appendf(t, "[%s: its image is the file %s, below]\n", label, out->artifact);
+    }
+    if (r->outputs_truncated)
+        ci_buf_appendf(t, "[more outputs were made than a result keeps (20, 2 MiB); the rest "
+                          "were left out]\n");
+}
+
 /* The tool result for a task that ended: one text block (status, error,
- * hint, session, stdout, stderr, files), then an image block per PNG. */
+ * hint, session, stdout, outputs, stderr, files), then an image block per
+ * PNG (the outputs' first). */
 static json_t *result_content(struct mcp *m, const Ci__V1__ExecutionResult *r)
 {
     CI_AUTOBUF struct ci_buf t = CI_BUF_INIT;
@@ -366,11 +409,12 @@ static json_t *result_content(struct mcp *m, const Ci__V1__ExecutionResult *r)
         ci_buf_appendf(&t, "hint: %s\n", r->hint);
     if (r->session)
         append_session(&t, r->session);
+    size_t n_images = 0, image_bytes = 0;
     append_stream(&t, "stdout", r->stdout, r->stdout_truncated, r->stdout_total_bytes);
+    append_outputs(&t, images, r, &n_images, &image_bytes);
     append_stream(&t, "stderr", r->stderr, r->stderr_truncated, r->stderr_total_bytes);
     if (r->n_artifacts)
         ci_buf_appendf(&t, "files the code wrote:\n");
-    size_t n_images = 0, image_bytes = 0;
     for (size_t i = 0; i < r->n_artifacts; i++) {
         const Ci__V1__Artifact *a = r->artifacts[i];
         if (i == MAX_ARTIFACTS) {

@@ -14,6 +14,16 @@ void ci_artifact_release(struct ci_artifact *a)
     memset(a, 0, sizeof(*a));
 }
 
+void ci_output_release(struct ci_output *out)
+{
+    if (!out)
+        return;
+    for (size_t i = 0; i < out->n_data; i++)
+        free(out->data[i].value);
+    free(out->artifact);
+    memset(out, 0, sizeof(*out));
+}
+
 void ci_outcome_release(struct ci_outcome *o)
 {
     if (!o)
@@ -29,5 +39,8 @@ void ci_outcome_release(struct ci_outcome *o)
     free(o->session.dropped);
     free(o->session.state);
     free(o->session.state_error);
+    for (size_t i = 0; i < o->n_outputs; i++)
+        ci_output_release(&o->outputs[i]);
+    free(o->outputs);
     memset(o, 0, sizeof(*o));
 }

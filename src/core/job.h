@@ -92,6 +92,25 @@ struct ci_session_outcome {
     char *state_error;   /* why no state is left, or NULL */
 };
 
+/* A rich output (docs/contract.md §17): a value the code showed, rendered in
+ * the sandbox and only checked outside it. The MIME types and kind are
+ * static strings (never freed); the values are valid UTF-8 without NUL,
+ * each within its cap. */
+#define CI_OUTPUT_MIME_MAX 4 /* text/plain, text/html, application/json, image/png */
+struct ci_output_data {
+    const char *mime_type;
+    char *value;
+};
+
+struct ci_output {
+    const char *kind; /* "result" or "display" */
+    struct ci_output_data data[CI_OUTPUT_MIME_MAX];
+    size_t n_data;
+    bool truncated;      /* a representation was cut to its cap */
+    uint64_t total_rows; /* of a DataFrame or Series */
+    char *artifact;      /* the artifact an image too large to inline is, or NULL */
+};
+
 /* Everything a run produced. Owned by whoever waited for it. */
 struct ci_outcome {
     enum ci_outcome_kind kind;
@@ -112,10 +131,14 @@ struct ci_outcome {
     char *hint;         /* what to try next, or NULL */
     char isolation[128]; /* layers that ran: "user,pid,net,mnt,ipc,uts" or "none" */
     struct ci_session_outcome session;
+    struct ci_output *outputs; /* in the order the code made them */
+    size_t n_outputs;
+    bool outputs_truncated;    /* more were made than kept */
 };
 
 /* Both accept NULL and leave the struct zeroed. */
 void ci_outcome_release(struct ci_outcome *o);
 void ci_artifact_release(struct ci_artifact *a);
+void ci_output_release(struct ci_output *out);
 
 #endif

@@ -21,6 +21,58 @@ void ci_result_text_release(struct ci_result_text *text)
     free(text->out);
     free(text->err);
     text->out = text->err = NULL;
+    free(text->outs);
+    free(text->out_ptrs);
+    free(text->entries);
+    free(text->entry_ptrs);
+    text->outs = NULL;
+    text->out_ptrs = NULL;
+    text->entries = NULL;
+    text->entry_ptrs = NULL;
+}
+
+/* res->outputs from o's: messages in text, strings borrowed from o. */
+static ci_status set_outputs(Ci__V1__ExecutionResult *res, struct ci_result_text *text,
+                             const struct ci_outcome *o)
+{
+    res->outputs_truncated = o->outputs_truncated;
+    size_t n = o->n_outputs, n_data = 0;
+    if (!n)
+        return CI_OK;
+    for (size_t i = 0; i < n; i++)
+        n_data += o->outputs[i].n_data;
+    free(text->outs);
+    free(text->out_ptrs);
+    free(text->entries);
+    free(text->entry_ptrs);
+    text->outs = calloc(n, sizeof(*text->outs));
+    text->out_ptrs = calloc(n, sizeof(*text->out_ptrs));
+    text->entries = calloc(n_data ? n_data : 1, sizeof(*text->entries));
+    text->entry_ptrs = calloc(n_data ? n_data : 1, sizeof(*text->entry_ptrs));
+    if (!text->outs || !text->out_ptrs || !text->entries || !text->entry_ptrs)
+        return CI_ERR_NOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct ci_output *src = &o->outputs[i];
+        Ci__V1__Output *m = &text->outs[i];
+        ci__v1__output__init(m);
+        m->kind = (char *)src->kind;
+        m->truncated = src->truncated;
+        m->total_rows = src->total_rows;
+        m->artifact = src->artifact ? src->artifact : (char *)"";
+        m->data = &text->entry_ptrs[k];
+        m->n_data = src->n_data;
+        for (size_t j = 0; j < src->n_data; j++, k++) {
+            ci__v1__output__data_entry__init(&text->entries[k]);
+            text->entries[k].key = (char *)src->data[j].mime_type;
+            text->entries[k].value = src->data[j].value;
+            text->entry_ptrs[k] = &text->entries[k];
+        }
+        text->out_ptrs[i] = m;
+    }
+    res->outputs = text->out_ptrs;
+    res->n_outputs = n;
+    return CI_OK;
 }
 
 /* Valid UTF-8 of the raw bytes, cut at cap on a character boundary. */
@@ -119,6 +171,11 @@ ci_status ci_result_set_outcome(Ci__V1__ExecutionResult *res, Ci__V1__Usage *usa
     res->stderr_truncated = err_cut || o->err_total > o->err_len;
     if (!text->out || !text->err) {
         res->stdout = res->stderr = (char *)"";
+        return CI_ERR_NOMEM;
+    }
+    if (set_outputs(res, text, o)) {
+        res->n_outputs = 0;
+        res->outputs_truncated = true;
         return CI_ERR_NOMEM;
     }
     return CI_OK;

@@ -222,8 +222,8 @@ static void walk_dir(struct walk *w, int dirfd, const char *prefix, int depth)
     w->entries += (unsigned)n;
     for (size_t i = 0; i < n && !w->s; i++) {
         const char *name = names[i];
-        if (!*prefix && session_reserved_name(name))
-            continue; /* a session's own files: never artifacts */
+        if (!*prefix && (session_reserved_name(name) || outputs_reserved_name(name)))
+            continue; /* a session's or the outputs' own files: never artifacts */
         uint32_t cp = 0;
         enum ci_text_verdict v = ci_text_name_check(name, strlen(name), &cp);
         if (v != CI_TEXT_OK) {

@@ -358,6 +358,8 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
         s = session_collect(run, &r); /* first: the walk skips the restored files */
     if (!s && run->ws_fd >= 0)
         s = collect_artifacts(run, &r);
+    if (!s && run->ws_fd >= 0)
+        s = outputs_collect(run, &r); /* after: an image's artifact must be one */
     ci_buf_release(&out.buf);
     ci_buf_release(&errc.buf);
     ci_buf_release(&rep.buf);

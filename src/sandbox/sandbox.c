@@ -23,7 +23,8 @@
  *   cgroup.c     the task's cgroup;
  *   uids.c       the task uids: a uid of its own for each task's code;
  *   report.c     the driver's report, read;
- *   session.c    a session step's state in and out of the workspace.
+ *   session.c    a session step's state in and out of the workspace;
+ *   outputs.c    the rich outputs the driver left, checked (docs/contract.md §17).
  * sandbox_int.h holds what they share, sandbox_proto.h what the worker and
  * the processes of a sandbox say to each other.
  *

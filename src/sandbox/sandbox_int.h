@@ -231,6 +231,12 @@ ci_status session_collect(struct ci_sandbox_run *run, struct ci_sandbox_result *
 bool session_reserved_name(const char *name);
 bool session_unchanged(const struct ci_sandbox_run *run, const char *rel, const char *sha);
 
+/* outputs.c: the rich outputs the driver left in .ci-outputs, checked, into
+ * r->outcome (after the artifact walk: an image's artifact must be one);
+ * the names that are never artifacts nor part of a state. */
+ci_status outputs_collect(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
+bool outputs_reserved_name(const char *name);
+
 /* uids.c: the task uids. */
 ci_status uids_init(struct task_uids *u, const struct ci_config *cfg, bool root, bool warm,
                     struct ci_error *err);

@@ -146,22 +146,25 @@ static void result_fail(struct result *r, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Makes what is not stdout or stderr fit in max bytes on its own: echoed
- * labels (a request refused for its labels may carry megabytes of them)
- * go first, then the list of artifacts (they stay in the bucket). A result
- * that cannot be stored would leave the task without an end. */
+/* Makes what is not stdout, stderr or the outputs fit in max bytes on its
+ * own: echoed labels (a request refused for its labels may carry megabytes
+ * of them) go first, then the list of artifacts (they stay in the bucket).
+ * A result that cannot be stored would leave the task without an end. */
 static ci_status fit_fixed_part(const struct task *t, struct result *r, int64_t max,
                                 struct ci_error *err)
 {
     for (;;) {
         char *out = r->msg.stdout, *errs = r->msg.stderr;
+        size_t n_outputs = r->msg.n_outputs;
         r->msg.stdout = (char *)"";
         r->msg.stderr = (char *)"";
+        r->msg.n_outputs = 0;
         uint8_t *buf = NULL;
         size_t len = 0;
         ci_status s = ci_message_encode(t->enc, &r->msg.base, &buf, &len, err);
         r->msg.stdout = out;
         r->msg.stderr = errs;
+        r->msg.n_outputs = n_outputs;
         free(buf);
         if (s)
             return s;
@@ -183,9 +186,10 @@ static ci_status fit_fixed_part(const struct task *t, struct result *r, int64_t 
     }
 }
 
-/* Encodes the result so that it fits in one message: when stdout and stderr
- * make it too large (JSON escaping can multiply their size), they are cut
- * further and marked truncated. */
+/* Encodes the result so that it fits in one message: when the outputs,
+ * stdout and stderr make it too large (JSON escaping can multiply their
+ * size), the outputs go first, the last one first (outputs_truncated),
+ * then stdout and stderr are cut further and marked truncated. */
 static ci_status encode_result(const struct task *t, struct result *r, uint8_t **ret,
                                size_t *ret_len, struct ci_error *err)
 {
@@ -205,6 +209,11 @@ static ci_status encode_result(const struct task *t, struct result *r, uint8_t *
             return CI_OK;
         }
         free(buf);
+        if (r->msg.n_outputs) {
+            r->msg.n_outputs--;
+            r->msg.outputs_truncated = true;
+            continue;
+        }
         size_t olen = strlen(r->msg.stdout), elen = strlen(r->msg.stderr);
         if (olen == 0 && elen == 0)
             return ci_error_set(err, CI_ERR_LIMIT, "the result does not fit in %" PRId64 " bytes",
@@ -793,8 +802,8 @@ static enum ci_task_end finish(struct task *t, struct result *r)
         char prev[CI_RESULT_TEXT_MAX];
         snprintf(prev, sizeof(prev), "%s", r->text.error);
         snprintf(r->text.error, sizeof(r->text.error),
-                 "the result could not be stored whole (%.300s): its output, artifact list and "
-                 "labels are not kept%s%.500s",
+                 "the result could not be stored whole (%.300s): its output, outputs, artifact "
+                 "list and labels are not kept%s%.500s",
                  e.msg, prev[0] ? "; " : "", prev);
         r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_FAILED;
         r->msg.stdout = r->msg.stderr = (char *)"";
@@ -802,6 +811,8 @@ static enum ci_task_end finish(struct task *t, struct result *r)
         r->msg.stderr_truncated = r->msg.stderr_total_bytes > 0;
         r->msg.n_artifacts = 0;
         r->msg.n_labels = 0;
+        r->msg.outputs_truncated = r->msg.outputs_truncated || r->msg.n_outputs > 0;
+        r->msg.n_outputs = 0;
         s = write_fenced(t, r, true, &fence, &e);
     }
     if (s == CI_ERR_FULL && !t->final_stored && r->undo.n) {

@@ -95,6 +95,17 @@ describe("ci mcp", () => {
     assert.deepEqual(png.subarray(0, 8), PNG_MAGIC);
   });
 
+  test("outputs: the last expression's text, a displayed figure as an image block", async () => {
+    const code = "import matplotlib.pyplot as plt\nfig = plt.figure()\nplt.plot([1, 2])\ndisplay(fig)\n6 * 7";
+    const r = await client.callTool({ name: "run_python", arguments: { code } }, undefined, CALL);
+    assert.notEqual(r.isError, true, textOf(r));
+    assert.match(textOf(r), /--- output 1 \(display\) ---\n<Figure size[^\n]*\n\[output 1 \(display\) is shown as an image\]\n/);
+    assert.match(textOf(r), /--- output 2 \(the last expression's value\) ---\n42\n/);
+    const imgs = r.content.filter((c) => c.type === "image");
+    assert.equal(imgs.length, 1, "the figure shown is not saved again as figure-1.png");
+    assert.deepEqual(Buffer.from(imgs[0].data, "base64").subarray(0, 8), PNG_MAGIC);
+  });
+
   test("an exception is isError with the error and the hint", async () => {
     const r = await client.callTool({ name: "run_python", arguments: { code: "df = pd.DataFrame()" } }, undefined, CALL);
     assert.equal(r.isError, true);

@@ -322,6 +322,66 @@ static void test_result_roundtrip(void)
     ci_message_free(m);
 }
 
+/* Rich outputs (docs/contract.md section 17): a repeated message holding a
+ * string map, both encodings; JSON names and the map as an object. */
+static void test_result_outputs(void)
+{
+    Ci__V1__Output__DataEntry d1 = CI__V1__OUTPUT__DATA_ENTRY__INIT,
+                              d2 = CI__V1__OUTPUT__DATA_ENTRY__INIT;
+    d1.key = "text/plain";
+    d1.value = "   a\n0  1";
+    d2.key = "application/json";
+    d2.value = "[{\"a\":1}]";
+    Ci__V1__Output__DataEntry *data[] = {&d1, &d2};
+    Ci__V1__Output o1 = CI__V1__OUTPUT__INIT, o2 = CI__V1__OUTPUT__INIT;
+    o1.kind = "display";
+    o1.n_data = 2;
+    o1.data = data;
+    o1.total_rows = 1000;
+    o1.truncated = true;
+    o2.kind = "result";
+    o2.artifact = "output-2.png";
+    Ci__V1__Output *outs[] = {&o1, &o2};
+    Ci__V1__ExecutionResult r = CI__V1__EXECUTION_RESULT__INIT;
+    r.task_id = "t1";
+    r.n_outputs = 2;
+    r.outputs = outs;
+    r.outputs_truncated = true;
+    roundtrip_both(&r.base);
+
+    char *js = enc_json(&r.base);
+    REQUIRE(js != NULL);
+    CHECK_CONTAINS(js, "\"outputs\":[{\"data\":{\"text/plain\":\"   a\\n0  1\","
+                       "\"application/json\":\"[{\\\"a\\\":1}]\"},\"kind\":\"display\","
+                       "\"truncated\":true,\"totalRows\":\"1000\"},"
+                       "{\"kind\":\"result\",\"artifact\":\"output-2.png\"}]");
+    CHECK_CONTAINS(js, "\"outputsTruncated\":true");
+    ProtobufCMessage *m = dj(&ci__v1__execution_result__descriptor, js);
+    REQUIRE(m != NULL);
+    Ci__V1__ExecutionResult *back = (Ci__V1__ExecutionResult *)m;
+    REQUIRE(back->n_outputs == 2);
+    REQUIRE(back->outputs[0]->n_data == 2);
+    CHECK_STR(back->outputs[0]->data[1]->key, "application/json");
+    CHECK_STR(back->outputs[0]->data[1]->value, "[{\"a\":1}]");
+    CHECK(back->outputs[0]->total_rows == 1000);
+    CHECK_STR(back->outputs[1]->artifact, "output-2.png");
+    ci_message_free(m);
+    free(js);
+
+    /* the proto names are read too; a map value must be a string */
+    m = dj(&ci__v1__execution_result__descriptor,
+           "{\"outputs\":[{\"data\":{\"text/plain\":\"1\"},\"total_rows\":3}],"
+           "\"outputs_truncated\":true}");
+    REQUIRE(m != NULL);
+    back = (Ci__V1__ExecutionResult *)m;
+    REQUIRE(back->n_outputs == 1);
+    CHECK(back->outputs[0]->total_rows == 3);
+    CHECK(back->outputs_truncated);
+    ci_message_free(m);
+    CHECK(dj(&ci__v1__execution_result__descriptor,
+             "{\"outputs\":[{\"data\":{\"text/plain\":1}}]}") == NULL);
+}
+
 static void test_status_event(void)
 {
     Ci__V1__StatusEvent ev = CI__V1__STATUS_EVENT__INIT;
@@ -650,6 +710,6 @@ static void test_every_prefix_frees(void)
 }
 
 TEST_MAIN(T(test_content_types), T(test_status_names), T(test_request_roundtrip),
-          T(test_result_roundtrip), T(test_status_event), T(test_contract_example),
+          T(test_result_roundtrip), T(test_result_outputs), T(test_status_event), T(test_contract_example),
           T(test_json_input_forms), T(test_json_errors), T(test_protobuf_errors),
           T(test_encode_invalid_utf8), T(test_every_prefix_frees))

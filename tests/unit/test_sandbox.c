@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "sandbox/cgroup.h"
 #include "core/config.h"
 #include "provider/provider_local.h"
@@ -1194,15 +1196,19 @@ static void t_no_isolation_mode(void)
     struct ci_outcome o;
     struct ci_file f = {.name = "in.csv", .data = (uint8_t *)"q\n", .len = 2};
     REQUIRE(run_with(p, "import os\nprint(open('in.csv').read().strip(), os.getuid())\n"
-                        "open('out.csv', 'w').write('x\\n')\n", &f, 1, 20000, 1024,
+                        "open('out.csv', 'w').write('x\\n')\n"
+                        "display('bare')\n", &f, 1, 20000, 1024,
                      &o) == CI_OK);
     CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    REQUIRE(o.n_outputs == 1); /* outputs without a sandbox too */
+    CHECK_STR(o.outputs[0].data[0].value, "'bare'");
     char want[64];
     snprintf(want, sizeof(want), "q %u\n", geteuid() == 0 ? 65534u : (unsigned)geteuid());
     CHECK_STR(o.out, want);
     CHECK_STR(o.isolation, "none");
     CHECK(find_artifact(&o, "out.csv") != NULL);
     CHECK(find_artifact(&o, "in.csv") == NULL);
+    CHECK(o.n_artifacts == 1); /* .ci-outputs is none */
     ci_outcome_release(&o);
 
     char marker[64];
@@ -2005,6 +2011,200 @@ static void t_session_carry(void)
     ci_outcome_release(&o1);
 }
 
+
+/* Rich outputs (docs/contract.md section 17). */
+static const char *output_data(const struct ci_output *out, const char *mime)
+{
+    for (size_t i = 0; i < out->n_data; i++)
+        if (strcmp(out->data[i].mime_type, mime) == 0)
+            return out->data[i].value;
+    return NULL;
+}
+
+static void t_outputs(void)
+{
+    struct ci_outcome o;
+    /* a DataFrame as the last line: text, HTML, three JSON records */
+    REQUIRE(run_code("import pandas as pd\n"
+                     "df = pd.DataFrame({'a': range(10), 'b': [str(i) for i in range(10)]})\n"
+                     "df.head(3)\n", &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    REQUIRE(o.n_outputs == 1);
+    CHECK(!o.outputs_truncated);
+    const struct ci_output *out = &o.outputs[0];
+    CHECK_STR(out->kind, "result");
+    CHECK(out->total_rows == 3 && !out->truncated);
+    CHECK_STR(output_data(out, "text/plain"), "   a  b\n0  0  0\n1  1  1\n2  2  2");
+    CHECK_CONTAINS(output_data(out, "text/html"), "<table");
+    const char *js = output_data(out, "application/json");
+    REQUIRE(js != NULL);
+    json_error_t jerr;
+    json_t *rows = json_loads(js, 0, &jerr);
+    CHECK(json_is_array(rows) && json_array_size(rows) == 3);
+    CHECK(json_integer_value(json_object_get(json_array_get(rows, 2), "a")) == 2);
+    json_decref(rows);
+    CHECK(find_artifact(&o, ".ci-outputs") == NULL && o.n_artifacts == 0);
+    ci_outcome_release(&o);
+
+    /* display() twice, then a last expression: three, in order; an
+     * expression that is not last shows nothing, nor does print() */
+    REQUIRE(run_code("x = 5\n"
+                     "x * 100\n"
+                     "display('first')\n"
+                     "print('printed')\n"
+                     "display({'k': [1, 2]})\n"
+                     "x + 1\n", &o) == CI_OK);
+    CHECK(o.exit_code == 0);
+    CHECK_STR(o.out, "printed\n");
+    REQUIRE(o.n_outputs == 3);
+    CHECK_STR(o.outputs[0].kind, "display");
+    CHECK_STR(output_data(&o.outputs[0], "text/plain"), "'first'");
+    CHECK_STR(output_data(&o.outputs[1], "text/plain"), "{'k': [1, 2]}");
+    CHECK_STR(o.outputs[2].kind, "result");
+    CHECK_STR(output_data(&o.outputs[2], "text/plain"), "6");
+    CHECK(o.outputs[2].n_data == 1);
+    ci_outcome_release(&o);
+
+    /* None last, an assignment last, a failing repr, a statement after */
+    REQUIRE(run_code("x = 1\nNone\n", &o) == CI_OK);
+    CHECK(o.exit_code == 0 && o.n_outputs == 0 && !o.outputs_truncated);
+    ci_outcome_release(&o);
+    REQUIRE(run_code("print(1)\nx = 3\n", &o) == CI_OK);
+    CHECK(o.n_outputs == 0);
+    ci_outcome_release(&o);
+    REQUIRE(run_code("class Bad:\n    def __repr__(self):\n        raise ValueError('no')\n"
+                     "Bad()\n", &o) == CI_OK);
+    CHECK(o.exit_code == 0);
+    REQUIRE(o.n_outputs == 1);
+    CHECK_STR(output_data(&o.outputs[0], "text/plain"), "<Bad: repr() failed: ValueError: no>");
+    ci_outcome_release(&o);
+
+    /* a failure in the last expression: a traceback with its line, and
+     * what was displayed before it is kept */
+    REQUIRE(run_code("display(1)\n\n1 / 0\n", &o) == CI_OK);
+    CHECK(o.exit_code == 1);
+    CHECK_STR(o.error, "ZeroDivisionError: division by zero");
+    CHECK_CONTAINS(o.err, "Traceback (most recent call last):\n  File \"main.py\", line 3, "
+                          "in <module>\n    1 / 0\n");
+    CHECK(strstr(o.err, "<string>") == NULL);
+    CHECK(o.n_outputs == 1);
+    ci_outcome_release(&o);
+    REQUIRE(run_code("x = (\n", &o) == CI_OK);
+    CHECK(o.exit_code == 1);
+    CHECK_STR(o.error, "SyntaxError: '(' was never closed (main.py, line 1)");
+    CHECK(strstr(o.err, "During handling") == NULL);
+    ci_outcome_release(&o);
+
+    /* the code's own .ci-outputs is replaced; display is no global */
+    REQUIRE(run_code("open('.ci-outputs', 'w').write('{\"outputs\": [{\"kind\": \"result\", '\n"
+                     "    '\"data\": {\"text/x-evil\": \"1\"}}]}')\n"
+                     "'display' in globals()\n", &o) == CI_OK);
+    REQUIRE(o.n_outputs == 1);
+    CHECK_STR(output_data(&o.outputs[0], "text/plain"), "False");
+    ci_outcome_release(&o);
+}
+
+static void t_outputs_figures(void)
+{
+    struct ci_outcome o;
+    /* a small figure inline; a large one as output-1.png; neither saved
+     * again as figure-N.png; a figure left open still is */
+    REQUIRE(run_code("import matplotlib.pyplot as plt\n"
+                     "import numpy as np\n"
+                     "fig, ax = plt.subplots()\n"
+                     "ax.plot([1, 2, 3], [1, 4, 9])\n"
+                     "display(fig)\n"
+                     "big = plt.figure(figsize=(12, 12), dpi=150)\n"
+                     "big.gca().imshow(np.random.rand(600, 600))\n"
+                     "display(big)\n"
+                     "plt.figure()\n"
+                     "plt.plot([3, 2, 1])\n"
+                     "42\n", &o) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    REQUIRE(o.n_outputs == 3);
+    const char *png = output_data(&o.outputs[0], "image/png");
+    REQUIRE(png != NULL);
+    CHECK(strncmp(png, "iVBORw0KGgo", 11) == 0); /* the PNG signature */
+    CHECK_CONTAINS(output_data(&o.outputs[0], "text/plain"), "<Figure size");
+    CHECK(o.outputs[0].artifact == NULL);
+    CHECK(output_data(&o.outputs[1], "image/png") == NULL);
+    CHECK_STR(o.outputs[1].artifact, "output-1.png");
+    const struct ci_artifact *a = find_artifact(&o, "output-1.png");
+    REQUIRE(a != NULL);
+    CHECK_STR(a->mime_type, "image/png");
+    CHECK(a->len > 256 * 1024);
+    CHECK(find_artifact(&o, "figure-1.png") != NULL);
+    CHECK(find_artifact(&o, "figure-2.png") == NULL);
+    CHECK(o.n_artifacts == 2);
+    CHECK_STR(output_data(&o.outputs[2], "text/plain"), "42");
+    ci_outcome_release(&o);
+}
+
+static void t_outputs_caps(void)
+{
+    struct ci_outcome o;
+    /* 20 outputs at most */
+    REQUIRE(run_code("for i in range(25):\n    display(i)\n'last'\n", &o) == CI_OK);
+    CHECK(o.exit_code == 0);
+    CHECK(o.n_outputs == 20 && o.outputs_truncated);
+    CHECK_STR(output_data(&o.outputs[19], "text/plain"), "19");
+    ci_outcome_release(&o);
+    /* text/plain is cut at 64 KiB; 2 MiB of data in all */
+    REQUIRE(run_code("display('x' * 100000)\n"
+                     "import pandas as pd\n"
+                     "df = pd.DataFrame({'s': ['y' * 3000] * 1000})\n"
+                     "for i in range(10):\n    display(df)\n", &o) == CI_OK);
+    CHECK(o.exit_code == 0);
+    REQUIRE(o.n_outputs >= 2);
+    CHECK(o.outputs[0].truncated);
+    CHECK(strlen(output_data(&o.outputs[0], "text/plain")) == 64 * 1024);
+    /* a wide table: fewer rows than 100 so that HTML and JSON fit their cap */
+    const struct ci_output *t = &o.outputs[1];
+    CHECK(t->total_rows == 1000 && t->truncated);
+    CHECK(strlen(output_data(t, "text/html")) <= 256 * 1024);
+    CHECK(strlen(output_data(t, "application/json")) <= 256 * 1024);
+    CHECK(o.n_outputs < 11 && o.outputs_truncated);
+    size_t total = 0;
+    for (size_t i = 0; i < o.n_outputs; i++)
+        for (size_t j = 0; j < o.outputs[i].n_data; j++)
+            total += strlen(o.outputs[i].data[j].value);
+    CHECK(total <= 2u << 20);
+    ci_outcome_release(&o);
+    /* what the code forges is checked: types outside the set, caps */
+    REQUIRE(run_code("import json, os\n"
+                     "import atexit\n"
+                     "def forge():\n"
+                     "    fake = {'outputs': [{'kind': 'result', 'data': {'text/x-evil': 'a',\n"
+                     "            'text/plain': 'ok', 'image/png': '!!!'}, 'artifact': 'nope.png'},\n"
+                     "            {'kind': 'other', 'data': {'text/plain': 'no'}}]}\n"
+                     "    open('.ci-outputs', 'w').write(json.dumps(fake))\n"
+                     "atexit.register(forge)\n", &o) == CI_OK);
+    CHECK(o.exit_code == 0);
+    REQUIRE(o.n_outputs == 1);
+    CHECK(o.outputs[0].n_data == 1 && o.outputs[0].truncated);
+    CHECK_STR(output_data(&o.outputs[0], "text/plain"), "ok");
+    CHECK(o.outputs[0].artifact == NULL);
+    ci_outcome_release(&o);
+}
+
+/* A session step with display() keeps its state; outputs do not carry. */
+static void t_outputs_session(void)
+{
+    struct ci_outcome o1, o2;
+    REQUIRE(run_step(prov, "x = 41\ndisplay(x)\nx + 1\n", NULL, 0, NULL, STATE_CAP, &o1) ==
+            CI_OK);
+    CHECK(o1.exit_code == 0 && o1.n_outputs == 2);
+    CHECK(o1.session.state != NULL && o1.session.state_error == NULL);
+    CHECK(o1.session.dropped == NULL);
+    REQUIRE(run_step(prov, "print(x)\nx\n", NULL, 0, &o1, STATE_CAP, &o2) == CI_OK);
+    CHECK(o2.exit_code == 0 && o2.session.restored);
+    CHECK_STR(o2.out, "41\n");
+    REQUIRE(o2.n_outputs == 1);
+    CHECK_STR(output_data(&o2.outputs[0], "text/plain"), "41");
+    ci_outcome_release(&o2);
+    ci_outcome_release(&o1);
+}
+
 static void t_session_limits(void)
 {
     struct ci_outcome o, o2;
@@ -2247,6 +2447,7 @@ int main(int argc, char **argv)
         T(t_probe_print),
         T(t_bad_python),    T(t_tmpfs_limits),   T(t_require_cgroup),
         T(t_session_carry), T(t_session_limits), T(t_session_artifacts), T(t_session_bare),
+        T(t_outputs),       T(t_outputs_figures), T(t_outputs_caps), T(t_outputs_session),
         /* cgroups: each says skipped when the probe found none */
         T_OWN(t_cgroup_memory), T_OWN(t_cgroup_peak), T_OWN(t_cgroup_pids), T_OWN(t_cgroup_cpu),
         T_OWN(t_cgroup_layout), T_OWN(t_cgroup_self),
