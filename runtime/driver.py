@@ -69,8 +69,11 @@ def _first_line(text):
 
 
 def _describe(exc):
-    msg = _first_line(exc) if str(exc) else ""
     name = type(exc).__name__
+    try:
+        msg = _first_line(exc) if str(exc) else ""
+    except Exception:  # an exception whose __str__ fails
+        msg = ""
     return name + ": " + msg if msg else name
 
 
@@ -215,6 +218,8 @@ def _uncarriable(value):
     artist = getattr(sys.modules.get("matplotlib.artist"), "Artist", None)
     if artist is not None and isinstance(value, artist):
         return "figure"  # saved as figure-N.png when left open, not carried
+    if isinstance(getattr(value, "__self__", None), _Outputs) or isinstance(value, _Outputs):
+        return "the runtime's display(): it is there in every step"
     return None
 
 
@@ -345,6 +350,22 @@ def _cut_utf8(text, cap):
     return data[:cap].decode("utf-8", "ignore"), True
 
 
+def _bounded_repr(value):
+    """repr() that does not build megabytes to keep 64 KiB: long strings and
+    bytes are cut first, long builtin containers shown in part."""
+    if isinstance(value, (str, bytes, bytearray)) and len(value) > _OUT_TEXT:
+        return repr(value[:_OUT_TEXT]) + "..."
+    if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > 1000:
+        import reprlib
+        r = reprlib.Repr()
+        r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 1000
+        r.maxdict = 1000
+        r.maxstring = r.maxother = 1000
+        r.maxlevel = 8
+        return r.repr(value)
+    return repr(value)
+
+
 class _Outputs:
     """The outputs of one task, rendered as they are made."""
 
@@ -383,7 +404,7 @@ class _Outputs:
     def _render(self, value, out):
         data = out["data"]
         try:
-            text = repr(value)
+            text = _bounded_repr(value)
             if not isinstance(text, str):
                 raise TypeError("__repr__ returned %s" % type(text).__name__)
         except Exception as e:
@@ -771,14 +792,21 @@ def _compile_cell(text):
     import ast
     try:
         tree = ast.parse(text, "main.py")
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         tree = None  # out of the handler: the error must not chain to this one
-    if tree is None:
+    last = tree.body[-1] if tree is not None and tree.body else None
+    # Compiled from the text unless there is a last expression to split off
+    # (the tree's round trip is deeper in recursion); a lone docstring is one.
+    if (not isinstance(last, ast.Expr) or (len(tree.body) == 1 and
+            isinstance(last.value, ast.Constant) and isinstance(last.value.value, str))):
         return compile(text, "main.py", "exec"), None
-    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
-        return compile(tree, "main.py", "exec"), None
-    last = ast.Expression(tree.body.pop().value)
-    return compile(tree, "main.py", "exec"), compile(last, "main.py", "eval")
+    tree.body.pop()
+    try:
+        return (compile(tree, "main.py", "exec"),
+                compile(ast.Expression(last.value), "main.py", "eval"))
+    except (RecursionError, MemoryError):
+        pass  # too deep for the tree's round trip: as a script, without the split
+    return compile(text, "main.py", "exec"), None
 
 
 class _Driver:

@@ -256,6 +256,10 @@ static ci_status answer_outcome(struct answer *a, const struct ci_service *s,
 {
     if (ci_result_set_outcome(&a->res, &a->usage, &a->text, o, s->cfg->limits.max_output_bytes))
         return CI_ERR_NOMEM;
+    /* The cloudrun provider does not carry outputs (contract §17): they
+     * would only crowd the response's size budget. */
+    a->res.n_outputs = 0;
+    a->res.outputs_truncated = false;
     size_t n = o->n_artifacts;
     if (n == 0)
         return CI_OK;

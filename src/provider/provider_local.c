@@ -193,6 +193,15 @@ static ci_status interpret(const struct local *l, const struct ci_run *run,
     }
     }
     report_release(&rep);
+    /* A run killed for time or memory, cancelled or broken has no outputs
+     * (contract §17): a file the code wrote before is not the driver's. */
+    if (o->kind != CI_OUTCOME_EXITED) {
+        for (size_t i = 0; i < o->n_outputs; i++)
+            ci_output_release(&o->outputs[i]);
+        free(o->outputs);
+        o->outputs = NULL;
+        o->n_outputs = 0;
+    }
     if (!o->error && (o->kind != CI_OUTCOME_EXITED || o->exit_code != 0))
         return CI_ERR_NOMEM;
 

@@ -25,6 +25,9 @@
 #define OUTPUTS_MAX 20
 #define OUTPUTS_TOTAL (2u << 20)
 #define OUTPUT_ROWS_MAX ((uint64_t)1 << 53)
+/* Values a parse may build: the driver's file has a few per output. A file
+ * of 8 MiB of "{}," would cost the worker ~75x its size as jansson values. */
+#define OUTPUTS_JSON_TOKENS 4096
 
 /* The MIME types an output may have, each with its cap in bytes. */
 static const struct {
@@ -91,6 +94,36 @@ static ci_status read_file(int ws_fd, char **ret_data, size_t *ret_len, bool *re
     return CI_OK;
 }
 
+/* Whether text would make at most max JSON values: the structural
+ * characters outside strings are counted before anything is built. */
+static bool few_values(const char *text, size_t len, size_t max)
+{
+    size_t n = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = text[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if ((c == '{' || c == '[' || c == ',' || c == ':') && ++n > max) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Base64 of a PNG: the first 12 characters decode to its 8-byte signature
+ * (a model API refuses the whole result for an image it cannot decode). */
+static bool png_base64(const char *s, size_t len)
+{
+    static const char sig[] = "iVBORw0KGgo";
+    return len >= 12 && memcmp(s, sig, sizeof(sig) - 1) == 0;
+}
+
 static bool base64_text(const char *s, size_t len)
 {
     if (len % 4)
@@ -140,7 +173,7 @@ static ci_status take_one(const struct ci_outcome *o, json_t *j, struct ci_outpu
         const char *text = json_string_value(v);
         size_t len = json_string_length(v);
         bool png = strcmp(mime_types[m].mime_type, "image/png") == 0;
-        if (len > mime_types[m].cap || memchr(text, '\0', len) || (png && !base64_text(text, len))) {
+        if (len > mime_types[m].cap || memchr(text, '\0', len) || (png && (!base64_text(text, len) || !png_base64(text, len)))) {
             out->truncated = true; /* left out rather than cut: a cut table is no table */
             continue;
         }
@@ -179,7 +212,11 @@ ci_status outputs_collect(struct ci_sandbox_run *run, struct ci_sandbox_result *
     if (!text)
         return CI_OK;
     json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = NULL;
+    if (few_values(text, len, OUTPUTS_JSON_TOKENS))
+        root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    else
+        o->outputs_truncated = true; /* not the driver's: no outputs */
     free(text);
     if (!root)
         return CI_OK; /* not the driver's: the code wrote it, and has no outputs */

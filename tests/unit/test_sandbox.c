@@ -2185,6 +2185,27 @@ static void t_outputs_caps(void)
     CHECK_STR(output_data(&o.outputs[0], "text/plain"), "ok");
     CHECK(o.outputs[0].artifact == NULL);
     ci_outcome_release(&o);
+    /* a file of millions of tiny values is not parsed (the worker's memory),
+     * and an image that is base64 but no PNG is refused */
+    REQUIRE(run_code("import atexit\n"
+                     "def forge():\n"
+                     "    open('.ci-outputs', 'w').write('{\"outputs\": [' + '{},' * 2000000 + '{}]}')\n"
+                     "atexit.register(forge)\n", &o) == CI_OK);
+    CHECK(o.exit_code == 0 && o.n_outputs == 0 && o.outputs_truncated);
+    ci_outcome_release(&o);
+    REQUIRE(run_code("import atexit, json\n"
+                     "def forge():\n"
+                     "    fake = {'outputs': [{'kind': 'result', 'data': {'text/plain': 'p',\n"
+                     "            'image/png': 'QUJDRA=='}}]}\n"
+                     "    open('.ci-outputs', 'w').write(json.dumps(fake))\n"
+                     "atexit.register(forge)\n", &o) == CI_OK);
+    REQUIRE(o.n_outputs == 1);
+    CHECK(o.outputs[0].n_data == 1 && o.outputs[0].truncated);
+    ci_outcome_release(&o);
+    /* a long last value is shown in part */
+    REQUIRE(run_code("s = 'x' * 50_000_000\ns\n", &o) == CI_OK);
+    CHECK(o.exit_code == 0 && o.n_outputs == 1 && o.outputs[0].truncated);
+    ci_outcome_release(&o);
 }
 
 /* A session step with display() keeps its state; outputs do not carry. */
