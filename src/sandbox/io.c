@@ -318,6 +318,11 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
         ci_cgroup_stats(run->cg, &cs);
         r.cgroup = true;
         r.oom_killed = cs.oom_kills > 0;
+        /* No report from init (it did not finish reaping within the grace
+         * time on a busy machine, and was killed): the cgroup counted the
+         * task's CPU time all the same. Without it a warm run would say 0. */
+        if (!news.have_done && cs.has_cpu)
+            r.outcome.cpu_ms = cs.cpu_usec / 1000;
         if (cs.has_peak) {
             r.cgroup_peak = true;
             r.outcome.memory_mb = (uint32_t)((cs.peak_bytes + (1 << 20) - 1) >> 20);
