@@ -3,7 +3,7 @@
 //
 //   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
 //                [--soak 0] [--gap 0] [--concurrency 0] [--spares 0] [--bursts 10]
-//                [--sessions 10] [--out FILE]
+//                [--sessions 10] [--mcp 30] [--out FILE]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it also measures the floor of any fork-based warm start on
@@ -27,14 +27,21 @@
 // agents calling in parallel see (--spares N: local.warm_spares, 0 = auto).
 // --sessions S runs S five-step sessions (docs/contract.md §16) that keep a
 // 1,000-row DataFrame between steps, and compares each step's latency with
-// the one-shot pandas task's of the same run.
+// the one-shot pandas task's of the same run. --mcp N (warm mode) times N
+// run_python calls through `ci mcp` (the official MCP SDK as the client)
+// against N `ci run` of the same code.
 import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { cpus as osCpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+
 import { startStack } from "../tests/integration/lib/stack.mjs";
+import { mcpClient } from "../tests/integration/lib/mcp.mjs";
+import { CLI_BIN } from "../tests/integration/lib/worker.mjs";
 import { newTaskId, runTask } from "../tests/integration/lib/client.mjs";
 
 const { values: args } = parseArgs({
@@ -49,6 +56,7 @@ const { values: args } = parseArgs({
     spares: { type: "string", default: "0" },
     bursts: { type: "string", default: "10" },
     sessions: { type: "string", default: "10" },
+    mcp: { type: "string", default: "30" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
 });
@@ -62,6 +70,7 @@ const SLOTS = CONCURRENCY > 0 ? CONCURRENCY : osCpus().length;
 const SPARES = Number(args.spares);
 const BURSTS = Number(args.bursts);
 const SESSIONS = Number(args.sessions);
+const MCP_CALLS = Number(args.mcp);
 const FLOOR_FANOUT = 60; // pandas runs per forking process in the floor's throughput
 
 const csv = ["day,region,units,price"];
@@ -297,7 +306,7 @@ async function service(mode, base) {
     workers: 1,
     worker: { concurrency: CONCURRENCY, local: { isolation: "required", mode, warm_spares: SPARES } },
   });
-  const out = { mode, scenarios: {}, session: null, burst: null, fanout: null, rss_kib: {}, memory: null, soak: null };
+  const out = { mode, scenarios: {}, session: null, mcp: null, burst: null, fanout: null, rss_kib: {}, memory: null, soak: null };
   try {
     const client = stack.client;
     const w = stack.workers[0];
@@ -349,6 +358,32 @@ async function service(mode, base) {
       out.session = { sessions: SESSIONS, steps: SESSION_STEPS.length, ...s, first_step_p50: stats(first).p50,
                       one_shot_p50: oneShot.p50, one_shot_p99: oneShot.p99,
                       ratio_p50: s.p50 / oneShot.p50, ratio_p99: s.p99 / oneShot.p99 };
+    }
+    if (mode === "warm" && MCP_CALLS > 0) {
+      // What an agent's call costs through `ci mcp` (one process, one NATS
+      // connection, the SDK's JSON-RPC) against `ci run` (a process per call),
+      // print(1), one after the other, each measured by its caller.
+      const dir = mkdtempSync(join(tmpdir(), "ci-bench-mcp-"));
+      writeFileSync(join(dir, "p.py"), "print(1)\n");
+      const runOnce = promisify(execFile);
+      const cli = [];
+      for (let i = 0; i <= MCP_CALLS; i++) {
+        const t0 = process.hrtime.bigint();
+        await runOnce(CLI_BIN, ["run", "--no-save", "--url", stack.server.url, "p.py"], { cwd: dir });
+        if (i) cli.push(Number(process.hrtime.bigint() - t0) / 1e6);
+      }
+      const { client: mc } = await mcpClient(stack.server.url, dir);
+      const viaMcp = [];
+      for (let i = 0; i <= MCP_CALLS; i++) {
+        const t0 = process.hrtime.bigint();
+        const r = await mc.callTool({ name: "run_python", arguments: { code: "print(1)" } });
+        if (r.isError) throw new Error(`ci mcp: ${JSON.stringify(r.content)}`);
+        if (i) viaMcp.push(Number(process.hrtime.bigint() - t0) / 1e6);
+      }
+      await mc.close();
+      rmSync(dir, { recursive: true, force: true });
+      const a = stats(cli), m = stats(viaMcp);
+      out.mcp = { calls: MCP_CALLS, ci_run: a, ci_mcp: m, overhead_p50_ms: m.p50 - a.p50, ratio_p50: m.p50 / a.p50 };
     }
     if (mode === "warm" && BURSTS > 0) {
       const ms = [];
@@ -419,6 +454,10 @@ for (const m of results.modes) {
     console.log(`session steps: ${m.session.sessions} sessions x ${m.session.steps} steps (a 1,000-row DataFrame kept between steps): ` +
                 `p50 ${round(m.session.p50)} ms, p99 ${round(m.session.p99)} ms; one-shot pandas task p50 ${round(m.session.one_shot_p50)} ms, ` +
                 `p99 ${round(m.session.one_shot_p99)} ms: ${m.session.ratio_p50.toFixed(3)}x (p50), ${m.session.ratio_p99.toFixed(3)}x (p99); first step p50 ${round(m.session.first_step_p50)} ms`);
+  if (m.mcp)
+    console.log(`ci mcp: ${m.mcp.calls} run_python print(1) calls: p50 ${round(m.mcp.ci_mcp.p50)} ms, p99 ${round(m.mcp.ci_mcp.p99)} ms; ` +
+                `ci run (a process per call): p50 ${round(m.mcp.ci_run.p50)} ms, p99 ${round(m.mcp.ci_run.p99)} ms; ` +
+                `overhead per call ${round(m.mcp.overhead_p50_ms)} ms (p50, ${m.mcp.ratio_p50.toFixed(3)}x)`);
   if (m.burst)
     console.log(`bursts: ${m.burst.rounds} x ${m.burst.tasks} pandas tasks at once, 1 s apart: p50 ${round(m.burst.p50)} ms, p95 ${round(m.burst.p95)} ms, p99 ${round(m.burst.p99)} ms (${m.burst.ratio_p50.toFixed(3)}x)`);
   if (m.fanout) console.log(`fan-out: ${m.fanout.tasks} pandas tasks in ${m.fanout.seconds} s = ${m.fanout.tasks_per_s} tasks/s (${SLOTS} slot${SLOTS === 1 ? "" : "s"})`);

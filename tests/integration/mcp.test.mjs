@@ -7,33 +7,16 @@ import { execFileSync, spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 
 import { startStack } from "./lib/stack.mjs";
 import { CLI_BIN } from "./lib/worker.mjs";
+import { mcpClient } from "./lib/mcp.mjs";
 import { PNG_MAGIC } from "./lib/checks.mjs";
 
 const CALL = { timeout: 120000 };
 
 // The text of a tool result's first block.
 const textOf = (r) => r.content.find((c) => c.type === "text")?.text ?? "";
-
-// Connects an SDK client to `ci mcp --url URL extra...` run in cwd.
-async function mcpClient(url, cwd, extra = []) {
-  const transport = new StdioClientTransport({
-    command: CLI_BIN,
-    args: ["mcp", "--url", url, ...extra],
-    cwd,
-    env: { PATH: process.env.PATH, TMPDIR: cwd },
-    stderr: "pipe",
-  });
-  const client = new Client({ name: "ci-test", version: "1.0.0" });
-  const problems = [];
-  client.onerror = (e) => problems.push(String(e));
-  await client.connect(transport);
-  return { client, problems };
-}
 
 describe("ci mcp", () => {
   let stack;
