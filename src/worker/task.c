@@ -596,6 +596,19 @@ static ci_status upload_artifacts(struct task *t, struct result *r, struct ci_ou
         r->art_ptrs[k] = pa;
         r->msg.n_artifacts = k + 1;
     }
+    /* An output whose image was an artifact not stored names nothing now. */
+    for (size_t i = 0; i < r->msg.n_outputs; i++) {
+        Ci__V1__Output *out = r->msg.outputs[i];
+        if (!out->artifact || !out->artifact[0])
+            continue;
+        bool stored = false;
+        for (size_t k = 0; k < r->msg.n_artifacts && !stored; k++)
+            stored = strcmp(r->msg.artifacts[k]->name, out->artifact) == 0;
+        if (!stored) {
+            out->artifact = (char *)"";
+            out->truncated = true;
+        }
+    }
     if (full) {
         /* What the code made is lost: the agent must not take it for a
          * success. Nothing else is retried: the store stays full until
