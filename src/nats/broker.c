@@ -1122,27 +1122,34 @@ ci_status ci_broker_worker_delete(struct ci_broker *b, const char *worker_id,
     return CI_OK;
 }
 
+/* Calls fn for each live entry of kv, at most max of them; written_ms is
+ * when the server stored it. what names the listing in errors. */
+static ci_status kv_list(kvStore *kv, size_t max, ci_worker_entry_fn fn, void *closure,
+                         const char *what, struct ci_error *err)
+{
+    CI_CLEANUP(kvKeysList_Destroy) kvKeysList keys = {0};
+    natsStatus s = kvStore_Keys(&keys, kv, NULL);
+    if (s == NATS_NOT_FOUND)
+        return CI_OK; /* no entry */
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot list %s", what);
+    for (int i = 0; i < keys.Count && (size_t)i < max; i++) {
+        CI_CLEANUP(kvEntry_Destroy) kvEntry *e = NULL;
+        if (kvStore_Get(&e, kv, keys.Keys[i]) != NATS_OK)
+            continue; /* expired or deleted between the listing and now */
+        int n = kvEntry_ValueLen(e);
+        fn(closure, keys.Keys[i], (const uint8_t *)kvEntry_Value(e), n > 0 ? (size_t)n : 0,
+           kvEntry_Created(e) / NS_PER_MS);
+    }
+    return CI_OK;
+}
+
 ci_status ci_broker_workers_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
                                  void *closure, struct ci_error *err)
 {
     if (!b->workers_kv)
         return ci_error_set(err, CI_ERR_INVALID, "the heartbeat bucket is not open");
-    CI_CLEANUP(kvKeysList_Destroy) kvKeysList keys = {0};
-    natsStatus s = kvStore_Keys(&keys, b->workers_kv, NULL);
-    if (s == NATS_NOT_FOUND)
-        return CI_OK; /* no worker alive */
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot list the heartbeats");
-    for (int i = 0; i < keys.Count && (size_t)i < max; i++) {
-        CI_CLEANUP(kvEntry_Destroy) kvEntry *e = NULL;
-        if (kvStore_Get(&e, b->workers_kv, keys.Keys[i]) != NATS_OK)
-            continue; /* expired between the listing and now */
-        int64_t created = kvEntry_Created(e);
-        int n = kvEntry_ValueLen(e);
-        fn(closure, keys.Keys[i], (const uint8_t *)kvEntry_Value(e), n > 0 ? (size_t)n : 0,
-           created / NS_PER_MS);
-    }
-    return CI_OK;
+    return kv_list(b->workers_kv, max, fn, closure, "the heartbeats", err);
 }
 
 /* --- sessions --- */
@@ -1371,22 +1378,7 @@ ci_status ci_broker_sessions_list(struct ci_broker *b, size_t max, ci_worker_ent
     kvStore *kv = sessions_kv(b);
     if (!kv)
         return no_sessions_bucket(b, err);
-    CI_CLEANUP(kvKeysList_Destroy) kvKeysList keys = {0};
-    natsStatus s = kvStore_Keys(&keys, kv, NULL);
-    if (s == NATS_NOT_FOUND)
-        return CI_OK; /* no session */
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot list the sessions");
-    for (int i = 0; i < keys.Count && (size_t)i < max; i++) {
-        CI_CLEANUP(kvEntry_Destroy) kvEntry *e = NULL;
-        if (kvStore_Get(&e, kv, keys.Keys[i]) != NATS_OK)
-            continue; /* expired or deleted between the listing and now */
-        int64_t created = kvEntry_Created(e);
-        int n = kvEntry_ValueLen(e);
-        fn(closure, keys.Keys[i], (const uint8_t *)kvEntry_Value(e), n > 0 ? (size_t)n : 0,
-           created / NS_PER_MS);
-    }
-    return CI_OK;
+    return kv_list(kv, max, fn, closure, "the sessions", err);
 }
 
 /* --- runtime manifests --- */
@@ -1487,21 +1479,7 @@ ci_status ci_broker_runtimes_list(struct ci_broker *b, size_t max, ci_worker_ent
     kvStore *kv = runtimes_kv(b);
     if (!kv)
         return no_runtimes_bucket(b, err);
-    CI_CLEANUP(kvKeysList_Destroy) kvKeysList keys = {0};
-    natsStatus s = kvStore_Keys(&keys, kv, NULL);
-    if (s == NATS_NOT_FOUND)
-        return CI_OK; /* none published */
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot list the runtimes");
-    for (int i = 0; i < keys.Count && (size_t)i < max; i++) {
-        CI_CLEANUP(kvEntry_Destroy) kvEntry *e = NULL;
-        if (kvStore_Get(&e, kv, keys.Keys[i]) != NATS_OK)
-            continue; /* expired or deleted between the listing and now */
-        int n = kvEntry_ValueLen(e);
-        fn(closure, keys.Keys[i], (const uint8_t *)kvEntry_Value(e), n > 0 ? (size_t)n : 0,
-           kvEntry_Created(e) / NS_PER_MS);
-    }
-    return CI_OK;
+    return kv_list(kv, max, fn, closure, "the runtimes", err);
 }
 
 /* --- clients --- */

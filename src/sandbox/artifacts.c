@@ -56,6 +56,57 @@ int open_beneath(int dirfd, const char *name, int flags)
     return fd;
 }
 
+/* Reads name, a regular file of one link on the workspace's filesystem,
+ * through ws_fd following nothing. *ret_size: its size (0 when there is no
+ * such file); *ret_data NULL when there is none, it is something else, it
+ * is over max, or it grew while read. */
+ci_status read_beneath(int ws_fd, const char *name, uint64_t max, uint8_t **ret_data,
+                       size_t *ret_len, uint64_t *ret_size)
+{
+    *ret_data = NULL;
+    *ret_len = 0;
+    *ret_size = 0;
+    struct stat ws, st;
+    if (fstat(ws_fd, &ws) != 0)
+        return CI_OK;
+    int fd = open_beneath(ws_fd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return CI_OK;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 ||
+        st.st_dev != ws.st_dev) {
+        close(fd);
+        return CI_OK;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    *ret_size = size;
+    if (size > max || size > SIZE_MAX - 1) {
+        close(fd);
+        return CI_OK;
+    }
+    uint8_t *data = malloc(size + 1);
+    if (!data) {
+        close(fd);
+        return CI_ERR_NOMEM;
+    }
+    size_t got = 0;
+    while (got <= size) { /* one byte more than expected: it must not have grown */
+        ssize_t n = pread(fd, data + got, size + 1 - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    if (got != size) {
+        free(data);
+        return CI_OK;
+    }
+    *ret_data = data;
+    *ret_len = size;
+    return CI_OK;
+}
+
 static bool ends_with_csv(const char *name)
 {
     size_t len = strlen(name);

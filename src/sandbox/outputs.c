@@ -45,54 +45,6 @@ bool outputs_reserved_name(const char *name)
     return strcmp(name, OUTPUTS_FILE) == 0 || strcmp(name, OUTPUTS_TMP) == 0;
 }
 
-/* Reads .ci-outputs: a regular file of one link on the workspace's
- * filesystem. *ret_data NULL: none, or over the cap (*ret_over). */
-static ci_status read_file(int ws_fd, char **ret_data, size_t *ret_len, bool *ret_over)
-{
-    *ret_data = NULL;
-    *ret_len = 0;
-    *ret_over = false;
-    struct stat ws, st;
-    if (fstat(ws_fd, &ws) != 0)
-        return CI_OK;
-    int fd = open_beneath(ws_fd, OUTPUTS_FILE,
-                          O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return CI_OK;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 ||
-        st.st_dev != ws.st_dev) {
-        close(fd);
-        return CI_OK;
-    }
-    if ((uint64_t)st.st_size > OUTPUTS_FILE_MAX) {
-        close(fd);
-        *ret_over = true;
-        return CI_OK;
-    }
-    size_t size = (size_t)st.st_size;
-    char *data = malloc(size + 1);
-    if (!data) {
-        close(fd);
-        return CI_ERR_NOMEM;
-    }
-    size_t got = 0;
-    while (got <= size) { /* one byte more than expected: it must not have grown */
-        ssize_t n = pread(fd, data + got, size + 1 - got, (off_t)got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-    }
-    close(fd);
-    if (got != size) {
-        free(data);
-        return CI_OK;
-    }
-    *ret_data = data;
-    *ret_len = size;
-    return CI_OK;
-}
 
 /* Whether text would make at most max JSON values: the structural
  * characters outside strings are counted before anything is built. */
@@ -201,14 +153,15 @@ static ci_status take_one(const struct ci_outcome *o, json_t *j, struct ci_outpu
 ci_status outputs_collect(struct ci_sandbox_run *run, struct ci_sandbox_result *r)
 {
     struct ci_outcome *o = &r->outcome;
-    char *text = NULL;
+    uint8_t *data = NULL;
     size_t len = 0;
-    bool over = false;
-    ci_status s = read_file(run->ws_fd, &text, &len, &over);
+    uint64_t file_size = 0;
+    ci_status s = read_beneath(run->ws_fd, OUTPUTS_FILE, OUTPUTS_FILE_MAX, &data, &len, &file_size);
     if (s)
         return s;
-    if (over)
+    if (file_size > OUTPUTS_FILE_MAX)
         o->outputs_truncated = true;
+    char *text = (char *)data;
     if (!text)
         return CI_OK;
     json_error_t jerr;

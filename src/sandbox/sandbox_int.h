@@ -219,6 +219,10 @@ bool plain_name(const char *name);
 /* artifacts.c: the artifact walk; a bare run's directory removed. */
 ci_status collect_artifacts(struct ci_sandbox_run *run, struct ci_sandbox_result *r);
 int open_beneath(int dirfd, const char *name, int flags);
+/* Reads a small file of the workspace (a regular file of one link, nothing
+ * followed), at most max bytes: artifacts.c. */
+ci_status read_beneath(int ws_fd, const char *name, uint64_t max, uint8_t **ret_data,
+                       size_t *ret_len, uint64_t *ret_size);
 void remove_tree_at(int dirfd, int depth);
 
 /* session.c: a session step's files before the code (written as write_inputs

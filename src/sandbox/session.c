@@ -151,56 +151,6 @@ bool session_unchanged(const struct ci_sandbox_run *run, const char *rel, const 
     return d && strcmp(d->sha256, sha) == 0;
 }
 
-/* Reads .ci-state-out: a regular file of one link on the workspace's
- * filesystem, no symlink on the way. Returns CI_OK with *ret_data NULL when
- * there is none; a state over the cap is not read (*ret_size says how big). */
-static ci_status read_state(struct ci_sandbox_run *run, uint8_t **ret_data, size_t *ret_len,
-                            uint64_t *ret_size)
-{
-    *ret_data = NULL;
-    *ret_len = 0;
-    *ret_size = 0;
-    struct stat ws, st;
-    if (fstat(run->ws_fd, &ws) != 0)
-        return CI_OK;
-    int fd = open_beneath(run->ws_fd, STATE_OUT,
-                          O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return CI_OK;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 ||
-        st.st_dev != ws.st_dev) {
-        close(fd);
-        return CI_OK;
-    }
-    uint64_t size = (uint64_t)st.st_size;
-    *ret_size = size;
-    if (size > run->max_state_bytes || size > SIZE_MAX - 1) {
-        close(fd);
-        return CI_OK;
-    }
-    uint8_t *data = malloc(size + 1);
-    if (!data) {
-        close(fd);
-        return CI_ERR_NOMEM;
-    }
-    size_t got = 0;
-    while (got <= size) { /* one byte more than expected: it must not have grown */
-        ssize_t n = pread(fd, data + got, size + 1 - got, (off_t)got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-    }
-    close(fd);
-    if (got != size) {
-        free(data);
-        return CI_OK;
-    }
-    *ret_data = data;
-    *ret_len = size;
-    return CI_OK;
-}
 
 ci_status session_collect(struct ci_sandbox_run *run, struct ci_sandbox_result *r)
 {
@@ -223,7 +173,8 @@ ci_status session_collect(struct ci_sandbox_run *run, struct ci_sandbox_result *
         s = parse_restored(run, v, v ? vlen : 0);
     uint64_t size = 0;
     if (!s)
-        s = read_state(run, &so->state, &so->state_len, &size);
+        s = read_beneath(run->ws_fd, STATE_OUT, run->max_state_bytes, &so->state,
+                         &so->state_len, &size);
     if (s || so->state)
         return s;
     if (size > run->max_state_bytes) {
