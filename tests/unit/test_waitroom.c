@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/util.h"
 #include "worker/task.h"
 #include "worker/waitroom.h"
 #include "testutil.h"
@@ -316,24 +317,28 @@ static void test_drain(void)
     ci_waitroom_free(NULL);
 }
 
-/* Slots taking while tasks become ready on the room's thread. */
+/* Slots taking while tasks become ready on the room's thread (their
+ * session's first message is their own) or through a cancel. The takers
+ * stop when the holder is done and the room is empty, not after an idle
+ * time: on a loaded machine the room's thread may fall behind them. */
 struct taker {
     struct ci_waitroom *r;
     atomic_int *taken;
+    atomic_bool *done;
 };
 
 static void *take_loop(void *p)
 {
     struct taker *t = p;
-    for (int idle = 0; idle < 20;) {
+    int64_t until = ci_mono_ms() + 60000; /* a room that loses a task fails, not hangs */
+    while (ci_mono_ms() < until) {
         struct ci_delivery *d = NULL;
         struct ci_task_wait w;
         if (ci_waitroom_take(t->r, 10, &d, &w)) {
             free(d);
             atomic_fetch_add(t->taken, 1);
-            idle = 0;
-        } else {
-            idle++;
+        } else if (atomic_load(t->done) && ci_waitroom_count(t->r) == 0) {
+            break;
         }
     }
     return NULL;
@@ -343,22 +348,27 @@ static void test_concurrent(void)
 {
     struct ci_waitroom *r = room(64);
     REQUIRE(r);
+    set_first(0, "s1", 1);
     atomic_int taken = 0;
-    struct taker t = {r, &taken};
+    atomic_bool done = false;
+    struct taker t = {r, &taken, &done};
     pthread_t th[3];
     for (int i = 0; i < 3; i++)
         pthread_create(&th[i], NULL, take_loop, &t);
     int held = 0;
     for (int i = 0; i < 200; i++) {
-        struct ci_task_wait w = waiting("t", "", 1); /* NOT_FOUND: ready */
+        struct ci_task_wait w = waiting("t", "s1", 1); /* its turn: ready on lookup */
         if (i % 7 == 0)
             ci_waitroom_cancel(r, "t");
         if (ci_waitroom_hold(r, delivery(30 + i % 30), &w) == CI_WAITROOM_HELD)
             held++;
     }
+    atomic_store(&done, true);
     for (int i = 0; i < 3; i++)
         pthread_join(th[i], NULL);
+    CHECK(held > 0);
     CHECK(atomic_load(&taken) == held);
+    CHECK(ci_waitroom_count(r) == 0);
     ci_waitroom_free(r);
 }
 
