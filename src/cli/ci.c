@@ -208,7 +208,8 @@ static void print_event(const Ci__V1__StatusEvent *ev, bool json)
 
 static void on_print_event(const Ci__V1__StatusEvent *ev, void *closure)
 {
-    print_event(ev, *(const bool *)closure);
+    if (ev)
+        print_event(ev, *(const bool *)closure);
 }
 
 /* Waits for the task's terminal event, printing each event with print. */

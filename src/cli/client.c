@@ -289,6 +289,8 @@ ci_status ci_client_wait(struct ci_broker *b, const char *id, int64_t wait_ms,
         const char *ct;
         s = ci_watch_next(w, left < 1000 ? (int)left : 1000, &data, &len, &ct, err);
         if (s == CI_ERR_TIMEOUT) {
+            if (fn)
+                fn(NULL, closure);
             int64_t now = ci_mono_ms();
             if (!warned && !seen && now - started > 10000) {
                 fprintf(stderr, "ci: task %s has not started yet; is a worker running?\n", id);

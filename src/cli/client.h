@@ -49,7 +49,8 @@ ci_status ci_client_result_get(struct ci_broker *b, const char *id,
                                Ci__V1__ExecutionResult **ret, struct ci_error *err);
 
 /* Called for each status event while waiting (the terminal one too; for a
- * terminal event that never came, one made from the stored result). */
+ * terminal event that never came, one made from the stored result), and
+ * with ev NULL about once a second while none comes. */
 typedef void (*ci_client_event_fn)(const Ci__V1__StatusEvent *ev, void *closure);
 
 /* Waits for the task's terminal event; CI_ERR_TIMEOUT past wait_ms. The

@@ -1,7 +1,8 @@
 /* mcp.c - `ci mcp`: a Model Context Protocol server over stdio (mcp.h).
  *
  * The MCP stdio transport: JSON-RPC 2.0 messages, one per line, on stdin and
- * stdout. Protocol misuse (not JSON, not a request, an unknown method or
+ * stdout (a line may be a batch, as 2025-03-26 allowed). A call that asks
+ * for progress gets notifications/progress while its task waits or runs. Protocol misuse (not JSON, not a request, an unknown method or
  * tool, params that are not an object) gets a JSON-RPC error; anything a
  * model can correct (a bad argument, a missing file, NATS down, the code
  * failing) is a tool result with isError set and one sentence saying why. */
@@ -43,6 +44,11 @@
 #define MAX_ARTIFACTS 50
 #define ARTIFACT_READ_MAX (32u * 1024 * 1024)
 #define MAX_PATH_ARG 4096
+/* A call that asked for progress hears of each status change, and this
+ * often while nothing changes (clients reset their timeouts on it). */
+#define PROGRESS_EVERY_MS 5000
+/* Requests in one JSON-RPC batch (2025-03-26; later versions dropped them). */
+#define BATCH_MAX 64
 
 static const char *const versions[] = {"2025-06-18", "2025-03-26", "2024-11-05"};
 
@@ -53,6 +59,12 @@ struct mcp {
     FILE *out;
     int save_fd; /* the save folder, opened on first use; -1 before */
     char save_path[PATH_MAX];
+    json_t *batch; /* the replies of the batch being handled; NULL outside one */
+    /* The call being handled: its progressToken (borrowed; NULL when it
+     * asked for none) and what its notifications said last. */
+    json_t *progress_token;
+    int64_t progress_n, progress_last_ms, call_started_ms;
+    const char *progress_state;
 };
 
 struct reader {
@@ -104,7 +116,7 @@ static json_t *text_value(const char *s, size_t len)
     return json_stringn(b.data ? (const char *)b.data : "", b.len);
 }
 
-static void send_msg(struct mcp *m, json_t *msg)
+static void write_msg(struct mcp *m, json_t *msg)
 {
     char *s = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
     json_decref(msg);
@@ -116,6 +128,46 @@ static void send_msg(struct mcp *m, json_t *msg)
     fputc('\n', m->out);
     fflush(m->out);
     free(s);
+}
+
+/* A reply: written now, or kept for the batch's array. */
+static void send_msg(struct mcp *m, json_t *msg)
+{
+    if (m->batch && msg)
+        json_array_append_new(m->batch, msg);
+    else
+        write_msg(m, msg);
+}
+
+/* notifications/progress of the call being handled, if it asked: on each
+ * status event, and every PROGRESS_EVERY_MS while none comes. Written at
+ * once, even inside a batch. */
+static void on_progress(const Ci__V1__StatusEvent *ev, void *closure)
+{
+    struct mcp *m = closure;
+    if (!m->progress_token)
+        return;
+    int64_t now = ci_mono_ms();
+    if (!ev && now - m->progress_last_ms < PROGRESS_EVERY_MS)
+        return;
+    char text[256];
+    if (ev) {
+        bool running = ev->status == CI__V1__TASK_STATUS__TASK_STATUS_RUNNING;
+        if (running || ev->status == CI__V1__TASK_STATUS__TASK_STATUS_QUEUED)
+            m->progress_state = running ? "running" : "waiting for a worker";
+        if (running && ev->worker && ev->worker[0])
+            snprintf(text, sizeof(text), "running on worker %.64s", ev->worker);
+        else
+            snprintf(text, sizeof(text), "%s", ci_task_status_short(ev->status));
+    } else {
+        snprintf(text, sizeof(text), "still %s after %" PRId64 " s", m->progress_state,
+                 (now - m->call_started_ms) / 1000);
+    }
+    m->progress_last_ms = now;
+    write_msg(m, json_pack("{s:s, s:s, s:{s:O, s:I, s:s}}", "jsonrpc", "2.0", "method",
+                           "notifications/progress", "params", "progressToken",
+                           m->progress_token, "progress", (json_int_t)++m->progress_n,
+                           "message", text));
 }
 
 static void reply(struct mcp *m, json_t *id, json_t *result)
@@ -464,16 +516,10 @@ static json_t *result_content(struct mcp *m, const Ci__V1__ExecutionResult *r)
 static json_t *still_running(const char *id, const char *state, int64_t waited_ms)
 {
     char text[512];
-    if (waited_ms >= 0)
-        snprintf(text, sizeof(text),
-                 "task %s is still %s after %" PRId64 " s. Call get_result with task_id \"%s\" "
-                 "later to get its output, or cancel with task_id \"%s\" to stop it.",
-                 id, state, waited_ms / 1000, id, id);
-    else
-        snprintf(text, sizeof(text),
-                 "task %s is still %s. Call get_result with task_id \"%s\" again later, or "
-                 "cancel with task_id \"%s\" to stop it.",
-                 id, state, id, id);
+    snprintf(text, sizeof(text),
+             "task %s is still %s after %" PRId64 " s. Call get_result with task_id \"%s\" "
+             "to wait for its output again, or cancel with task_id \"%s\" to stop it.",
+             id, state, waited_ms / 1000, id, id);
     return tool_text(false, text);
 }
 
@@ -560,7 +606,7 @@ static json_t *tool_run(struct mcp *m, json_t *args)
         return tool_error("not run: %s", e.msg);
     if (s)
         return tool_error("not run: the task could not be submitted: %s", e.msg);
-    s = ci_client_wait(m->b, id, m->o->wait_ms, NULL, NULL, false, &e);
+    s = ci_client_wait(m->b, id, m->o->wait_ms, on_progress, m, false, &e);
     if (s == CI_ERR_TIMEOUT) {
         Ci__V1__ExecutionResult *r = NULL;
         bool running = ci_client_result_get(m->b, id, &r, NULL) == CI_OK &&
@@ -614,6 +660,21 @@ static json_t *tool_get(struct mcp *m, json_t *args)
                           id, m->cfg->jetstream.max_age_s);
     if (s)
         return tool_error("the result of task %s cannot be read: %s", id, e.msg);
+    /* Not ended: wait for it as run_python does, so that an agent coming
+     * back does not have to poll. */
+    if (!ci_task_status_terminal(r->status)) {
+        m->progress_state = r->status == CI__V1__TASK_STATUS__TASK_STATUS_RUNNING
+                                ? "running"
+                                : "waiting for a worker";
+        s = ci_client_wait(m->b, id, m->o->wait_ms, on_progress, m, false, &e);
+        if (s && s != CI_ERR_TIMEOUT)
+            fprintf(stderr, "ci mcp: waiting for task %s: %s\n", id, e.msg);
+        Ci__V1__ExecutionResult *now = NULL;
+        if (ci_client_result_get(m->b, id, &now, NULL) == CI_OK) {
+            ci_message_free(&r->base);
+            r = now;
+        }
+    }
     json_t *res;
     if (ci_task_status_terminal(r->status))
         res = result_content(m, r);
@@ -621,7 +682,7 @@ static json_t *tool_get(struct mcp *m, json_t *args)
         res = still_running(id, r->status == CI__V1__TASK_STATUS__TASK_STATUS_RUNNING
                                     ? "running"
                                     : "waiting for a worker",
-                            -1);
+                            m->o->wait_ms);
     ci_message_free(&r->base);
     return res;
 }
@@ -673,39 +734,34 @@ static json_t *do_tools_list(struct mcp *m)
     return tools;
 }
 
-static void handle(struct mcp *m, const char *data, size_t len)
+/* One message (of a batch or alone); msg stays the caller's. */
+static void handle_msg(struct mcp *m, json_t *msg)
 {
-    json_error_t je;
-    json_t *msg = json_loadb(data, len, JSON_REJECT_DUPLICATES, &je);
-    if (!msg) {
-        reply_error(m, NULL, -32700, "parse error: %s (column %d)", je.text, je.column);
-        return;
-    }
     json_t *id = json_object_get(msg, "id");
     json_t *method = json_object_get(msg, "method");
     json_t *params = json_object_get(msg, "params");
     if (!json_is_object(msg)) {
-        reply_error(m, NULL, -32600, "a message must be a JSON object (batches are not supported)");
-        goto out;
+        reply_error(m, NULL, -32600, "a message must be a JSON object");
+        return;
     }
     if (!method && (json_object_get(msg, "result") || json_object_get(msg, "error")))
-        goto out; /* a response; we send no requests */
+        return; /* a response; we send no requests */
     if (id && !json_is_string(id) && !json_is_integer(id)) {
         reply_error(m, NULL, -32600, "'id' must be a string or an integer");
-        goto out;
+        return;
     }
     if (!json_is_string(method) ||
         !json_is_string(json_object_get(msg, "jsonrpc")) ||
         strcmp(json_string_value(json_object_get(msg, "jsonrpc")), "2.0") != 0) {
         reply_error(m, id, -32600, "not a JSON-RPC 2.0 request");
-        goto out;
+        return;
     }
     if (!id)
-        goto out; /* notifications/initialized, notifications/cancelled, ...: no reply */
+        return; /* notifications/initialized, notifications/cancelled, ...: no reply */
     const char *name = json_string_value(method);
     if (params && !json_is_object(params)) {
         reply_error(m, id, -32602, "'params' must be an object");
-        goto out;
+        return;
     }
     if (strcmp(name, "initialize") == 0) {
         reply(m, id, do_initialize(params));
@@ -718,16 +774,22 @@ static void handle(struct mcp *m, const char *data, size_t len)
         json_t *args = json_object_get(params, "arguments");
         if (!tool || (args && !json_is_object(args))) {
             reply_error(m, id, -32602, "tools/call needs 'name' (a string) and 'arguments' (an object)");
-            goto out;
+            return;
         }
         json_t *empty = json_object();
         if (!args)
             args = empty;
+        json_t *token = json_object_get(json_object_get(params, "_meta"), "progressToken");
+        m->progress_token = json_is_string(token) || json_is_integer(token) ? token : NULL;
+        m->progress_n = 0;
+        m->call_started_ms = m->progress_last_ms = ci_mono_ms();
+        m->progress_state = "waiting for a worker";
         json_t *res = strcmp(tool, "run_python") == 0   ? tool_run(m, args)
                       : strcmp(tool, "get_result") == 0 ? tool_get(m, args)
                       : strcmp(tool, "cancel") == 0     ? tool_cancel(m, args)
                                                         : NULL;
         json_decref(empty);
+        m->progress_token = NULL;
         if (strcmp(tool, "run_python") && strcmp(tool, "get_result") && strcmp(tool, "cancel"))
             reply_error(m, id, -32602, "unknown tool '%.64s': use run_python, get_result or cancel",
                         tool);
@@ -738,7 +800,37 @@ static void handle(struct mcp *m, const char *data, size_t len)
     } else {
         reply_error(m, id, -32601, "method '%.100s' not found", name);
     }
-out:
+}
+
+/* A line: one message, or a batch (an array of them, protocol 2025-03-26)
+ * answered with one array of the replies, or with nothing when all were
+ * notifications. */
+static void handle(struct mcp *m, const char *data, size_t len)
+{
+    json_error_t je;
+    json_t *msg = json_loadb(data, len, JSON_REJECT_DUPLICATES, &je);
+    if (!msg) {
+        reply_error(m, NULL, -32700, "parse error: %s (column %d)", je.text, je.column);
+        return;
+    }
+    if (!json_is_array(msg)) {
+        handle_msg(m, msg);
+    } else if (json_array_size(msg) == 0 || json_array_size(msg) > BATCH_MAX) {
+        reply_error(m, NULL, -32600, "a batch must hold 1 to %d messages", BATCH_MAX);
+    } else {
+        m->batch = json_array();
+        size_t i;
+        json_t *one;
+        json_array_foreach(msg, i, one) {
+            handle_msg(m, one);
+        }
+        json_t *replies = m->batch;
+        m->batch = NULL;
+        if (json_array_size(replies))
+            write_msg(m, replies);
+        else
+            json_decref(replies);
+    }
     json_decref(msg);
 }
 

@@ -142,6 +142,11 @@ describe("ci mcp", () => {
       const m = textOf(r).match(/^task ([A-Za-z0-9_-]+) is still (running|waiting for a worker)/);
       assert.ok(m, textOf(r));
       const id = m[1];
+      // get_result of a task still going waits (--wait-ms) before it says so.
+      const t0 = Date.now();
+      const waiting = await slow.client.callTool({ name: "get_result", arguments: { task_id: id } }, undefined, CALL);
+      assert.match(textOf(waiting), new RegExp(`^task ${id} is still (running|waiting for a worker) after 1 s`));
+      assert.ok(Date.now() - t0 >= 1400, `get_result returned after ${Date.now() - t0} ms`);
       const c = await slow.client.callTool({ name: "cancel", arguments: { task_id: id } }, undefined, CALL);
       assert.notEqual(c.isError, true, textOf(c));
       let g;
@@ -168,6 +173,17 @@ describe("ci mcp", () => {
     assert.deepEqual(slow.problems, []);
   });
 
+  test("a call with a progress token hears the task start and, every 5 s, that it still runs", async () => {
+    const seen = [];
+    const r = await client.callTool({ name: "run_python", arguments: { code: "import time\ntime.sleep(6)\nprint('slept')" } }, undefined,
+      { ...CALL, onprogress: (p) => seen.push(p), resetTimeoutOnProgress: true });
+    assert.notEqual(r.isError, true, textOf(r));
+    assert.match(textOf(r), /slept/);
+    assert.ok(seen.some((p) => /^running on worker /.test(p.message)), JSON.stringify(seen));
+    assert.ok(seen.some((p) => /^still running after \d+ s$/.test(p.message)), JSON.stringify(seen));
+    for (let i = 1; i < seen.length; i++) assert.ok(seen[i].progress > seen[i - 1].progress, JSON.stringify(seen));
+  });
+
   test("the SDK client saw nothing on stdout that was not protocol", () => {
     assert.deepEqual(problems, []);
   });
@@ -188,11 +204,22 @@ describe("ci mcp", () => {
     send(JSON.stringify({ jsonrpc: "2.0", id: 4, method: "ping" }));
     send(JSON.stringify({ jsonrpc: "2.0", id: 6, method: "initialize", params: { protocolVersion: "2024-11-05", capabilities: {}, clientInfo: { name: "raw", version: "1" } } }));
     send(JSON.stringify({ jsonrpc: "2.0", id: 5, method: "tools/call", params: { name: "run_python", arguments: { code: "print('x' * 50000)" } } }));
+    // A batch (2025-03-26): one array of the replies, none for a notification.
+    send(JSON.stringify([{ jsonrpc: "2.0", id: 7, method: "ping" }, { jsonrpc: "2.0", method: "notifications/initialized" },
+      { jsonrpc: "2.0", id: 8, method: "tools/list" }, 42]));
+    send("[]");
+    send(JSON.stringify([{ jsonrpc: "2.0", method: "notifications/initialized" }]));
     child.stdin.end();
     const code = await new Promise((res) => child.on("close", res));
     assert.equal(code, 0);
     const lines = out.split("\n").filter((l) => l);
-    const msgs = lines.map((l) => JSON.parse(l));
+    const batches = lines.map((l) => JSON.parse(l)).filter((m) => Array.isArray(m));
+    assert.equal(batches.length, 1);
+    assert.deepEqual(batches[0].map((m) => m.id), [7, 8, null]);
+    assert.deepEqual(batches[0][0].result, {});
+    assert.ok(batches[0][1].result.tools.some((t) => t.name === "run_python"));
+    assert.equal(batches[0][2].error.code, -32600);
+    const msgs = lines.map((l) => JSON.parse(l)).filter((m) => !Array.isArray(m));
     for (const m of msgs) assert.equal(m.jsonrpc, "2.0");
     const byId = Object.fromEntries(msgs.filter((m) => m.id !== null).map((m) => [m.id, m]));
     assert.equal(byId[1].result.protocolVersion, "2025-06-18");
@@ -201,11 +228,11 @@ describe("ci mcp", () => {
     assert.deepEqual(byId[4].result, {});
     assert.equal(byId[6].result.protocolVersion, "2024-11-05");
     const nulls = msgs.filter((m) => m.id === null).map((m) => m.error.code);
-    assert.deepEqual(nulls, [-32700, -32700]);
+    assert.deepEqual(nulls, [-32700, -32700, -32600]);
     const text = byId[5].result.content[0].text;
     assert.match(text, /bytes cut here/);
     assert.ok(text.length < 20000, `${text.length} characters`);
-    assert.equal(msgs.length, 8);
+    assert.equal(msgs.length, 9);
   });
 });
 
