@@ -12,12 +12,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/util.h"
 
 #define OUT_MAX (64 * 1024) /* of the script's stdout, and of its stderr */
+/* The script reads metadata: this is far more than it needs, and far less
+ * than a runaway interpreter could take from the worker's machine. */
+#define SCRIPT_MEMORY_MAX (2048L * 1024 * 1024)
 
 /* Ours, fixed: never a task's code. The metadata is cheap to read; a
  * package whose metadata is missing is imported for its __version__. */
@@ -160,18 +164,28 @@ void ci_manifest_read_versions(const char *python, int timeout_ms,
         }
         return;
     }
-    /* Built before fork: the child of a threaded program only dup2s and
-     * execs. An environment of our own; -I ignores PYTHON* anyway. */
+    /* Built before fork: the child of a threaded program only makes
+     * system calls and execs. An environment of our own; -I ignores
+     * PYTHON* anyway. Its own process group, so that whatever it starts
+     * dies with it; limits on memory, CPU time, files and cores. */
     char *const argv[] = {(char *)python, "-I", "-B", "-c", (char *)VERSIONS_SCRIPT, NULL};
     char *const envp[] = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/nonexistent",
                           "MPLBACKEND=Agg", NULL};
+    rlim_t cpu_s = (rlim_t)(timeout_ms > 0 ? timeout_ms / 1000 + 1 : 1);
+    const struct rlimit as = {SCRIPT_MEMORY_MAX, SCRIPT_MEMORY_MAX}, cpu = {cpu_s, cpu_s},
+                        zero = {0, 0};
     pid_t pid = fork();
     if (pid == 0) {
-        if (dup2(null_fd, 0) < 0 || dup2(out_p[1], 1) < 0 || dup2(err_p[1], 2) < 0)
+        if (setpgid(0, 0) < 0 || setrlimit(RLIMIT_AS, &as) < 0 ||
+            setrlimit(RLIMIT_CPU, &cpu) < 0 || setrlimit(RLIMIT_FSIZE, &zero) < 0 ||
+            setrlimit(RLIMIT_CORE, &zero) < 0 || dup2(null_fd, 0) < 0 ||
+            dup2(out_p[1], 1) < 0 || dup2(err_p[1], 2) < 0)
             _exit(127);
         execve(python, argv, envp);
         _exit(127);
     }
+    if (pid > 0)
+        setpgid(pid, pid); /* as the child does: no race with the kill below */
     int fork_errno = errno;
     close(out_p[1]);
     close(err_p[1]);
@@ -186,43 +200,48 @@ void ci_manifest_read_versions(const char *python, int timeout_ms,
     CI_AUTOBUF struct ci_buf out = CI_BUF_INIT;
     CI_AUTOBUF struct ci_buf errs = CI_BUF_INIT;
     int64_t deadline = ci_mono_ms() + timeout_ms;
-    bool out_open = true, err_open = true, timed_out = false;
-    while (out_open || err_open) {
+    bool out_open = true, err_open = true, timed_out = false, exited = false;
+    /* Until it exits: then what it wrote is read, and whatever it left
+     * behind holding its stdio (a .pth that forks) is killed with its
+     * group instead of being waited for. It is reaped only after that
+     * kill (WNOWAIT), so that its pid, the group's id, cannot be reused. */
+    for (;;) {
+        if (!exited) {
+            siginfo_t si = {0};
+            int w = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT);
+            exited = (w == 0 && si.si_pid == pid) || (w < 0 && errno != EINTR);
+        }
         int64_t left = deadline - ci_mono_ms();
-        if (left <= 0) {
-            timed_out = true;
+        if (left <= 0) { /* exited: a straggler that keeps writing */
+            timed_out = !exited;
             break;
+        }
+        if (!out_open && !err_open) {
+            if (exited)
+                break;
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+            continue;
         }
         struct pollfd pf[2] = {{out_open ? out_fd : -1, POLLIN, 0},
                                {err_open ? err_fd : -1, POLLIN, 0}};
-        int n = poll(pf, 2, (int)(left < 1000 ? left : 1000));
+        int n = poll(pf, 2, exited ? 0 : (int)(left < 50 ? left : 50));
         if (n < 0 && errno != EINTR)
             break;
-        if (n <= 0)
+        if (n <= 0) {
+            if (exited)
+                break; /* nothing more to read now: the rest is a straggler's */
             continue;
+        }
         if (pf[0].revents && !drain(out_fd, &out))
             out_open = false;
         if (pf[1].revents && !drain(err_fd, &errs))
             err_open = false;
     }
-    if (timed_out || out_open || err_open)
-        kill(pid, SIGKILL);
-    /* Its stdio closed, it may still linger (a .pth that forks): the
-     * deadline holds for the exit too. */
+    kill(-pid, SIGKILL);
     int st = 0;
-    for (;;) {
-        pid_t w = waitpid(pid, &st, WNOHANG);
-        if (w == pid || (w < 0 && errno != EINTR))
-            break;
-        if (w == 0 && ci_mono_ms() >= deadline && !timed_out) {
-            timed_out = true;
-            kill(pid, SIGKILL);
-        }
-        if (w == 0) {
-            struct timespec ts = {0, 10 * 1000000L};
-            nanosleep(&ts, NULL);
-        }
-    }
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
     char why[200];
     last_line(&errs, why, sizeof(why));
     if (timed_out) {

@@ -34,9 +34,10 @@ struct ci_manifest_versions {
     char unknown[256];         /* when !known: why, one sentence */
 };
 
-/* Runs `python -I -B -c <our script>` (its own environment, stdin
- * /dev/null) and reads the versions from its output (at most 64 KiB),
- * killing it after timeout_ms. Never fails: when the versions cannot be
+/* Runs `python -I -B -c <our script>` (its own environment and process
+ * group, stdin /dev/null, 2 GiB of address space, no files written) and
+ * reads the versions from its output (at most 64 KiB), killing it after
+ * timeout_ms, and whatever it started when it exits. Never fails: when the versions cannot be
  * read, ret->known is false and ret->unknown says why. */
 void ci_manifest_read_versions(const char *python, int timeout_ms,
                                struct ci_manifest_versions *ret);

@@ -1,11 +1,15 @@
 /* test_manifest.c - the runtime manifest (contract §18) without NATS: its
  * JSON from a config and versions, what the version parser refuses, and the
  * versions read from a Python (this machine's, when it has one). */
+#include <dirent.h>
 #include <jansson.h>
+#include <string.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/config.h"
+#include "core/util.h"
 #include "worker/manifest.h"
 #include "testutil.h"
 
@@ -130,6 +134,29 @@ static void test_parse_refuses(void)
     }
 }
 
+/* Whether a process "sleep 987654" lives (a zombie has no command line). */
+static bool sleeper_alive(void)
+{
+    static const char want[] = "sleep\0" "987654";
+    DIR *d = opendir("/proc");
+    if (!d)
+        return false;
+    bool found = false;
+    struct dirent *de;
+    while (!found && (de = readdir(d))) {
+        char path[300], buf[64] = {0};
+        snprintf(path, sizeof(path), "/proc/%s/cmdline", de->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        found = n >= sizeof(want) && memcmp(buf, want, sizeof(want)) == 0;
+    }
+    closedir(d);
+    return found;
+}
+
 static void test_read_versions(void)
 {
     struct ci_manifest_versions v;
@@ -139,6 +166,36 @@ static void test_read_versions(void)
     /* A program that exits at once without JSON. */
     ci_manifest_read_versions("/bin/false", 5000, &v);
     CHECK(!v.known && v.unknown[0]);
+    /* Limited (a runaway interpreter cannot take the machine), and what it
+     * leaves behind holding its stdout is killed when it exits: the answer
+     * comes at once, not at the deadline. */
+    char dir[] = "/tmp/ci-manifest-XXXXXX";
+    REQUIRE(mkdtemp(dir));
+    char fake[256];
+    snprintf(fake, sizeof(fake), "%s/python3", dir);
+    FILE *f = fopen(fake, "w");
+    REQUIRE(f);
+    fputs("#!/bin/sh\n"
+          "[ \"$(ulimit -v)\" = unlimited ] && { echo no memory limit >&2; exit 3; }\n"
+          "[ \"$(ulimit -f)\" = 0 ] || { echo no file size limit >&2; exit 4; }\n"
+          "sleep 987654 &\n"
+          "printf '{\"python\":\"3.11.2\",\"packages\":{\"numpy\":\"1.24.2\"},\"pip\":false}'\n",
+          f);
+    fclose(f);
+    chmod(fake, 0755);
+    int64_t t0 = ci_mono_ms();
+    ci_manifest_read_versions(fake, 30000, &v);
+    CHECK(ci_mono_ms() - t0 < 25000);
+    CHECK(v.known);
+    if (!v.known)
+        fprintf(stderr, "    unknown: %s\n", v.unknown);
+    CHECK_STR(v.python, "3.11.2");
+    /* Killed with its group (SIGKILL takes a moment to land). */
+    for (int64_t until = ci_mono_ms() + 10000; sleeper_alive() && ci_mono_ms() < until;)
+        usleep(10000);
+    CHECK(!sleeper_alive());
+    unlink(fake);
+    rmdir(dir);
     if (access("/usr/bin/python3", X_OK) != 0)
         return;
     ci_manifest_read_versions("/usr/bin/python3", 20000, &v);
