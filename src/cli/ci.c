@@ -90,6 +90,15 @@ __attribute__((format(printf, 2, 3))) static void say(FILE *f, const char *fmt, 
     free(text);
 }
 
+/* The base64 PNG an output holds inline (contract §17), or NULL. */
+static const char *output_png(const Ci__V1__Output *out)
+{
+    for (size_t j = 0; j < out->n_data; j++)
+        if (strcmp(out->data[j]->key, "image/png") == 0)
+            return out->data[j]->value;
+    return NULL;
+}
+
 /* Each output's text/plain, as a notebook shows it after the cell's prints;
  * an image kept as an artifact is named. */
 static void print_outputs(FILE *f, const Ci__V1__ExecutionResult *r)
@@ -106,7 +115,40 @@ static void print_outputs(FILE *f, const Ci__V1__ExecutionResult *r)
         }
         if (out->artifact[0])
             say(f, "[image: artifact %s]\n", out->artifact);
+        else if (output_png(out))
+            say(f, "[image: output %zu, inline PNG]\n", i + 1);
     }
+}
+
+/* An inline image is saved as output-N.png beside the artifacts, so that a
+ * figure the code ended with is not lost to a terminal user. */
+static int save_output_images(const Ci__V1__ExecutionResult *r)
+{
+    int failures = 0;
+    for (size_t i = 0; i < r->n_outputs; i++) {
+        const char *b64 = output_png(r->outputs[i]);
+        if (!b64 || r->outputs[i]->artifact[0])
+            continue;
+        char name[64];
+        snprintf(name, sizeof(name), "output-%zu.png", i + 1);
+        CI_AUTOFREE uint8_t *data = NULL;
+        size_t len = 0;
+        if (ci_base64_decode(b64, strlen(b64), CI_B64_STD, &data, &len)) {
+            say(stderr, "ci: output %zu: its image is not base64; not saved\n", i + 1);
+            failures++;
+            continue;
+        }
+        int fd = ci_client_open_artifact(AT_FDCWD, name);
+        if (fd < 0 || ci_write_all(fd, data, len)) {
+            say(stderr, "ci: cannot write '%s': %s\n", name, strerror(errno));
+            failures++;
+        } else {
+            say(stderr, "ci: saved %s (%zu bytes; the image of output %zu)\n", name, len, i + 1);
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    return failures;
 }
 
 /* Reads the script and submits it with the options' inputs and labels. */
@@ -549,7 +591,7 @@ static int run_script(struct ci_broker *b, const struct ci_config *cfg, const st
                         "the rest were left out\n");
         print_session(stderr, "ci: ", r->session);
     }
-    int failures = o->no_save ? 0 : save_artifacts(b, r);
+    int failures = o->no_save ? 0 : save_artifacts(b, r) + save_output_images(r);
     rc = exit_code_of(r);
     if (rc == 0 && failures)
         rc = EXIT_INFRA;
@@ -902,7 +944,8 @@ static void usage(FILE *out)
           "                     with the globals and files the session's last step left\n"
           "  --json             print results and events as JSON\n"
           "  --wire-json        send the request as JSON instead of protobuf\n"
-          "  --no-save          do not write artifacts to the current folder\n"
+          "  --no-save          do not write artifacts (and inline output images,\n"
+          "                     output-N.png) to the current folder\n"
           "  --wait-ms N        give up waiting after N ms (default 600000; ci mcp: 45000,\n"
           "                     then run_python returns the task id for get_result)\n"
           "  --save-dir DIR     ci mcp: save CSV/PNG artifacts under DIR/TASK_ID/\n"

@@ -1,10 +1,11 @@
 // Rich outputs (docs/contract.md §17) through a real worker, in both
 // encodings: a task ending in df.head(3), display() of a figure, a session
-// step with display() that keeps its state, and `ci run` printing them.
+// step with display() that keeps its state, and `ci run` printing them and
+// saving an inline image.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -97,5 +98,19 @@ describe("rich outputs", () => {
     const env = { ...process.env, CI_NATS_URL: stack.server.url };
     const { stdout } = await run(CLI_BIN, ["run", "--no-save", script], { env, timeout: 60000 });
     assert.equal(stdout, "hello\n'shown'\n42\n");
+  });
+
+  test("ci run saves a figure shown inline as output-N.png, and --no-save does not", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "ci-outputs-"));
+    const script = join(dir, "t.py");
+    writeFileSync(script, "import matplotlib.pyplot as plt\nfig, ax = plt.subplots(figsize=(2, 2))\nax.plot([1, 2])\nprint('drawn')\nfig\n");
+    const env = { ...process.env, CI_NATS_URL: stack.server.url };
+    const { stdout, stderr } = await run(CLI_BIN, ["run", script], { env, cwd: dir, timeout: 60000 });
+    assert.match(stdout, /^drawn\n<Figure size .*>\n\[image: output 1, inline PNG\]\n$/);
+    assert.match(stderr, /saved output-1\.png \(\d+ bytes; the image of output 1\)/);
+    assert.ok(readFileSync(join(dir, "output-1.png")).subarray(0, 8).equals(Buffer.from("\x89PNG\r\n\x1a\n", "latin1")));
+    const other = mkdtempSync(join(tmpdir(), "ci-outputs-"));
+    await run(CLI_BIN, ["run", "--no-save", script], { env, cwd: other, timeout: 60000 });
+    assert.deepEqual(readdirSync(other), []);
   });
 });
