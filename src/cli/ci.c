@@ -120,8 +120,10 @@ static void print_outputs(FILE *f, const Ci__V1__ExecutionResult *r)
     }
 }
 
-/* An inline image is saved as output-N.png beside the artifacts, so that a
- * figure the code ended with is not lost to a terminal user. */
+/* An inline image is saved as inline-N.png beside the artifacts, so that a
+ * figure the code ended with is not lost to a terminal user. The runtime
+ * names the images it stores as artifacts output-N.png; a name an
+ * artifact has (the code may write any) is never overwritten. */
 static int save_output_images(const Ci__V1__ExecutionResult *r)
 {
     int failures = 0;
@@ -130,7 +132,15 @@ static int save_output_images(const Ci__V1__ExecutionResult *r)
         if (!b64 || r->outputs[i]->artifact[0])
             continue;
         char name[64];
-        snprintf(name, sizeof(name), "output-%zu.png", i + 1);
+        snprintf(name, sizeof(name), "inline-%zu.png", i + 1);
+        bool taken = false;
+        for (size_t k = 0; k < r->n_artifacts; k++)
+            taken |= strcmp(r->artifacts[k]->name, name) == 0;
+        if (taken) {
+            say(stderr, "ci: output %zu: its image is not saved: an artifact is named %s\n",
+                i + 1, name);
+            continue;
+        }
         CI_AUTOFREE uint8_t *data = NULL;
         size_t len = 0;
         if (ci_base64_decode(b64, strlen(b64), CI_B64_STD, &data, &len)) {
@@ -591,7 +601,11 @@ static int run_script(struct ci_broker *b, const struct ci_config *cfg, const st
                         "the rest were left out\n");
         print_session(stderr, "ci: ", r->session);
     }
-    int failures = o->no_save ? 0 : save_artifacts(b, r) + save_output_images(r);
+    int failures = 0;
+    if (!o->no_save) {
+        failures += save_artifacts(b, r);
+        failures += save_output_images(r);
+    }
     rc = exit_code_of(r);
     if (rc == 0 && failures)
         rc = EXIT_INFRA;
@@ -945,7 +959,7 @@ static void usage(FILE *out)
           "  --json             print results and events as JSON\n"
           "  --wire-json        send the request as JSON instead of protobuf\n"
           "  --no-save          do not write artifacts (and inline output images,\n"
-          "                     output-N.png) to the current folder\n"
+          "                     inline-N.png) to the current folder\n"
           "  --wait-ms N        give up waiting after N ms (default 600000; ci mcp: 45000,\n"
           "                     then run_python returns the task id for get_result)\n"
           "  --save-dir DIR     ci mcp: save CSV/PNG artifacts under DIR/TASK_ID/\n"

@@ -802,6 +802,9 @@ int main(int argc, char **argv)
         sigaction(SIGTERM, &sa, NULL);
         sigaction(SIGINT, &sa, NULL);
         signal(SIGPIPE, SIG_IGN);
+        /* Ignored SIGCHLD is inherited across exec (a parent's choice):
+         * children would be reaped behind our back, their status lost. */
+        signal(SIGCHLD, SIG_DFL);
         rc = run_worker(cfg);
     }
     ci_config_free(cfg);

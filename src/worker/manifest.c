@@ -170,7 +170,7 @@ void ci_manifest_read_versions(const char *python, int timeout_ms,
      * dies with it; limits on memory, CPU time, files and cores. */
     char *const argv[] = {(char *)python, "-I", "-B", "-c", (char *)VERSIONS_SCRIPT, NULL};
     char *const envp[] = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/nonexistent",
-                          "MPLBACKEND=Agg", NULL};
+                          "MPLBACKEND=Agg", "OPENBLAS_NUM_THREADS=1", NULL};
     rlim_t cpu_s = (rlim_t)(timeout_ms > 0 ? timeout_ms / 1000 + 1 : 1);
     const struct rlimit as = {SCRIPT_MEMORY_MAX, SCRIPT_MEMORY_MAX}, cpu = {cpu_s, cpu_s},
                         zero = {0, 0};
@@ -201,49 +201,59 @@ void ci_manifest_read_versions(const char *python, int timeout_ms,
     CI_AUTOBUF struct ci_buf errs = CI_BUF_INIT;
     int64_t deadline = ci_mono_ms() + timeout_ms;
     bool out_open = true, err_open = true, timed_out = false, exited = false;
-    /* Until it exits: then what it wrote is read, and whatever it left
-     * behind holding its stdio (a .pth that forks) is killed with its
-     * group instead of being waited for. It is reaped only after that
-     * kill (WNOWAIT), so that its pid, the group's id, cannot be reused. */
+    bool lost = false; /* reaped by someone else (SIGCHLD ignored): no status */
+    /* When it exits, whatever it left behind (a .pth that forks) is killed
+     * with its group, so that the pipes end with what it wrote instead of
+     * at the deadline. It is reaped only after that (WNOWAIT): its pid,
+     * the group's id, cannot be reused meanwhile. */
     for (;;) {
         if (!exited) {
             siginfo_t si = {0};
             int w = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT);
+            lost = w < 0 && errno == ECHILD;
             exited = (w == 0 && si.si_pid == pid) || (w < 0 && errno != EINTR);
+            if (exited && !lost)
+                kill(-pid, SIGKILL);
         }
+        if (!out_open && !err_open && exited)
+            break;
         int64_t left = deadline - ci_mono_ms();
-        if (left <= 0) { /* exited: a straggler that keeps writing */
+        if (left <= 0) {
             timed_out = !exited;
             break;
         }
         if (!out_open && !err_open) {
-            if (exited)
-                break;
             struct timespec ts = {0, 10 * 1000000L};
             nanosleep(&ts, NULL);
             continue;
         }
         struct pollfd pf[2] = {{out_open ? out_fd : -1, POLLIN, 0},
                                {err_open ? err_fd : -1, POLLIN, 0}};
-        int n = poll(pf, 2, exited ? 0 : (int)(left < 50 ? left : 50));
+        int n = poll(pf, 2, (int)(left < 50 ? left : 50));
         if (n < 0 && errno != EINTR)
             break;
-        if (n <= 0) {
-            if (exited)
-                break; /* nothing more to read now: the rest is a straggler's */
+        if (n <= 0)
             continue;
-        }
         if (pf[0].revents && !drain(out_fd, &out))
             out_open = false;
         if (pf[1].revents && !drain(err_fd, &errs))
             err_open = false;
     }
-    kill(-pid, SIGKILL);
     int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
+    if (!lost) {
+        /* The pid too: a child that left its group is ours until reaped. */
+        kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);
+        while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+            ;
+    }
     char why[200];
     last_line(&errs, why, sizeof(why));
+    if (lost) {
+        snprintf(ret->unknown, sizeof(ret->unknown),
+                 "the exit status of %s could not be read (was SIGCHLD ignored?)", python);
+        return;
+    }
     if (timed_out) {
         snprintf(ret->unknown, sizeof(ret->unknown),
                  "%s did not say its versions within %d ms", python, timeout_ms);

@@ -100,15 +100,22 @@ describe("rich outputs", () => {
     assert.equal(stdout, "hello\n'shown'\n42\n");
   });
 
-  test("ci run saves a figure shown inline as output-N.png, and --no-save does not", async () => {
+  test("ci run saves a figure shown inline as inline-N.png, beside (never over) an artifact, and --no-save does not", async () => {
     const dir = mkdtempSync(join(tmpdir(), "ci-outputs-"));
     const script = join(dir, "t.py");
-    writeFileSync(script, "import matplotlib.pyplot as plt\nfig, ax = plt.subplots(figsize=(2, 2))\nax.plot([1, 2])\nprint('drawn')\nfig\n");
+    // A big figure becomes an artifact (output-1.png, the runtime's name);
+    // the small one stays inline and is saved under its own name.
+    writeFileSync(script, "import matplotlib.pyplot as plt\nbig, bx = plt.subplots(figsize=(10, 10), dpi=100)\n" +
+      "import numpy as np\nbx.imshow(np.random.default_rng(1).random((800, 800)))\ndisplay(big)\n" +
+      "fig, ax = plt.subplots(figsize=(2, 2))\nax.plot([1, 2])\nprint('drawn')\nfig\n");
     const env = { ...process.env, CI_NATS_URL: stack.server.url };
     const { stdout, stderr } = await run(CLI_BIN, ["run", script], { env, cwd: dir, timeout: 60000 });
-    assert.match(stdout, /^drawn\n<Figure size .*>\n\[image: output 1, inline PNG\]\n$/);
-    assert.match(stderr, /saved output-1\.png \(\d+ bytes; the image of output 1\)/);
-    assert.ok(readFileSync(join(dir, "output-1.png")).subarray(0, 8).equals(Buffer.from("\x89PNG\r\n\x1a\n", "latin1")));
+    assert.match(stdout, /^drawn\n<Figure size 1000x1000 .*>\n\[image: artifact output-1\.png\]\n<Figure size 200x200 .*>\n\[image: output 2, inline PNG\]\n$/);
+    assert.match(stderr, /saved output-1\.png \(\d+ bytes\)/);
+    assert.match(stderr, /saved inline-2\.png \(\d+ bytes; the image of output 2\)/);
+    const png = (f) => readFileSync(join(dir, f));
+    for (const f of ["output-1.png", "inline-2.png"]) assert.ok(png(f).subarray(0, 8).equals(Buffer.from("\x89PNG\r\n\x1a\n", "latin1")), f);
+    assert.ok(png("output-1.png").length > png("inline-2.png").length * 4);
     const other = mkdtempSync(join(tmpdir(), "ci-outputs-"));
     await run(CLI_BIN, ["run", "--no-save", script], { env, cwd: other, timeout: 60000 });
     assert.deepEqual(readdirSync(other), []);
