@@ -1,8 +1,9 @@
 /* mcp.c - `ci mcp`: a Model Context Protocol server over stdio (mcp.h).
  *
  * The MCP stdio transport: JSON-RPC 2.0 messages, one per line, on stdin and
- * stdout (a line may be a batch, as 2025-03-26 allowed). A call that asks
- * for progress gets notifications/progress while its task waits or runs. Protocol misuse (not JSON, not a request, an unknown method or
+ * stdout (a line may be a batch, as 2025-03-26 allowed). One call at a
+ * time: a call waiting for its task (at most --wait-ms) holds the next.
+ * A call that asks for progress gets notifications/progress meanwhile. Protocol misuse (not JSON, not a request, an unknown method or
  * tool, params that are not an object) gets a JSON-RPC error; anything a
  * model can correct (a bad argument, a missing file, NATS down, the code
  * failing) is a tool result with isError set and one sentence saying why. */
@@ -60,6 +61,8 @@ struct mcp {
     int save_fd; /* the save folder, opened on first use; -1 before */
     char save_path[PATH_MAX];
     json_t *batch; /* the replies of the batch being handled; NULL outside one */
+    int64_t batch_deadline_ms; /* the batch's calls wait until then, together */
+    bool progress_message;     /* the version has ProgressNotification.message */
     /* The call being handled: its progressToken (borrowed; NULL when it
      * asked for none) and what its notifications said last. */
     json_t *progress_token;
@@ -164,10 +167,12 @@ static void on_progress(const Ci__V1__StatusEvent *ev, void *closure)
                  (now - m->call_started_ms) / 1000);
     }
     m->progress_last_ms = now;
-    write_msg(m, json_pack("{s:s, s:s, s:{s:O, s:I, s:s}}", "jsonrpc", "2.0", "method",
-                           "notifications/progress", "params", "progressToken",
-                           m->progress_token, "progress", (json_int_t)++m->progress_n,
-                           "message", text));
+    json_t *params = json_pack("{s:O, s:I}", "progressToken", m->progress_token, "progress",
+                               (json_int_t)++m->progress_n);
+    if (params && m->progress_message) /* 2024-11-05 has no message */
+        json_object_set_new(params, "message", json_string(text));
+    write_msg(m, json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method",
+                           "notifications/progress", "params", params));
 }
 
 static void reply(struct mcp *m, json_t *id, json_t *result)
@@ -523,6 +528,16 @@ static json_t *still_running(const char *id, const char *state, int64_t waited_m
     return tool_text(false, text);
 }
 
+/* How long a call may wait for its task: --wait-ms, or in a batch what is
+ * left of it (the replies go out together, so the batch waits once). */
+static int64_t wait_budget(const struct mcp *m)
+{
+    if (!m->batch)
+        return m->o->wait_ms;
+    int64_t left = m->batch_deadline_ms - ci_mono_ms();
+    return left > 0 ? left : 0;
+}
+
 /* --- the tools --- */
 
 /* Refuses argument names the schema does not have: a misspelt one would
@@ -606,14 +621,15 @@ static json_t *tool_run(struct mcp *m, json_t *args)
         return tool_error("not run: %s", e.msg);
     if (s)
         return tool_error("not run: the task could not be submitted: %s", e.msg);
-    s = ci_client_wait(m->b, id, m->o->wait_ms, on_progress, m, false, &e);
+    s = ci_client_wait(m->b, id, wait_budget(m), on_progress, m, false, &e);
     if (s == CI_ERR_TIMEOUT) {
         Ci__V1__ExecutionResult *r = NULL;
         bool running = ci_client_result_get(m->b, id, &r, NULL) == CI_OK &&
                        r->status == CI__V1__TASK_STATUS__TASK_STATUS_RUNNING;
         if (r)
             ci_message_free(&r->base);
-        return still_running(id, running ? "running" : "waiting for a worker", m->o->wait_ms);
+        return still_running(id, running ? "running" : "waiting for a worker",
+                             ci_mono_ms() - m->call_started_ms);
     }
     if (s)
         return tool_error("task %s was submitted, but waiting for it failed: %s. Call "
@@ -666,7 +682,7 @@ static json_t *tool_get(struct mcp *m, json_t *args)
         m->progress_state = r->status == CI__V1__TASK_STATUS__TASK_STATUS_RUNNING
                                 ? "running"
                                 : "waiting for a worker";
-        s = ci_client_wait(m->b, id, m->o->wait_ms, on_progress, m, false, &e);
+        s = ci_client_wait(m->b, id, wait_budget(m), on_progress, m, false, &e);
         if (s && s != CI_ERR_TIMEOUT)
             fprintf(stderr, "ci mcp: waiting for task %s: %s\n", id, e.msg);
         Ci__V1__ExecutionResult *now = NULL;
@@ -682,7 +698,7 @@ static json_t *tool_get(struct mcp *m, json_t *args)
         res = still_running(id, r->status == CI__V1__TASK_STATUS__TASK_STATUS_RUNNING
                                     ? "running"
                                     : "waiting for a worker",
-                            m->o->wait_ms);
+                            ci_mono_ms() - m->call_started_ms);
     ci_message_free(&r->base);
     return res;
 }
@@ -708,13 +724,14 @@ static json_t *tool_cancel(struct mcp *m, json_t *args)
 
 /* --- the methods --- */
 
-static json_t *do_initialize(json_t *params)
+static json_t *do_initialize(struct mcp *m, json_t *params)
 {
     const char *asked = json_string_value(json_object_get(params, "protocolVersion"));
     const char *v = versions[0];
     for (size_t i = 0; asked && i < sizeof(versions) / sizeof(versions[0]); i++)
         if (strcmp(asked, versions[i]) == 0)
             v = versions[i];
+    m->progress_message = strcmp(v, "2024-11-05") != 0;
     return json_pack("{s:s, s:{s:{s:b}}, s:{s:s, s:s}, s:s}", "protocolVersion", v,
                      "capabilities", "tools", "listChanged", 0, "serverInfo", "name", "ci",
                      "version", MCP_VERSION, "instructions",
@@ -763,8 +780,10 @@ static void handle_msg(struct mcp *m, json_t *msg)
         reply_error(m, id, -32602, "'params' must be an object");
         return;
     }
-    if (strcmp(name, "initialize") == 0) {
-        reply(m, id, do_initialize(params));
+    if (strcmp(name, "initialize") == 0 && m->batch) {
+        reply_error(m, id, -32600, "initialize must not be part of a batch");
+    } else if (strcmp(name, "initialize") == 0) {
+        reply(m, id, do_initialize(m, params));
     } else if (strcmp(name, "ping") == 0) {
         reply(m, id, json_object());
     } else if (strcmp(name, "tools/list") == 0) {
@@ -815,10 +834,32 @@ static void handle(struct mcp *m, const char *data, size_t len)
     }
     if (!json_is_array(msg)) {
         handle_msg(m, msg);
-    } else if (json_array_size(msg) == 0 || json_array_size(msg) > BATCH_MAX) {
+    } else if (json_array_size(msg) == 0) {
         reply_error(m, NULL, -32600, "a batch must hold 1 to %d messages", BATCH_MAX);
+    } else if (json_array_size(msg) > BATCH_MAX) {
+        /* Each request is answered, so that no client waits for it. */
+        json_t *errors = json_array();
+        char text[128];
+        snprintf(text, sizeof(text),
+                 "the batch holds more than %d messages; nothing of it ran", BATCH_MAX);
+        size_t i;
+        json_t *one;
+        json_array_foreach(msg, i, one) {
+            json_t *id = json_object_get(one, "id");
+            if (json_is_string(id) || json_is_integer(id))
+                json_array_append_new(
+                    errors, json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id,
+                                      "error", "code", -32600, "message", text));
+        }
+        if (json_array_size(errors))
+            write_msg(m, errors);
+        else {
+            json_decref(errors);
+            reply_error(m, NULL, -32600, "a batch must hold 1 to %d messages", BATCH_MAX);
+        }
     } else {
         m->batch = json_array();
+        m->batch_deadline_ms = ci_mono_ms() + m->o->wait_ms;
         size_t i;
         json_t *one;
         json_array_foreach(msg, i, one) {

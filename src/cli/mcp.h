@@ -11,7 +11,7 @@
 struct ci_broker;
 
 struct ci_mcp_opts {
-    int64_t wait_ms;      /* how long run_python waits before it returns the task id */
+    int64_t wait_ms;      /* how long run_python and get_result wait for a task to end */
     const char *save_dir; /* where CSV/PNG artifacts are saved; NULL = $TMPDIR/ci-mcp-UID */
 };
 

@@ -309,7 +309,8 @@ json_t *ci_tools_build(enum ci_tools_format f, const json_t *manifest,
         "[o, o, o]", tool(f, "run_python", run, run_schema(cfg, mcp)),
         tool(f, "get_result",
              "Gets the result of a run_python task that was still running when run_python "
-             "returned (the same content as run_python), or says it is still running.",
+             "returned (the same content as run_python); waits a while for it to end, then "
+             "says if it is still running.",
              task_schema()),
         tool(f, "cancel",
              "Asks the workers to stop a run_python task that is still queued or running; "

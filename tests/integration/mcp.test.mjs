@@ -175,7 +175,7 @@ describe("ci mcp", () => {
 
   test("a call with a progress token hears the task start and, every 5 s, that it still runs", async () => {
     const seen = [];
-    const r = await client.callTool({ name: "run_python", arguments: { code: "import time\ntime.sleep(6)\nprint('slept')" } }, undefined,
+    const r = await client.callTool({ name: "run_python", arguments: { code: "import time\ntime.sleep(9)\nprint('slept')" } }, undefined,
       { ...CALL, onprogress: (p) => seen.push(p), resetTimeoutOnProgress: true });
     assert.notEqual(r.isError, true, textOf(r));
     assert.match(textOf(r), /slept/);
@@ -209,12 +209,18 @@ describe("ci mcp", () => {
       { jsonrpc: "2.0", id: 8, method: "tools/list" }, 42]));
     send("[]");
     send(JSON.stringify([{ jsonrpc: "2.0", method: "notifications/initialized" }]));
+    // Too many: each request gets its error; initialize has no place in one.
+    send(JSON.stringify(Array.from({ length: 65 }, (_, i) => ({ jsonrpc: "2.0", id: 100 + i, method: "ping" }))));
+    send(JSON.stringify([{ jsonrpc: "2.0", id: 9, method: "initialize", params: { protocolVersion: "2025-03-26", capabilities: {}, clientInfo: { name: "raw", version: "1" } } }]));
     child.stdin.end();
     const code = await new Promise((res) => child.on("close", res));
     assert.equal(code, 0);
     const lines = out.split("\n").filter((l) => l);
     const batches = lines.map((l) => JSON.parse(l)).filter((m) => Array.isArray(m));
-    assert.equal(batches.length, 1);
+    assert.equal(batches.length, 3);
+    assert.deepEqual(batches[1].map((m) => m.id), Array.from({ length: 65 }, (_, i) => 100 + i));
+    for (const m of batches[1]) assert.equal(m.error.code, -32600);
+    assert.deepEqual(batches[2].map((m) => [m.id, m.error?.code]), [[9, -32600]]);
     assert.deepEqual(batches[0].map((m) => m.id), [7, 8, null]);
     assert.deepEqual(batches[0][0].result, {});
     assert.ok(batches[0][1].result.tools.some((t) => t.name === "run_python"));
