@@ -51,7 +51,7 @@
 /* Requests in one JSON-RPC batch (2025-03-26; later versions dropped them). */
 #define BATCH_MAX 64
 
-static const char *const versions[] = {"2025-06-18", "2025-03-26", "2024-11-05"};
+static const char *const versions[] = {"2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"};
 
 struct mcp {
     struct ci_broker *b;

@@ -228,7 +228,7 @@ describe("ci mcp", () => {
     const msgs = lines.map((l) => JSON.parse(l)).filter((m) => !Array.isArray(m));
     for (const m of msgs) assert.equal(m.jsonrpc, "2.0");
     const byId = Object.fromEntries(msgs.filter((m) => m.id !== null).map((m) => [m.id, m]));
-    assert.equal(byId[1].result.protocolVersion, "2025-06-18");
+    assert.equal(byId[1].result.protocolVersion, "2025-11-25");
     assert.equal(byId[2].error.code, -32601);
     assert.equal(byId[3].error.code, -32602);
     assert.deepEqual(byId[4].result, {});
