@@ -278,6 +278,18 @@ ci_status ci_request_validate(const struct ci_config *cfg, const Ci__V1__Executi
                             q, strlen(req->session_id));
     }
 
+    if (req->batch_id && req->batch_id[0] && !ci_task_id_valid(req->batch_id)) {
+        quote(q, sizeof(q), req->batch_id);
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "batch_id '%s' (%zu bytes) is not a batch id: use 1 to 64 of "
+                            "A-Z, a-z, 0-9, '_' and '-'",
+                            q, strlen(req->batch_id));
+    }
+    if (req->batch_id && req->batch_id[0] && req->session_id && req->session_id[0])
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "a task is a session's step or a batch's task, not both: drop "
+                            "session_id or batch_id");
+
     if (req->policy) {
         const char *net = req->policy->network ? req->policy->network : "";
         const char *pkg = req->policy->packages ? req->policy->packages : "";

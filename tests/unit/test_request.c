@@ -99,6 +99,23 @@ static void test_session_id(void)
                   "(65 bytes) is not a session id");
 }
 
+/* A batch id is one subject token (ci.batch.<id>, ci.batches.<id>.*); a
+ * task is a session's step or a batch's task, not both. */
+static void test_batch_id(void)
+{
+    setup();
+    uint32_t t, m;
+    CHECK(validate_json(OK_JSON ",\"batchId\":\"b_1-A\"}", &t, &m) == CI_OK);
+    CHECK(validate_json(OK_JSON ",\"batch_id\":\"b1\"}", &t, &m) == CI_OK);
+    CHECK_REFUSED(OK_JSON ",\"batchId\":\"a.b\"}", "batch_id 'a.b' (3 bytes) is not a batch id");
+    CHECK_REFUSED(OK_JSON ",\"batchId\":\"*\"}", "is not a batch id");
+    CHECK_REFUSED(OK_JSON ",\"batchId\":\">\"}", "is not a batch id");
+    CHECK_REFUSED(OK_JSON ",\"batchId\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}",
+                  "(65 bytes) is not a batch id");
+    CHECK_REFUSED(OK_JSON ",\"batchId\":\"b1\",\"sessionId\":\"s1\"}",
+                  "a session's step or a batch's task, not both");
+}
+
 /* Sessions' states are no inputs: a task could read another session's. */
 static void test_session_state_no_input(void)
 {
@@ -389,6 +406,6 @@ static void test_labels(void)
     ci_message_free(&r->base);
 }
 
-TEST_MAIN(T(test_task_id), T(test_session_id), T(test_session_state_no_input), T(test_input_name), T(test_valid_and_defaults), T(test_language),
+TEST_MAIN(T(test_task_id), T(test_session_id), T(test_batch_id), T(test_session_state_no_input), T(test_input_name), T(test_valid_and_defaults), T(test_language),
           T(test_code), T(test_runtime), T(test_limits), T(test_policy), T(test_files),
           T(test_file_count), T(test_input_total), T(test_labels))
