@@ -237,20 +237,21 @@ describe("cloudrun provider", () => {
     assert.ok(px.auths.every((a) => a === `Bearer ${mdc.tokens[0]}`));
     await w.stop();
 
-    // Tokens that live 6 s (exp in whole seconds: 5 to 6 s), refreshed 1 s
-    // before they expire: from 4 to 5 s after they were issued.
-    const mds = await startMetadataServer({ lifetimeS: 6 });
+    // Tokens that live 20 s (exp in whole seconds: 19 to 20 s), refreshed
+    // 8 s before they expire: from 11 to 12 s after they were issued, which
+    // leaves a slow machine time for two tasks before.
+    const mds = await startMetadataServer({ lifetimeS: 20 });
     others.push(mds);
     const px2 = await startProxy(executor.url);
     others.push(px2);
-    const w2 = await cloudrunWorker({ service_url: px2.url, metadata_url: mds.url, token_refresh_margin_s: 1 }, { concurrency: 1 });
+    const w2 = await cloudrunWorker({ service_url: px2.url, metadata_url: mds.url, token_refresh_margin_s: 8 }, { concurrency: 1 });
     const a = await run({ code: "print('a')" });
     const b = await run({ code: "print('b')" });
     assert.equal(a.result.status, "TASK_STATUS_SUCCEEDED", show(a.result));
     assert.equal(b.result.status, "TASK_STATUS_SUCCEEDED", show(b.result));
     assert.equal(mds.hits, 1, "the second task reuses the cached token");
-    assert.ok(Date.now() - mds.issuedAt[0] < 4000, "the second task came before the refresh time (else this test proves nothing)");
-    await sleep(mds.issuedAt[0] + 5500 - Date.now()); // past exp - margin
+    assert.ok(Date.now() - mds.issuedAt[0] < 11000, "the second task came before the refresh time (else this test proves nothing)");
+    await sleep(mds.issuedAt[0] + 12500 - Date.now()); // past exp - margin
     const c2 = await run({ code: "print('c')" });
     assert.equal(c2.result.status, "TASK_STATUS_SUCCEEDED", show(c2.result));
     assert.equal(mds.hits, 2, "a token about to expire is fetched again");
