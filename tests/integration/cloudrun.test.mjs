@@ -16,7 +16,17 @@ import { join } from "node:path";
 import { startStack } from "./lib/stack.mjs";
 import { WORKER_BIN } from "./lib/worker.mjs";
 import { newTaskId } from "./lib/client.mjs";
-import { checkEvents, checkResultBasics, PNG_MAGIC, processesWith, sha256hex, show, waitProcessWith } from "./lib/checks.mjs";
+import {
+  blockUntilReleased,
+  checkEvents,
+  checkResultBasics,
+  PNG_MAGIC,
+  processesWith,
+  releaseMarker,
+  sha256hex,
+  show,
+  waitProcessWith,
+} from "./lib/checks.mjs";
 import {
   closedPort,
   cloudrunYaml,
@@ -780,22 +790,32 @@ describe("cloudrun provider", () => {
   test("409: another copy of the task runs on the executor: FAILED at once, not sent again (once that copy ends it would run again)", async () => {
     const before = await executor.healthz();
     const taskId = newTaskId("cr-dup");
-    // The first copy, straight to the executor, runs 4 s.
-    const first = postJson(executor.url, { taskId, code: "import time\ntime.sleep(4)\nprint('first copy')" });
-    await untilRunning(executor);
-    const px = await startProxy(executor.url);
-    others.push(px);
-    const w = await cloudrunWorker({ service_url: px.url });
-    const t0 = Date.now();
-    const r = await run({ taskId, code: "print('second copy')" });
-    assert.equal(r.result.status, "TASK_STATUS_FAILED", show(r.result));
-    assert.match(
-      r.result.error,
-      /^the executor service at http:\/\/127\.0\.0\.1:\d+ is already running another copy of this task \(HTTP 409: task cr-dup-\S+ is already running on this executor instance\), e\.g\. one sent for an earlier delivery; it is not sent again, so that the code does not run twice$/,
-      show(r.result),
-    );
-    assert.equal(px.count("/execute"), 1, "one request: a 409 is not tried again");
-    assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not once the other copy ended`);
+    // The first copy, straight to the executor, runs until the test lets it
+    // go on, once the second copy got its answer.
+    const marker = `ci-itest-crdup-${process.pid}-${Date.now()}`;
+    const first = postJson(executor.url, { taskId, code: `${blockUntilReleased(marker)}print('first copy')` });
+    let w;
+    try {
+      await untilRunning(executor);
+      await waitProcessWith(marker, 30000);
+      const px = await startProxy(executor.url);
+      others.push(px);
+      w = await cloudrunWorker({ service_url: px.url });
+      const t0 = Date.now();
+      const r = await run({ taskId, code: "print('second copy')" });
+      assert.equal(r.result.status, "TASK_STATUS_FAILED", show(r.result));
+      assert.match(
+        r.result.error,
+        /^the executor service at http:\/\/127\.0\.0\.1:\d+ is already running another copy of this task \(HTTP 409: task cr-dup-\S+ is already running on this executor instance\), e\.g\. one sent for an earlier delivery; it is not sent again, so that the code does not run twice$/,
+        show(r.result),
+      );
+      assert.equal(px.count("/execute"), 1, "one request: a 409 is not tried again");
+      // The other copy ends only once released below: a worker that waited
+      // for it would not be done by now.
+      assert.ok(Date.now() - t0 < 12000, `FAILED ${Date.now() - t0} ms after submit: at once, not once the other copy ended`);
+    } finally {
+      releaseMarker(marker);
+    }
     const f = await (await first).json();
     assert.equal(f.result.stdout, "first copy\n");
     const after = await executor.healthz();
