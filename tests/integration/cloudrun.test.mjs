@@ -285,7 +285,7 @@ describe("cloudrun provider", () => {
     assert.match(res.error, /executor service at http:\/\/127\.0\.0\.1:\d+ could not be reached after 4 attempts/, show(res));
     assert.match(res.error, /(Couldn't connect|Connection refused|Failed to connect)/i, show(res));
     assert.equal(res.exitCode, undefined, "the code never ran");
-    assert.ok(elapsed < 2000 + 3000 + 3000, `FAILED after ${elapsed} ms: within the deadline (limit + margin) plus NATS overhead`);
+    assert.ok(elapsed < 2000 + 3000 + 10000, `FAILED after ${elapsed} ms: within the deadline (limit + margin) plus NATS overhead`);
     const evs = await stack.client.events(r.taskId);
     checkEvents(evs, { taskId: r.taskId, result: res, encoding: "protobuf" });
     await w.stop();
@@ -297,7 +297,8 @@ describe("cloudrun provider", () => {
     const r2 = await run({ code: "print(1)", limits: { timeoutMs: 1000 } }, { timeoutMs: 30000 });
     assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
     assert.match(r2.result.error, /could not be reached within the task's deadline/, show(r2.result));
-    assert.ok(Date.now() - t1 < 1000 + 1000 + 3000, `ended ${Date.now() - t1} ms after submit`);
+    // 100 tries with their backoff would take some 40 s: well over this.
+    assert.ok(Date.now() - t1 < 1000 + 1000 + 10000, `ended ${Date.now() - t1} ms after submit`);
     await w2.stop();
   });
 
@@ -438,7 +439,7 @@ describe("cloudrun provider", () => {
     assert.doesNotMatch(res.error, /could not be reached/, "the executor is not blamed");
     assert.ok(mdf.failed >= 2, `the token request was tried again (${mdf.failed} requests)`);
     assert.equal(px.count("/execute"), 0, "no request without a token");
-    assert.ok(Date.now() - t0 < 1000 + 2000 + 5000, `FAILED ${Date.now() - t0} ms after submit: within the deadline`);
+    assert.ok(Date.now() - t0 < 1000 + 2000 + 10000, `FAILED ${Date.now() - t0} ms after submit: within the deadline`);
     await w.stop();
   });
 
@@ -456,7 +457,8 @@ describe("cloudrun provider", () => {
       `could not get an ID token from the metadata server at ${md404.url}: it answered HTTP 404 (is a service account attached to this machine?) (the executor service was not called)`,
     );
     assert.equal(md404.failed, 1, "asked once: a 404 does not go away by asking again");
-    assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not at the task's deadline`);
+    // The task's deadline is 15 s after it started (limit + timeout_margin_ms).
+    assert.ok(Date.now() - t0 < 12000, `FAILED ${Date.now() - t0} ms after submit: at once, not at the task's deadline`);
     await w.stop();
 
     // A token file that is a directory cannot become a token: at once.
@@ -466,7 +468,7 @@ describe("cloudrun provider", () => {
     const r2 = await run({ code: "print('never runs')", limits: { timeoutMs: 5000 } }, { timeoutMs: 30000 });
     assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
     assert.equal(r2.result.error, `the token file ${notFile} is not a regular file (the executor service was not called)`);
-    assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once`);
+    assert.ok(Date.now() - t0 < 12000, `FAILED ${Date.now() - t0} ms after submit: at once (the deadline is 15 s after the start)`);
     assert.equal(px.count("/execute"), 0, "no request without a token");
     await w2.stop();
     rmSync(notFile, { recursive: true, force: true });
@@ -516,7 +518,8 @@ describe("cloudrun provider", () => {
       const r2 = await run({ code: "print('never runs')", limits: { timeoutMs: 5000 } });
       assert.equal(r2.result.status, "TASK_STATUS_FAILED", show(r2.result));
       assert.match(r2.result.error, /^the executor service at https:\/\/127\.0\.0\.1:\d+ failed: POST https:\/\/127\.0\.0\.1:\d+\/execute cannot be sent: .*certificate/i, show(r2.result));
-      assert.ok(Date.now() - t0 < 4000, `FAILED ${Date.now() - t0} ms after submit: at once, not after retries`);
+      // Retries (1 s apart) would go on until the deadline, 15 s after the start.
+      assert.ok(Date.now() - t0 < 12000, `FAILED ${Date.now() - t0} ms after submit: at once, not after retries`);
       assert.equal(px.count("/execute"), 1, "nothing reached the service");
       await w2.stop();
     } finally {
@@ -626,7 +629,7 @@ describe("cloudrun provider", () => {
     const elapsed = Date.now() - t0;
     checkResultBasics(res, { taskId });
     assert.equal(res.status, "TASK_STATUS_CANCELLED", show(res));
-    assert.ok(elapsed < 3000, `CANCELLED ${elapsed} ms after the cancel`);
+    assert.ok(elapsed < 10000, `CANCELLED ${elapsed} ms after the cancel (the code sleeps 30 s)`);
     assert.equal(res.stdout, "started\n", "what the code printed before the cancel is kept");
     assert.ok(res.usage.durationMs < 10000, "the code did not sleep its 30 s");
     const after = await executor.healthz();
@@ -654,9 +657,10 @@ describe("cloudrun provider", () => {
     await c.cancel(taskId);
     const { result: res } = await c.waitResult(taskId, 15000);
     assert.equal(res.status, "TASK_STATUS_CANCELLED", show(res));
-    assert.ok(Date.now() - t0 < 4000, `CANCELLED ${Date.now() - t0} ms after the cancel`);
+    assert.ok(Date.now() - t0 < 10000, `CANCELLED ${Date.now() - t0} ms after the cancel (the code sleeps 30 s)`);
+    // The executor's kill of the orphan, well before the code's 30 s end.
     let h = await executor.healthz();
-    for (let i = 0; i < 40 && h.running > 0; i++) {
+    for (const deadline = t0 + 20000; h.running > 0 && Date.now() < deadline; ) {
       await sleep(100);
       h = await executor.healthz();
     }
