@@ -14,7 +14,7 @@ import assert from "node:assert/strict";
 import { startStack, SERVER_CONFIG } from "./lib/stack.mjs";
 import { startNatsServer } from "./lib/nats-server.mjs";
 import { startWorker } from "./lib/worker.mjs";
-import { connectClient, newTaskId, TERMINAL } from "./lib/client.mjs";
+import { connectClient, decodeMessage, newTaskId, proto, TERMINAL } from "./lib/client.mjs";
 import { show } from "./lib/checks.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -35,6 +35,35 @@ async function expectAllSucceeded(c, ids, timeoutMs = 60000) {
     assert.equal(result.status, "TASK_STATUS_SUCCEEDED", show(result));
     assert.equal(result.stdout, `${i}\n`);
   }
+}
+
+// The consumer once every delivery is acked or termed: a worker acks just
+// after it stores the result, so a test that saw the result waits for it.
+async function settledConsumer(c, timeoutMs = 30000) {
+  let ci = await c.jsm.consumers.info("CI_TASKS", "ci-workers");
+  for (const deadline = Date.now() + timeoutMs; (ci.num_ack_pending > 0 || ci.num_pending > 0) && Date.now() < deadline; ) {
+    await sleep(100);
+    ci = await c.jsm.consumers.info("CI_TASKS", "ci-workers");
+  }
+  return ci;
+}
+
+// Every record stored for the task, seen through a KV watch from the moment
+// it is called (a record may stand for a moment only, e.g. between two
+// attempts); done resolves at the first terminal record.
+async function watchRecords(c, taskId) {
+  const b = await c.kvBucket();
+  const w = await b.watch({ key: taskId });
+  const seen = [];
+  const done = (async () => {
+    for await (const e of w) {
+      if (e.operation !== "PUT" || e.value.length === 0) continue;
+      const r = decodeMessage(proto().ExecutionResult, e.value).value;
+      seen.push(r);
+      if (TERMINAL.has(r.status)) break;
+    }
+  })();
+  return { seen, done, stop: () => w.stop() };
 }
 
 describe("poison messages", () => {
@@ -101,7 +130,7 @@ describe("poison messages", () => {
     assert.deepEqual(evs.map((e) => e.event.status), ["TASK_STATUS_RUNNING", "TASK_STATUS_RUNNING", "TASK_STATUS_FAILED"]);
     // Tasks submitted while it was being retried were not held up by it.
     for (let k = 0; k < flow.length; k += 4) await expectAllSucceeded(c, flow.slice(k, k + 4));
-    const ci = await c.jsm.consumers.info("CI_TASKS", "ci-workers");
+    const ci = await settledConsumer(c);
     assert.equal(ci.num_ack_pending, 0);
     assert.equal(ci.num_pending, 0);
   });
@@ -146,33 +175,36 @@ no_auth_user: anon`,
     await c.putObject(obj, Buffer.from("a\n1\n"));
     const poison = newTaskId("poison-infra");
     const t0 = Date.now();
+    // Watched from before the submit: the RUNNING record of the retry
+    // stands for about 2 s only (the nak's delay), maybe while the other
+    // tasks are still being waited for.
+    const records = await watchRecords(c, poison);
     await c.submit({ taskId: poison, language: "python", code: "print(open('d.csv').read())", files: [{ name: "d.csv", object: obj }] });
     const others = await submitMany(c, 6, "beside-infra");
     await expectAllSucceeded(c, others, 30000);
-    // Between the tries a client sees why it is being retried.
-    let note = null;
-    for (const deadline = Date.now() + 60000; Date.now() < deadline; await sleep(100)) {
-      const r = await c.getResult(poison);
-      if (r?.result.status === "TASK_STATUS_RUNNING" && r.result.error) {
-        note = r.result;
-        break;
-      }
-      if (r && TERMINAL.has(r.result.status)) break;
-    }
-    assert.ok(note, "the RUNNING record says why attempt 1 gave up");
-    assert.match(note.error, /^attempt 1: the worker could not read the inputs \(.*ci-files.*\); it will be tried again$/);
     const { result } = await c.waitResult(poison, 90000);
     assert.equal(result.status, "TASK_STATUS_FAILED", show(result));
     assert.equal(result.attempt, 2);
     assert.match(result.error, /^the worker could not read the inputs after 2 attempts: /);
     assert.match(result.error, /ci-files/);
     assert.equal(result.exitCode, undefined);
+    // Between the tries a client saw why it is being retried.
+    let timer;
+    const watched = await Promise.race([records.done.then(() => true), new Promise((r) => (timer = setTimeout(() => r(false), 30000)))]);
+    clearTimeout(timer);
+    records.stop();
+    assert.ok(watched, `the watch saw the terminal record; seen: ${records.seen.map((r) => r.status).join(", ")}`);
+    const note = records.seen.find((r) => r.status === "TASK_STATUS_RUNNING" && r.error);
+    assert.ok(note, `the RUNNING record says why attempt 1 gave up; seen: ${JSON.stringify(records.seen.map((r) => [r.status, r.attempt, r.error]))}`);
+    assert.match(note.error, /^attempt 1: the worker could not read the inputs \(.*ci-files.*\); it will be tried again$/);
     const retries = worker.events("task.infra_error").filter((l) => l.task_id === poison);
     assert.equal(retries.length, 2, "one infrastructure failure per delivery, both logged");
+    // task.done is logged after the result is stored and the message termed.
+    await worker.waitLog((l) => l.event === "task.done" && l.task_id === poison, 30000);
     const done = worker.events("task.done").filter((l) => l.task_id === poison);
     assert.equal(done.length, 1);
     assert.equal(done[0].attempt, 2);
-    const ci = await c.jsm.consumers.info("CI_TASKS", "ci-workers");
+    const ci = await settledConsumer(c);
     assert.equal(ci.num_ack_pending, 0);
     assert.equal(ci.num_pending, 0);
     console.log(`# infra poison ended after ${Date.now() - t0} ms`);

@@ -156,9 +156,10 @@ describe("ci command-line client", () => {
     const t0 = Date.now();
     const cancel = await ci(["cancel", id], { cwd, url });
     assert.equal(cancel.code, 0, cancel.stderr);
-    const { result } = await stack.client.waitResult(id, 10000);
+    const { result } = await stack.client.waitResult(id, 20000);
     assert.equal(result.status, "TASK_STATUS_CANCELLED", show(result));
-    assert.ok(Date.now() - t0 < 5000);
+    // With the start of ci, on a loaded machine; well under the code's 30 s.
+    assert.ok(Date.now() - t0 < 15000, `CANCELLED ${Date.now() - t0} ms after ci cancel started`);
     const watch = await ci(["watch", id], { cwd, url, timeoutMs: 20000 });
     assert.equal(watch.code, 0);
     assert.match(watch.stdout.trim().split("\n").pop(), /cancelled/);

@@ -161,7 +161,13 @@ describe("ci mcp", () => {
       // A finished task, through get_result: the same content as run_python.
       const done = await slow.client.callTool({ name: "run_python", arguments: { code: "print('hello')" } }, undefined, CALL);
       const id2 = textOf(done).match(/^task ([A-Za-z0-9_-]+)/)[1];
-      const again = await slow.client.callTool({ name: "get_result", arguments: { task_id: id2 } }, undefined, CALL);
+      // On a slow machine it may not be done within --wait-ms twice: ask again.
+      let again;
+      for (let i = 0; i < 60; i++) {
+        again = await slow.client.callTool({ name: "get_result", arguments: { task_id: id2 } }, undefined, CALL);
+        if (!/is still/.test(textOf(again))) break;
+        await new Promise((res) => setTimeout(res, 500));
+      }
       assert.match(textOf(again), /succeeded/);
       assert.match(textOf(again), /--- stdout ---\nhello\n/);
       const none = await slow.client.callTool({ name: "get_result", arguments: { task_id: "never-submitted-x" } }, undefined, CALL);

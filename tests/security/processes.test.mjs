@@ -23,7 +23,7 @@ async function seenOnHost(marker, ms = 5000) {
 
 async function assertNoneLeftAfter(marker) {
   let left = processesWith(marker);
-  for (let i = 0; i < 10 && left.length; i++) {
+  for (const deadline = Date.now() + 10000; left.length && Date.now() < deadline; ) {
     await sleep(100);
     left = processesWith(marker);
   }
@@ -109,8 +109,9 @@ import subprocess
 subprocess.Popen([sys.executable, "-c", ${JSON.stringify(respawner)}, ${JSON.stringify(marker)}], start_new_session=True)
 time.sleep(60)
 `;
-    const running = b.run(code, { limits: { timeoutMs: 2500 } });
-    const seen = await seenOnHost(marker, 8000);
+    // As below: time to start the orphans and be seen on a loaded machine.
+    const running = b.run(code, { limits: { timeoutMs: 15000 } });
+    const seen = await seenOnHost(marker, 30000);
     const { result: r } = await running;
     assert.equal(r.status, "TASK_STATUS_TIMED_OUT", show(r));
     assert.ok(seen, "the host scan saw the orphans while the task ran");
@@ -159,7 +160,7 @@ attempt("parent_alive", lambda: os.kill(ppid, 0))
 report(ppid=ppid)
 `;
     const t0 = Date.now();
-    const { result: r, report: rep } = await b.run(code, { limits: { timeoutMs: 10000 } });
+    const { result: r, report: rep } = await b.run(code, { limits: { timeoutMs: 60000 } });
     // Init ignored all of it: the task ended by itself, normally, and was
     // reported (a stopped or killed init would give TIMED_OUT or an error).
     assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
@@ -168,7 +169,7 @@ report(ppid=ppid)
     // then says it is there too.
     if (process.getuid?.() === 0) assert.equal(rep.parent_alive.errno, 1, `init: ${show(r)}`);
     else assert.equal(rep.parent_alive.ok, true, `init is gone: ${show(r)}`);
-    assert.ok(Date.now() - t0 < 8000, "no wait for a timeout");
+    assert.ok(Date.now() - t0 < 30000, "no wait for a timeout (60 s)");
     assert.ok(r.usage.cpuMs > 0, "init still did its accounting");
   });
 

@@ -100,15 +100,17 @@ except BaseException as e:
     print("STOPPED", n, type(e).__name__, flush=True)
 `;
     const t0 = Date.now();
-    const { result: r } = await b.run(code, { limits: { timeoutMs: 3000 } });
+    // 5 s: time for the bomb to start and print on a loaded machine.
+    const { result: r } = await b.run(code, { limits: { timeoutMs: 5000 } });
     // Either thread creation fails (RuntimeError, MemoryError) or a thread
     // that cannot start hangs Thread.start() until the wall limit.
     assert.ok(["TASK_STATUS_SUCCEEDED", "TASK_STATUS_TIMED_OUT", "TASK_STATUS_FAILED"].includes(r.status), show(r));
     const counts = [...r.stdout.matchAll(/^THREADS (\d+)$/gm)].map((x) => Number(x[1]));
     assert.ok(counts.length > 0, `the bomb ran: ${r.stdout}`);
     assert.ok(Math.max(...counts) < limits.max_processes, `threads are bounded by ${limits.max_processes}: ${Math.max(...counts)}`);
-    assert.ok(r.usage.durationMs <= 3500, `duration ${r.usage.durationMs}`);
-    assert.ok(Date.now() - t0 < 15000, "bounded by the wall limit");
+    // The limit, and room for a loaded machine (the threads sleep 120 s).
+    assert.ok(r.usage.durationMs <= 5000 + 10000, `duration ${r.usage.durationMs}`);
+    assert.ok(Date.now() - t0 < 5000 + 15000, "bounded by the wall limit");
   });
 
   for (const [label, body] of [
@@ -229,15 +231,17 @@ print("SPINNING", flush=True)
 spin()
 `;
     const t0 = Date.now();
-    const { result: r } = await b.run(code, { limits: { timeoutMs: 3000 } });
+    // 5 s: time for the code to start and print on a loaded machine.
+    const { result: r } = await b.run(code, { limits: { timeoutMs: 5000 } });
     const took = Date.now() - t0;
     assert.equal(r.status, "TASK_STATUS_TIMED_OUT", show(r));
     assert.match(r.stdout, /SPINNING/);
-    assert.ok(r.usage.durationMs >= 2900 && r.usage.durationMs <= 4000, `duration ${r.usage.durationMs} ms`);
-    // Up to 3000 ms at 1 CPU; a loaded CI machine gives the sandbox less
+    // The limit, and room for a loaded machine; the spin never ends itself.
+    assert.ok(r.usage.durationMs >= 4900 && r.usage.durationMs <= 5000 + 10000, `duration ${r.usage.durationMs} ms`);
+    // Up to 5000 ms at 1 CPU; a loaded CI machine gives the sandbox less
     // (826 ms seen with both test lanes running), and none would be a bug.
     assert.ok(r.usage.cpuMs > 300, `the spinning used CPU: ${r.usage.cpuMs} ms`);
-    assert.ok(took < 12000, `the result came ${took} ms after submission`);
+    assert.ok(took < 5000 + 15000, `the result came ${took} ms after submission`);
     assertNoneLeft(marker);
   });
 
@@ -248,12 +252,14 @@ print("BEFORE", flush=True)
 time.sleep(60)
 print("AFTER", flush=True)
 `;
-    const { result: r } = await b.run(code, { limits: { timeoutMs: 1500 } });
+    // 5 s: time for the code to start and print on a loaded machine.
+    const { result: r } = await b.run(code, { limits: { timeoutMs: 5000 } });
     assert.equal(r.status, "TASK_STATUS_TIMED_OUT", show(r));
     assert.match(r.stdout, /BEFORE/);
     assert.doesNotMatch(r.stdout, /AFTER/);
     assert.match(r.error, /time limit/i);
-    assert.ok(r.usage.durationMs >= 1400 && r.usage.durationMs < 3000, `duration ${r.usage.durationMs}`);
+    // The limit, and room for a loaded machine: far under the 60 s sleep.
+    assert.ok(r.usage.durationMs >= 4900 && r.usage.durationMs < 5000 + 10000, `duration ${r.usage.durationMs}`);
   });
 
   b.attack("filling /workspace, /tmp and /dev/shm ends in ENOSPC/EFBIG within their sizes; inodes too", async () => {
