@@ -148,7 +148,8 @@ static void send_msg(struct mcp *m, json_t *msg)
 static void on_progress(const Ci__V1__StatusEvent *ev, void *closure)
 {
     struct mcp *m = closure;
-    if (!m->progress_token)
+    /* The end needs none: the result follows at once. */
+    if (!m->progress_token || (ev && ci_task_status_terminal(ev->status)))
         return;
     int64_t now = ci_mono_ms();
     if (!ev && now - m->progress_last_ms < PROGRESS_EVERY_MS)
