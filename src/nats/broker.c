@@ -379,8 +379,7 @@ static ci_status ensure_runtimes_kv(struct ci_broker *b, bool create, struct ci_
 }
 
 /* The streams of docs/contract.md, as data: what differs between them. All
- * three keep messages for max_age_s on the configured storage and
- * replicas. */
+ * keep messages for max_age_s on the configured storage and replicas. */
 struct stream_def {
     const char *name;
     const char *description;
@@ -389,6 +388,7 @@ struct stream_def {
     int64_t duplicate_window_s; /* 0: the server's default */
     bool max_payload;           /* no message larger than the server's max_payload */
     bool allow_direct; /* direct gets (ci_broker_cancel_requested, _session_first_seq) */
+    int64_t max_bytes; /* 0: no limit; else the oldest messages go first (discard old) */
 };
 
 /* Creates or updates each stream of the table. */
@@ -396,11 +396,13 @@ static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
 {
     const struct ci_config *c = b->cfg;
     char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX], session_subj[SUBJECT_MAX];
+    char output_subj[SUBJECT_MAX];
     /* A session's tasks (contract §16): an older worker's CI_TASKS with
      * the plain subject only is updated in place (ensure_stream). */
     snprintf(session_subj, sizeof(session_subj), "%s.*", c->jetstream.submit_subject);
     snprintf(status_subj, sizeof(status_subj), "%s.>", c->jetstream.status_prefix);
     snprintf(cancel_subj, sizeof(cancel_subj), "%s.>", c->jetstream.cancel_prefix);
+    snprintf(output_subj, sizeof(output_subj), "%s.>", c->jetstream.output_prefix);
     const struct stream_def streams[] = {
         {
             .name = c->jetstream.tasks_stream,
@@ -424,8 +426,17 @@ static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
             .retention = js_LimitsPolicy,
             .allow_direct = true,
         },
+        {
+            /* Last: made only when live output is on (contract §19). */
+            .name = c->jetstream.output_stream,
+            .description = "ci: live output of running tasks",
+            .subjects = {output_subj},
+            .retention = js_LimitsPolicy,
+            .max_bytes = (int64_t)c->jetstream.output_max_mb * 1024 * 1024,
+        },
     };
-    for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
+    size_t n = sizeof(streams) / sizeof(streams[0]) - (c->jetstream.live_output ? 0 : 1);
+    for (size_t i = 0; i < n; i++) {
         const struct stream_def *d = &streams[i];
         jsStreamConfig sc;
         jsStreamConfig_Init(&sc);
@@ -441,6 +452,10 @@ static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
             sc.MaxMsgSize = (int32_t)natsConnection_GetMaxPayload(b->nc);
         sc.Replicas = c->jetstream.replicas;
         sc.AllowDirect = d->allow_direct;
+        if (d->max_bytes) {
+            sc.MaxBytes = d->max_bytes;
+            sc.Discard = js_DiscardOld;
+        }
         ci_status r = ensure_stream(b, &sc, err);
         if (r)
             return r;
@@ -530,7 +545,8 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
     }
     bool streams = stream_missing(b, c->jetstream.tasks_stream) ||
                    stream_missing(b, c->jetstream.status_stream) ||
-                   stream_missing(b, c->jetstream.cancel_stream);
+                   stream_missing(b, c->jetstream.cancel_stream) ||
+                   (c->jetstream.live_output && stream_missing(b, c->jetstream.output_stream));
     bool kv = stream_missing(b, kv_stream);
     bool sessions = stream_missing(b, sessions_stream);
     struct ci_error e = {{0}};
@@ -950,6 +966,29 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
     }
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot publish the status event");
+    return CI_OK;
+}
+
+ci_status ci_broker_output_publish(struct ci_broker *b, const char *task_id, const char *stream,
+                                   uint32_t attempt, uint64_t seq, const void *data, size_t len,
+                                   struct ci_error *err)
+{
+    char subj[SUBJECT_MAX], a[16], q[24];
+    snprintf(subj, sizeof(subj), "%s.%s.%s", b->cfg->jetstream.output_prefix, task_id, stream);
+    snprintf(a, sizeof(a), "%" PRIu32, attempt);
+    snprintf(q, sizeof(q), "%" PRIu64, seq);
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, subj, NULL, data, (int)len);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Ci-Task-Id", task_id);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Ci-Attempt", a);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Ci-Seq", q);
+    if (s == NATS_OK)
+        s = natsConnection_PublishMsg(b->nc, m);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot publish the output chunk");
     return CI_OK;
 }
 

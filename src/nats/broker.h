@@ -131,6 +131,16 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
                                   const char *status_short, const char *content_type,
                                   const char *msg_id, const void *data, size_t len,
                                   struct ci_error *err);
+/* Publishes one chunk of a task's live output (contract §19) on
+ * <output_prefix>.<task_id>.<stream> (stream "stdout" or "stderr") with the
+ * Ci-Task-Id, Ci-Attempt and Ci-Seq headers. A core publish into the
+ * output stream's subject: it never waits for the server, so it cannot
+ * slow a task down. CI_ERR_NATS when the library could not take the
+ * message (the connection closed, or down with its reconnect buffer full).
+ * Thread-safe. */
+ci_status ci_broker_output_publish(struct ci_broker *b, const char *task_id, const char *stream,
+                                   uint32_t attempt, uint64_t seq, const void *data, size_t len,
+                                   struct ci_error *err);
 /* The Ci-Status header of the task's last status event, copied into ret
  * (size ret_size). CI_ERR_NOT_FOUND when the task has no event. */
 ci_status ci_broker_event_last_status(struct ci_broker *b, const char *task_id, char *ret,
