@@ -14,13 +14,12 @@ import assert from "node:assert/strict";
 import { performance } from "node:perf_hooks";
 
 import { startStack } from "./lib/stack.mjs";
-import { newTaskId, runTask } from "./lib/client.mjs";
+import { newTaskId, OUTPUT_STREAM, runTask } from "./lib/client.mjs";
 import { blockUntilReleased, releaseMarker, show } from "./lib/checks.mjs";
 import { skipTest } from "./lib/skip.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const TERMINAL = new Set(["succeeded", "failed", "timed_out", "cancelled"]);
-const OUTPUT_STREAM = "CI_OUTPUT";
 const MAX_CHUNK = 64 * 1024;
 
 // Watches a task's chunks and status events on the client's connection, in
@@ -90,30 +89,6 @@ function joined(chunks, { taskId, stream, attempt = "1" }) {
     assert.doesNotThrow(() => new TextDecoder("utf-8", { fatal: true }).decode(c.data), `${stream} chunk ${i + 1} is not valid UTF-8 on its own`);
   });
   return Buffer.concat(mine.map((c) => c.data));
-}
-
-// Replays a task's chunks from CI_OUTPUT with an ordered consumer until they
-// add up to want ({stdout, stderr} byte lengths), at most timeoutMs.
-async function replay(client, taskId, want, timeoutMs = 30000) {
-  const consumer = await client.js.consumers.get(OUTPUT_STREAM, { filter_subjects: `ci.out.${taskId}.>` });
-  const got = [];
-  const size = (s) => got.filter((c) => c.stream === s).reduce((n, c) => n + c.data.length, 0);
-  const deadline = Date.now() + timeoutMs;
-  while (size("stdout") < want.stdout || size("stderr") < want.stderr) {
-    assert.ok(Date.now() < deadline, `task ${taskId}: the replay stopped at ${size("stdout")}/${want.stdout} and ${size("stderr")}/${want.stderr} bytes`);
-    const m = await consumer.next({ expires: 1000 });
-    if (!m) continue;
-    got.push({
-      stream: m.subject.slice(`ci.out.${taskId}.`.length),
-      seq: m.headers?.get("Ci-Seq"),
-      attempt: m.headers?.get("Ci-Attempt"),
-      taskId: m.headers?.get("Ci-Task-Id"),
-      data: Buffer.from(m.data),
-      streamSeq: m.seq,
-    });
-  }
-  await consumer.delete().catch(() => {});
-  return got;
 }
 
 // Submits a task with a watch open; returns { taskId, result, w, end }.
@@ -217,7 +192,7 @@ describe("live output, replay, caps, ends, redelivery", () => {
     const r = await watched(stack.client, { code: MIXED, limits: { timeoutMs: 30000 } });
     assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
     const want = { stdout: Buffer.byteLength(r.result.stdout), stderr: Buffer.byteLength(r.result.stderr) };
-    const got = await replay(stack.client, r.taskId, want);
+    const got = await stack.client.outputChunks(r.taskId, want);
     assert.equal(joined(got, { taskId: r.taskId, stream: "stdout" }).toString("utf8"), r.result.stdout);
     assert.equal(joined(got, { taskId: r.taskId, stream: "stderr" }).toString("utf8"), r.result.stderr);
     // The same chunks, in the order they were published live.
