@@ -51,6 +51,10 @@ struct ci_broker {
     atomic_uint_fast64_t recreated;
     pthread_mutex_t problem_lock; /* only for problem: /readyz must never wait on a recovery */
     char problem[512];          /* why what is gone could not be made again; "" */
+    /* Live output (contract §19): its stream is there, chunks may go out;
+     * when not, why (under problem_lock). */
+    atomic_bool output_ok;
+    char output_why[400];
 };
 
 struct ci_puller {
@@ -391,18 +395,43 @@ struct stream_def {
     int64_t max_bytes; /* 0: no limit; else the oldest messages go first (discard old) */
 };
 
+/* Creates or updates the stream d describes. */
+static ci_status ensure_def(struct ci_broker *b, const struct stream_def *d, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    sc.Name = d->name;
+    sc.Description = d->description;
+    sc.Subjects = (const char **)d->subjects;
+    sc.SubjectsLen = d->subjects[1] ? 2 : 1;
+    sc.Retention = d->retention;
+    sc.Storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
+    sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+    sc.Duplicates = d->duplicate_window_s * NS_PER_S;
+    if (d->max_payload)
+        sc.MaxMsgSize = (int32_t)natsConnection_GetMaxPayload(b->nc);
+    sc.Replicas = c->jetstream.replicas;
+    sc.AllowDirect = d->allow_direct;
+    if (d->max_bytes) {
+        sc.MaxBytes = d->max_bytes;
+        sc.Discard = js_DiscardOld;
+    }
+    return ensure_stream(b, &sc, err);
+}
+
+static void ensure_output_stream(struct ci_broker *b);
+
 /* Creates or updates each stream of the table. */
 static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
 {
     const struct ci_config *c = b->cfg;
     char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX], session_subj[SUBJECT_MAX];
-    char output_subj[SUBJECT_MAX];
     /* A session's tasks (contract §16): an older worker's CI_TASKS with
      * the plain subject only is updated in place (ensure_stream). */
     snprintf(session_subj, sizeof(session_subj), "%s.*", c->jetstream.submit_subject);
     snprintf(status_subj, sizeof(status_subj), "%s.>", c->jetstream.status_prefix);
     snprintf(cancel_subj, sizeof(cancel_subj), "%s.>", c->jetstream.cancel_prefix);
-    snprintf(output_subj, sizeof(output_subj), "%s.>", c->jetstream.output_prefix);
     const struct stream_def streams[] = {
         {
             .name = c->jetstream.tasks_stream,
@@ -426,37 +455,9 @@ static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
             .retention = js_LimitsPolicy,
             .allow_direct = true,
         },
-        {
-            /* Last: made only when live output is on (contract §19). */
-            .name = c->jetstream.output_stream,
-            .description = "ci: live output of running tasks",
-            .subjects = {output_subj},
-            .retention = js_LimitsPolicy,
-            .max_bytes = (int64_t)c->jetstream.output_max_mb * 1024 * 1024,
-        },
     };
-    size_t n = sizeof(streams) / sizeof(streams[0]) - (c->jetstream.live_output ? 0 : 1);
-    for (size_t i = 0; i < n; i++) {
-        const struct stream_def *d = &streams[i];
-        jsStreamConfig sc;
-        jsStreamConfig_Init(&sc);
-        sc.Name = d->name;
-        sc.Description = d->description;
-        sc.Subjects = (const char **)d->subjects;
-        sc.SubjectsLen = d->subjects[1] ? 2 : 1;
-        sc.Retention = d->retention;
-        sc.Storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
-        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
-        sc.Duplicates = d->duplicate_window_s * NS_PER_S;
-        if (d->max_payload)
-            sc.MaxMsgSize = (int32_t)natsConnection_GetMaxPayload(b->nc);
-        sc.Replicas = c->jetstream.replicas;
-        sc.AllowDirect = d->allow_direct;
-        if (d->max_bytes) {
-            sc.MaxBytes = d->max_bytes;
-            sc.Discard = js_DiscardOld;
-        }
-        ci_status r = ensure_stream(b, &sc, err);
+    for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
+        ci_status r = ensure_def(b, &streams[i], err);
         if (r)
             return r;
     }
@@ -473,6 +474,7 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
             return r;
         if ((r = ensure_consumer(b, err)))
             return r;
+        ensure_output_stream(b);
     }
     if ((r = ensure_kv(b, create, err)))
         return r;
@@ -514,6 +516,38 @@ static bool stream_missing(struct ci_broker *b, const char *name)
     return s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr;
 }
 
+/* The live output's stream (contract §19), when the config wants live
+ * output. Best effort: live output is a convenience, and JetStream counts
+ * a stream's max_bytes against its store as soon as the stream exists, so
+ * a server without room for output_max_mb leaves this worker without live
+ * output, not without a start (nor unready). The periodic check tries
+ * again. A stream that exists (with other settings, maybe) is used as it
+ * is. Sets output_ok and, when off, output_why. */
+static void ensure_output_stream(struct ci_broker *b)
+{
+    const struct ci_config *c = b->cfg;
+    if (!c->jetstream.live_output)
+        return;
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.>", c->jetstream.output_prefix);
+    const struct stream_def d = {
+        .name = c->jetstream.output_stream,
+        .description = "ci: live output of running tasks",
+        .subjects = {subj},
+        .retention = js_LimitsPolicy,
+        .max_bytes = (int64_t)c->jetstream.output_max_mb * 1024 * 1024,
+    };
+    struct ci_error e = {{0}};
+    bool ok = ensure_def(b, &d, &e) == CI_OK || !stream_missing(b, d.name);
+    pthread_mutex_lock(&b->problem_lock);
+    if (!ok)
+        snprintf(b->output_why, sizeof(b->output_why), "%.399s", e.msg);
+    else
+        b->output_why[0] = '\0';
+    pthread_mutex_unlock(&b->problem_lock);
+    atomic_store(&b->output_ok, ok);
+}
+
 static void set_problem(struct ci_broker *b, const char *why)
 {
     pthread_mutex_lock(&b->problem_lock);
@@ -545,8 +579,14 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
     }
     bool streams = stream_missing(b, c->jetstream.tasks_stream) ||
                    stream_missing(b, c->jetstream.status_stream) ||
-                   stream_missing(b, c->jetstream.cancel_stream) ||
-                   (c->jetstream.live_output && stream_missing(b, c->jetstream.output_stream));
+                   stream_missing(b, c->jetstream.cancel_stream);
+    /* Live output's stream on its own: it never makes the worker unready. */
+    bool output = c->jetstream.live_output &&
+                  (!atomic_load(&b->output_ok) || stream_missing(b, c->jetstream.output_stream));
+    if (output) {
+        ensure_output_stream(b);
+        output = atomic_load(&b->output_ok);
+    }
     bool kv = stream_missing(b, kv_stream);
     bool sessions = stream_missing(b, sessions_stream);
     struct ci_error e = {{0}};
@@ -569,16 +609,27 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
         set_problem(b, why);
     } else {
         set_problem(b, ""); /* all there again, whoever made it */
-        if (streams || kv || sessions)
+        if (streams || kv || sessions || output)
             atomic_fetch_add(&b->recreated, 1);
     }
     pthread_mutex_unlock(&b->recover_lock);
-    return !r && (streams || kv || sessions);
+    return !r && (streams || kv || sessions || output);
 }
 
 bool ci_broker_check(struct ci_broker *b)
 {
     return recover(b, true);
+}
+
+bool ci_broker_live_output(struct ci_broker *b, char *why, size_t n)
+{
+    bool ok = atomic_load(&b->output_ok);
+    if (why && n) {
+        pthread_mutex_lock(&b->problem_lock);
+        snprintf(why, n, "%s", ok ? "" : b->output_why);
+        pthread_mutex_unlock(&b->problem_lock);
+    }
+    return ok;
 }
 
 bool ci_broker_problem(struct ci_broker *b, char *why, size_t n)

@@ -49,6 +49,12 @@ bool ci_broker_problem(struct ci_broker *b, char *why, size_t n);
  * CI_TASKS: idle fetches only time out) and makes it again; true when it
  * did. A few JetStream requests: call it now and then, not per task. */
 bool ci_broker_check(struct ci_broker *b);
+/* Whether a task's live output may be published (contract §19): the
+ * config wants it and its stream is there. When the stream could not be
+ * made (a server without room for jetstream.output_max_mb), false with why
+ * ("" when the config does not want it); ci_broker_check tries again.
+ * Thread-safe. */
+bool ci_broker_live_output(struct ci_broker *b, char *why, size_t n);
 /* How many times it made what was gone again. */
 uint64_t ci_broker_recreated(const struct ci_broker *b);
 

@@ -1245,12 +1245,13 @@ static ci_status live_publish(void *ctx, const char *stream, uint64_t seq, const
 
 static const struct ci_liveout_ops live_ops = {.publish = live_publish};
 
-/* Makes the attempt's live output, when the config wants one. Without
- * memory for it the task runs without: the result has the output. */
+/* Makes the attempt's live output, when the config wants one and its
+ * stream is there. Without memory for it the task runs without: the
+ * result has the output. */
 static bool live_start(struct task *t)
 {
     const struct ci_config *cfg = t->env->cfg;
-    if (!cfg->jetstream.live_output)
+    if (!ci_broker_live_output(t->env->broker, NULL, 0))
         return false;
     struct ci_liveout_opts o = {.ops = &live_ops, .ctx = t, .cap = cfg->limits.max_output_bytes};
     return ci_liveout_new(&o, &t->live, NULL) == CI_OK;

@@ -285,3 +285,39 @@ describe("live output off", () => {
     await assert.rejects(stack.client.jsm.streams.info(OUTPUT_STREAM), /stream not found/i);
   });
 });
+
+// JetStream counts a stream's max_bytes against its store from the start: a
+// server without room for output_max_mb (1024 MiB) must not stop a worker.
+describe("live output on a small JetStream store", () => {
+  let stack;
+  before(async () => {
+    stack = await startStack({ workers: 1, jetstreamConfig: "max_file_store: 64MB" });
+  });
+  after(async () => {
+    await stack?.stop();
+  });
+
+  test("no room for the stream: the worker starts without live output and says so; once a worker made a smaller one, it streams again", async () => {
+    const [w1] = stack.workers;
+    const off = await w1.waitLog((l) => l.event === "worker.live_output_off");
+    assert.match(off.error, /insufficient storage|store is full/i);
+    const r0 = await watched(stack.client, { code: "print('no stream')", limits: { timeoutMs: 30000 } });
+    assert.equal(r0.result.status, "TASK_STATUS_SUCCEEDED", show(r0.result));
+    assert.equal(r0.result.stdout, "no stream\n");
+    assert.equal(r0.w.chunks.length, 0);
+    await assert.rejects(stack.client.jsm.streams.info(OUTPUT_STREAM), /stream not found/i);
+
+    // A worker that asks for 16 MiB makes the stream; the first one finds it
+    // at its next look (every 15 s) and publishes into it as it is.
+    const w2 = await stack.addWorker({ jetstream: { output_max_mb: 16 } });
+    assert.equal(w2.events("worker.live_output_off").length, 0);
+    const si = await stack.client.jsm.streams.info(OUTPUT_STREAM);
+    assert.equal(si.config.max_bytes, 16 * 1024 * 1024);
+    await w1.waitLog((l) => l.event === "worker.live_output_on", 60000);
+    await w2.stop();
+    const r = await watched(stack.client, { code: "print('streams')", limits: { timeoutMs: 30000 } });
+    assert.equal(r.result.worker, w1.id);
+    checkEqualsResult(r);
+    assert.equal(r.w.chunks.length, 1);
+  });
+});
