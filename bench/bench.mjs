@@ -29,7 +29,12 @@
 // 1,000-row DataFrame between steps, and compares each step's latency with
 // the one-shot pandas task's of the same run. --mcp N (warm mode) times N
 // run_python calls through `ci mcp` (the official MCP SDK as the client)
-// against N `ci run` of the same code.
+// against N `ci run` of the same code. --live N (warm mode) measures live
+// output (docs/contract.md §19): N tasks that print 1 MiB - in 16,384 flushed
+// prints of 64 bytes, and in one write - on a worker that publishes it live,
+// the same with a client subscribed to the task's chunks, and on a worker with
+// jetstream.live_output false; the three run in turn, each on its own server,
+// so that the machine's drift falls on all alike.
 import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { cpus as osCpus, loadavg, tmpdir } from "node:os";
@@ -57,6 +62,7 @@ const { values: args } = parseArgs({
     bursts: { type: "string", default: "10" },
     sessions: { type: "string", default: "10" },
     mcp: { type: "string", default: "30" },
+    live: { type: "string", default: "30" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
 });
@@ -71,6 +77,7 @@ const SPARES = Number(args.spares);
 const BURSTS = Number(args.bursts);
 const SESSIONS = Number(args.sessions);
 const MCP_CALLS = Number(args.mcp);
+const LIVE = Number(args.live);
 const FLOOR_FANOUT = 60; // pandas runs per forking process in the floor's throughput
 
 const csv = ["day,region,units,price"];
@@ -206,7 +213,7 @@ print(json.dumps({"latency": out, "tasks_per_s": tput}))
 // Submits one task; resolves with the time to its terminal event.
 async function once(client, name, terminal, extra = {}) {
   const sc = SCENARIOS[name] ?? { code: name, files: [] };
-  const taskId = newTaskId("b");
+  const taskId = extra.taskId ?? newTaskId("b");
   const done = new Promise((resolve) => terminal.set(taskId, resolve));
   const t0 = process.hrtime.bigint();
   await client.submit({ taskId, language: "python", code: sc.code, files: sc.files, ...extra });
@@ -418,6 +425,71 @@ async function service(mode, base) {
   return out;
 }
 
+// Tasks that print 1 MiB (contract §19 measures them): many small flushed
+// writes, each a write(2) the worker reads and coalesces, and one big write.
+const LIVE_SCENARIOS = {
+  "1 MiB in 16,384 flushed prints of 64 bytes": "for _ in range(16384):\n    print('y' * 63, flush=True)\n",
+  "1 MiB in one write": "import sys\nsys.stdout.write('x' * (1 << 20))\n",
+};
+
+// Watches one stack's terminal events; returns a map task id -> resolve.
+function terminalWatch(client) {
+  const terminal = new Map();
+  const sub = client.nc.subscribe("ci.status.>");
+  (async () => {
+    for await (const m of sub) {
+      const st = m.headers?.get("Ci-Status");
+      const id = m.headers?.get("Ci-Task-Id");
+      if (st && st !== "running" && terminal.has(id)) {
+        terminal.get(id)(st);
+        terminal.delete(id);
+      }
+    }
+  })();
+  return { terminal, stop: () => sub.unsubscribe() };
+}
+
+// Submit -> terminal event of a task printing 1 MiB with live output on, on
+// with a subscriber to its chunks (a client showing them, as `ci run` will),
+// and off; in turn, LIVE times each (after one warm-up round).
+async function liveOutput() {
+  const local = { isolation: "required", mode: "warm", warm_spares: SPARES };
+  const on = await startStack({ workers: 1, worker: { concurrency: 1, local } });
+  const off = await startStack({ workers: 1, worker: { concurrency: 1, local, jetstream: { live_output: false } } });
+  const out = { n: LIVE, scenarios: {} };
+  try {
+    const won = terminalWatch(on.client), woff = terminalWatch(off.client);
+    for (const [name, code] of Object.entries(LIVE_SCENARIOS)) {
+      const ms = { on: [], subscribed: [], off: [] };
+      for (let i = 0; i <= LIVE; i++) {
+        const a = await once(on.client, code, won.terminal);
+        // A subscriber of the task's chunks, as a client that shows them live:
+        // the terminal event comes after every chunk (§19), so it got them all.
+        let bytes = 0;
+        const taskId = newTaskId("bl");
+        const sub = on.client.nc.subscribe(`ci.out.${taskId}.>`, { callback: (err, m) => { if (!err) bytes += m.data.length; } });
+        await on.client.nc.flush();
+        const b = await once(on.client, code, won.terminal, { taskId });
+        sub.unsubscribe();
+        if (bytes !== 1 << 20) throw new Error(`the subscriber got ${bytes} bytes of ${name}, not 1 MiB`);
+        const c = await once(off.client, code, woff.terminal);
+        if (i === 0) continue; // warm-up
+        ms.on.push(a);
+        ms.subscribed.push(b);
+        ms.off.push(c);
+      }
+      const st = { on: stats(ms.on), subscribed: stats(ms.subscribed), off: stats(ms.off) };
+      out.scenarios[name] = { ...st, ratio_on_p50: st.on.p50 / st.off.p50, ratio_subscribed_p50: st.subscribed.p50 / st.off.p50 };
+    }
+    won.stop();
+    woff.stop();
+  } finally {
+    await on.stop();
+    await off.stop();
+  }
+  return out;
+}
+
 const base = {};
 for (const name of Object.keys(SCENARIOS)) base[name] = baseline(name);
 const { floor, throughput: floorTput } = forkFloor();
@@ -434,6 +506,7 @@ const results = {
   modes: [],
 };
 for (const mode of args.modes.split(",")) results.modes.push(await service(mode, base));
+if (LIVE > 0 && args.modes.split(",").includes("warm")) results.live_output = await liveOutput();
 results.loadavg_end = loadavg();
 
 const kib = (k) => `${round(k / 1024)} MiB`;
@@ -468,6 +541,12 @@ for (const m of results.modes) {
                 `its init USS ${m.memory.init.uss_kib} KiB` +
                 (m.memory.spare ? `; a spare (warm, waiting) USS ${kib(m.memory.spare.uss_kib)}` : ""));
   if (m.soak) console.log(`soak: ${m.soak.tasks} print(1) tasks in ${m.soak.seconds} s; worker RSS ${m.soak.rss_kib_before} -> ${m.soak.rss_kib_after} KiB`);
+}
+if (results.live_output) {
+  console.log(`\nlive output (warm mode, n=${LIVE}, one after the other): submit -> terminal event of a task printing 1 MiB`);
+  console.log("scenario                                      live on p50  + subscriber p50  off p50   on/off  subscribed/off");
+  for (const [k, s] of Object.entries(results.live_output.scenarios))
+    console.log(`${k.padEnd(45)} ${String(round(s.on.p50)).padStart(8)} ms ${String(round(s.subscribed.p50)).padStart(12)} ms ${String(round(s.off.p50)).padStart(6)} ms ${s.ratio_on_p50.toFixed(3).padStart(7)}x ${s.ratio_subscribed_p50.toFixed(3).padStart(10)}x`);
 }
 console.log(`\nload average: ${results.loadavg_start.map(round).join(" ")} at start, ${results.loadavg_end.map(round).join(" ")} at the end`);
 mkdirSync(join(args.out, ".."), { recursive: true });
