@@ -307,6 +307,9 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     }
     close_fd(&run->code_fd);
     free(scratch);
+    /* The last output goes out now, not after the artifact walk. */
+    if (run->sink.end)
+        run->sink.end(run->sink.ctx);
 
     struct ci_sandbox_result r;
     memset(&r, 0, sizeof(r));

@@ -257,7 +257,13 @@ static int64_t sink_tick(void *ctx)
     return ci_liveout_tick(ctx, ci_mono_ms());
 }
 
+static void sink_end(void *ctx)
+{
+    ci_liveout_flush(ctx);
+}
+
 struct ci_output_sink ci_liveout_sink(struct ci_liveout *lo)
 {
-    return (struct ci_output_sink){.write = sink_write, .tick = sink_tick, .ctx = lo};
+    return (struct ci_output_sink){.write = sink_write, .tick = sink_tick, .end = sink_end,
+                                   .ctx = lo};
 }

@@ -82,8 +82,8 @@ void ci_liveout_finish(struct ci_liveout *lo, const char *out, const char *err);
 
 void ci_liveout_stats(const struct ci_liveout *lo, struct ci_liveout_stats *ret);
 
-/* A sink (job.h) that feeds lo with the monotonic clock; lo must outlive
- * the run's wait. */
+/* A sink (job.h) that feeds lo with the monotonic clock and flushes it
+ * when the run's output is complete; lo must outlive the run's wait. */
 struct ci_output_sink ci_liveout_sink(struct ci_liveout *lo);
 
 #endif

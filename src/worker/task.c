@@ -1360,7 +1360,8 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     pthread_mutex_lock(&t->slot->lock);
     t->slot->run = NULL;
     pthread_mutex_unlock(&t->slot->lock);
-    /* What the run left pending goes out now, not after the artifacts. */
+    /* What the run left pending goes out now (the local provider's sandbox
+     * did it before reading the artifacts). */
     ci_liveout_flush(t->live);
 
     if (s) {

@@ -634,11 +634,14 @@ struct sink_rec {
     int ticks;
     int64_t first_at; /* when the first byte came (monotonic ms), 0: none */
     bool bad_stream;
+    int ends;         /* end() calls */
+    bool late;        /* a write or tick after end() */
 };
 
 static void rec_write(void *ctx, enum ci_output_stream stream, const uint8_t *data, size_t len)
 {
     struct sink_rec *r = ctx;
+    r->late |= r->ends > 0;
     if (!r->first_at)
         r->first_at = ci_mono_ms();
     if (stream == CI_OUTPUT_STDOUT)
@@ -652,15 +655,23 @@ static void rec_write(void *ctx, enum ci_output_stream stream, const uint8_t *da
 static int64_t rec_tick(void *ctx)
 {
     struct sink_rec *r = ctx;
+    r->late |= r->ends > 0;
     r->ticks++;
     return 10; /* as a sink with output pending would */
+}
+
+static void rec_end(void *ctx)
+{
+    struct sink_rec *r = ctx;
+    r->ends++;
 }
 
 /* Runs code on p with a recording sink; *ret_end: when the wait returned. */
 static ci_status run_sink(struct ci_provider *p, const char *code, struct ci_outcome *o,
                           struct sink_rec *rec, int64_t *ret_end)
 {
-    struct ci_output_sink sink = {.write = rec_write, .tick = rec_tick, .ctx = rec};
+    struct ci_output_sink sink = {.write = rec_write, .tick = rec_tick, .end = rec_end,
+                                  .ctx = rec};
     struct ci_job task = {.task_id = "t1", .runtime = "python-data-analysis-v1",
                           .code = code, .code_len = strlen(code), .timeout_ms = 20000,
                           .memory_mb = 1024, .output = &sink};
@@ -682,7 +693,7 @@ static ci_status run_sink(struct ci_provider *p, const char *code, struct ci_out
  * CI_SANDBOX_MODE=warm). */
 static void t_output_sink(void)
 {
-    struct sink_rec rec = {CI_BUF_INIT, CI_BUF_INIT, 0, 0, false};
+    struct sink_rec rec = {CI_BUF_INIT, CI_BUF_INIT, 0, 0, false, 0, false};
     struct ci_outcome o;
     int64_t end = 0;
     REQUIRE(run_sink(prov, "import sys, time\nprint('a', flush=True)\ntime.sleep(0.5)\n"
@@ -696,6 +707,7 @@ static void t_output_sink(void)
     /* "a" came while the code slept, not at the end. */
     CHECK(rec.first_at > 0 && end - rec.first_at >= 400);
     CHECK(rec.ticks >= 5); /* the loop woke for the sink during the sleep */
+    CHECK(rec.ends == 1 && !rec.late);
     ci_outcome_release(&o);
     ci_buf_release(&rec.out);
     ci_buf_release(&rec.err);
@@ -1285,12 +1297,13 @@ static void t_no_isolation_mode(void)
     ci_outcome_release(&o);
 
     /* A bare run streams too. */
-    struct sink_rec rec = {CI_BUF_INIT, CI_BUF_INIT, 0, 0, false};
+    struct sink_rec rec = {CI_BUF_INIT, CI_BUF_INIT, 0, 0, false, 0, false};
     int64_t end = 0;
     REQUIRE(run_sink(p, "import sys\nprint('out')\nsys.stderr.write('err')\n", &o, &rec,
                      &end) == CI_OK);
     CHECK(rec.out.len == 4 && memcmp(rec.out.data, "out\n", 4) == 0);
     CHECK(rec.err.len == 3 && memcmp(rec.err.data, "err", 3) == 0);
+    CHECK(rec.ends == 1 && !rec.late);
     ci_outcome_release(&o);
     ci_buf_release(&rec.out);
     ci_buf_release(&rec.err);
