@@ -459,27 +459,38 @@ async function liveOutput() {
   const out = { n: LIVE, scenarios: {} };
   try {
     const won = terminalWatch(on.client), woff = terminalWatch(off.client);
+    // The code's own wall time (the result's usage.durationMs), read after
+    // the clock stopped: whether live output slows the task itself.
+    const codeMs = async (client, taskId) => Number((await client.getResult(taskId)).result.usage.durationMs);
     for (const [name, code] of Object.entries(LIVE_SCENARIOS)) {
       const ms = { on: [], subscribed: [], off: [] };
+      const code_ms = { on: [], subscribed: [], off: [] };
       for (let i = 0; i <= LIVE; i++) {
-        const a = await once(on.client, code, won.terminal);
+        const ids = { on: newTaskId("bl"), subscribed: newTaskId("bl"), off: newTaskId("bl") };
+        const a = await once(on.client, code, won.terminal, { taskId: ids.on });
         // A subscriber of the task's chunks, as a client that shows them live:
         // the terminal event comes after every chunk (§19), so it got them all.
         let bytes = 0;
-        const taskId = newTaskId("bl");
-        const sub = on.client.nc.subscribe(`ci.out.${taskId}.>`, { callback: (err, m) => { if (!err) bytes += m.data.length; } });
+        const sub = on.client.nc.subscribe(`ci.out.${ids.subscribed}.>`, { callback: (err, m) => { if (!err) bytes += m.data.length; } });
         await on.client.nc.flush();
-        const b = await once(on.client, code, won.terminal, { taskId });
+        const b = await once(on.client, code, won.terminal, { taskId: ids.subscribed });
         sub.unsubscribe();
         if (bytes !== 1 << 20) throw new Error(`the subscriber got ${bytes} bytes of ${name}, not 1 MiB`);
-        const c = await once(off.client, code, woff.terminal);
+        const c = await once(off.client, code, woff.terminal, { taskId: ids.off });
         if (i === 0) continue; // warm-up
         ms.on.push(a);
         ms.subscribed.push(b);
         ms.off.push(c);
+        code_ms.on.push(await codeMs(on.client, ids.on));
+        code_ms.subscribed.push(await codeMs(on.client, ids.subscribed));
+        code_ms.off.push(await codeMs(off.client, ids.off));
       }
       const st = { on: stats(ms.on), subscribed: stats(ms.subscribed), off: stats(ms.off) };
-      out.scenarios[name] = { ...st, ratio_on_p50: st.on.p50 / st.off.p50, ratio_subscribed_p50: st.subscribed.p50 / st.off.p50 };
+      const cs = { on: stats(code_ms.on), subscribed: stats(code_ms.subscribed), off: stats(code_ms.off) };
+      out.scenarios[name] = { ...st, code: cs, ratio_on_p50: st.on.p50 / st.off.p50,
+                              ratio_subscribed_p50: st.subscribed.p50 / st.off.p50,
+                              code_ratio_on_p50: cs.on.p50 / cs.off.p50,
+                              code_ratio_subscribed_p50: cs.subscribed.p50 / cs.off.p50 };
     }
     won.stop();
     woff.stop();
@@ -545,8 +556,10 @@ for (const m of results.modes) {
 if (results.live_output) {
   console.log(`\nlive output (warm mode, n=${LIVE}, one after the other): submit -> terminal event of a task printing 1 MiB`);
   console.log("scenario                                      live on p50  + subscriber p50  off p50   on/off  subscribed/off");
-  for (const [k, s] of Object.entries(results.live_output.scenarios))
+  for (const [k, s] of Object.entries(results.live_output.scenarios)) {
     console.log(`${k.padEnd(45)} ${String(round(s.on.p50)).padStart(8)} ms ${String(round(s.subscribed.p50)).padStart(12)} ms ${String(round(s.off.p50)).padStart(6)} ms ${s.ratio_on_p50.toFixed(3).padStart(7)}x ${s.ratio_subscribed_p50.toFixed(3).padStart(10)}x`);
+    console.log(`${"  the code's own time (usage.durationMs)".padEnd(45)} ${String(round(s.code.on.p50)).padStart(8)} ms ${String(round(s.code.subscribed.p50)).padStart(12)} ms ${String(round(s.code.off.p50)).padStart(6)} ms ${s.code_ratio_on_p50.toFixed(3).padStart(7)}x ${s.code_ratio_subscribed_p50.toFixed(3).padStart(10)}x`);
+  }
 }
 console.log(`\nload average: ${results.loadavg_start.map(round).join(" ")} at start, ${results.loadavg_end.map(round).join(" ")} at the end`);
 mkdirSync(join(args.out, ".."), { recursive: true });

@@ -136,7 +136,22 @@ static size_t accept(struct lo_stream *st, const uint8_t *p, size_t n, size_t ca
     static const uint8_t replacement[] = {0xEF, 0xBF, 0xBD}; /* U+FFFD */
     size_t i = 0, run = 0; /* p[run..i) is valid text not appended yet */
     while (i < n) {
+        /* The common case, plain ASCII without NUL, eight bytes at a time. */
+        while (n - i >= 8) {
+            uint64_t w;
+            memcpy(&w, p + i, 8);
+            if ((w & 0x8080808080808080ULL) ||
+                ((w - 0x0101010101010101ULL) & ~w & 0x8080808080808080ULL))
+                break; /* a byte >= 0x80, or a NUL */
+            i += 8;
+        }
+        if (i == n)
+            break;
         uint8_t c = p[i];
+        if (c != 0 && c < 0x80) {
+            i++;
+            continue;
+        }
         if (c >= 0x80 && n - i < char_len(c))
             break; /* its character may complete with the next bytes */
         uint32_t cp;
