@@ -451,52 +451,62 @@ function terminalWatch(client) {
 
 // Submit -> terminal event of a task printing 1 MiB with live output on, on
 // with a subscriber to its chunks (a client showing them, as `ci run` will),
-// and off; in turn, LIVE times each (after one warm-up round).
+// and off; LIVE times each (after one warm-up round), in a fresh random
+// order every round. Each runs on a server and worker of its own ("on" and
+// "subscribed" share one); a second worker with live output off ("off 2")
+// measures what two identical setups differ by on this machine: a ratio
+// within that is no cost at all.
 async function liveOutput() {
   const local = { isolation: "required", mode: "warm", warm_spares: SPARES };
-  const on = await startStack({ workers: 1, worker: { concurrency: 1, local } });
-  const off = await startStack({ workers: 1, worker: { concurrency: 1, local, jetstream: { live_output: false } } });
+  const stacks = {
+    on: await startStack({ workers: 1, worker: { concurrency: 1, local } }),
+    off: await startStack({ workers: 1, worker: { concurrency: 1, local, jetstream: { live_output: false } } }),
+    off2: await startStack({ workers: 1, worker: { concurrency: 1, local, jetstream: { live_output: false } } }),
+  };
+  const VARIANTS = { on: "on", subscribed: "on", off: "off", off2: "off2" }; // variant -> stack
   const out = { n: LIVE, scenarios: {} };
+  const watches = Object.fromEntries(Object.entries(stacks).map(([k, st]) => [k, terminalWatch(st.client)]));
   try {
-    const won = terminalWatch(on.client), woff = terminalWatch(off.client);
     // The code's own wall time (the result's usage.durationMs), read after
     // the clock stopped: whether live output slows the task itself.
     const codeMs = async (client, taskId) => Number((await client.getResult(taskId)).result.usage.durationMs);
-    for (const [name, code] of Object.entries(LIVE_SCENARIOS)) {
-      const ms = { on: [], subscribed: [], off: [] };
-      const code_ms = { on: [], subscribed: [], off: [] };
-      for (let i = 0; i <= LIVE; i++) {
-        const ids = { on: newTaskId("bl"), subscribed: newTaskId("bl"), off: newTaskId("bl") };
-        const a = await once(on.client, code, won.terminal, { taskId: ids.on });
-        // A subscriber of the task's chunks, as a client that shows them live:
-        // the terminal event comes after every chunk (§19), so it got them all.
-        let bytes = 0;
-        const sub = on.client.nc.subscribe(`ci.out.${ids.subscribed}.>`, { callback: (err, m) => { if (!err) bytes += m.data.length; } });
-        await on.client.nc.flush();
-        const b = await once(on.client, code, won.terminal, { taskId: ids.subscribed });
+    const run = async (variant, code, name) => {
+      const st = stacks[VARIANTS[variant]];
+      const taskId = newTaskId("bl");
+      let sub = null, bytes = 0;
+      if (variant === "subscribed") {
+        // The terminal event comes after every chunk (§19): by then the
+        // subscriber has all of them.
+        sub = st.client.nc.subscribe(`ci.out.${taskId}.>`, { callback: (err, m) => { if (!err) bytes += m.data.length; } });
+        await st.client.nc.flush();
+      }
+      const ms = await once(st.client, code, watches[VARIANTS[variant]].terminal, { taskId });
+      if (sub) {
         sub.unsubscribe();
         if (bytes !== 1 << 20) throw new Error(`the subscriber got ${bytes} bytes of ${name}, not 1 MiB`);
-        const c = await once(off.client, code, woff.terminal, { taskId: ids.off });
-        if (i === 0) continue; // warm-up
-        ms.on.push(a);
-        ms.subscribed.push(b);
-        ms.off.push(c);
-        code_ms.on.push(await codeMs(on.client, ids.on));
-        code_ms.subscribed.push(await codeMs(on.client, ids.subscribed));
-        code_ms.off.push(await codeMs(off.client, ids.off));
       }
-      const st = { on: stats(ms.on), subscribed: stats(ms.subscribed), off: stats(ms.off) };
-      const cs = { on: stats(code_ms.on), subscribed: stats(code_ms.subscribed), off: stats(code_ms.off) };
-      out.scenarios[name] = { ...st, code: cs, ratio_on_p50: st.on.p50 / st.off.p50,
-                              ratio_subscribed_p50: st.subscribed.p50 / st.off.p50,
-                              code_ratio_on_p50: cs.on.p50 / cs.off.p50,
-                              code_ratio_subscribed_p50: cs.subscribed.p50 / cs.off.p50 };
+      return { ms, code: await codeMs(st.client, taskId) };
+    };
+    for (const [name, code] of Object.entries(LIVE_SCENARIOS)) {
+      const ms = Object.fromEntries(Object.keys(VARIANTS).map((v) => [v, []]));
+      const code_ms = Object.fromEntries(Object.keys(VARIANTS).map((v) => [v, []]));
+      for (let i = 0; i <= LIVE; i++) {
+        const order = Object.keys(VARIANTS).sort(() => Math.random() - 0.5);
+        for (const v of order) {
+          const r = await run(v, code, name);
+          if (i === 0) continue; // warm-up
+          ms[v].push(r.ms);
+          code_ms[v].push(r.code);
+        }
+      }
+      const st = Object.fromEntries(Object.entries(ms).map(([v, x]) => [v, stats(x)]));
+      const cs = Object.fromEntries(Object.entries(code_ms).map(([v, x]) => [v, stats(x)]));
+      const ratios = (s) => Object.fromEntries(["on", "subscribed", "off2"].map((v) => [v, s[v].p50 / s.off.p50]));
+      out.scenarios[name] = { ...st, code: cs, ratio_p50: ratios(st), code_ratio_p50: ratios(cs) };
     }
-    won.stop();
-    woff.stop();
   } finally {
-    await on.stop();
-    await off.stop();
+    for (const w of Object.values(watches)) w.stop();
+    for (const st of Object.values(stacks)) await st.stop();
   }
   return out;
 }
@@ -554,11 +564,12 @@ for (const m of results.modes) {
   if (m.soak) console.log(`soak: ${m.soak.tasks} print(1) tasks in ${m.soak.seconds} s; worker RSS ${m.soak.rss_kib_before} -> ${m.soak.rss_kib_after} KiB`);
 }
 if (results.live_output) {
-  console.log(`\nlive output (warm mode, n=${LIVE}, one after the other): submit -> terminal event of a task printing 1 MiB`);
-  console.log("scenario                                      live on p50  + subscriber p50  off p50   on/off  subscribed/off");
+  console.log(`\nlive output (warm mode, n=${LIVE}, one after the other, in random order): submit -> terminal event of a task printing 1 MiB, p50`);
+  console.log("scenario                                     on ms  +subscriber  off ms  off 2 ms   on/off  subscribed/off  off 2/off");
+  const line = (k, s, r) => `${k.padEnd(43)} ${String(round(s.on.p50)).padStart(6)} ${String(round(s.subscribed.p50)).padStart(12)} ${String(round(s.off.p50)).padStart(7)} ${String(round(s.off2.p50)).padStart(9)} ${r.on.toFixed(3).padStart(7)}x ${r.subscribed.toFixed(3).padStart(14)}x ${r.off2.toFixed(3).padStart(9)}x`;
   for (const [k, s] of Object.entries(results.live_output.scenarios)) {
-    console.log(`${k.padEnd(45)} ${String(round(s.on.p50)).padStart(8)} ms ${String(round(s.subscribed.p50)).padStart(12)} ms ${String(round(s.off.p50)).padStart(6)} ms ${s.ratio_on_p50.toFixed(3).padStart(7)}x ${s.ratio_subscribed_p50.toFixed(3).padStart(10)}x`);
-    console.log(`${"  the code's own time (usage.durationMs)".padEnd(45)} ${String(round(s.code.on.p50)).padStart(8)} ms ${String(round(s.code.subscribed.p50)).padStart(12)} ms ${String(round(s.code.off.p50)).padStart(6)} ms ${s.code_ratio_on_p50.toFixed(3).padStart(7)}x ${s.code_ratio_subscribed_p50.toFixed(3).padStart(10)}x`);
+    console.log(line(k, s, s.ratio_p50));
+    console.log(line("  the code's own time (usage.durationMs)", s.code, s.code_ratio_p50));
   }
 }
 console.log(`\nload average: ${results.loadavg_start.map(round).join(" ")} at start, ${results.loadavg_end.map(round).join(" ")} at the end`);
