@@ -1024,6 +1024,11 @@ ci_status ci_broker_output_publish(struct ci_broker *b, const char *task_id, con
                                    uint32_t attempt, uint64_t seq, const void *data, size_t len,
                                    struct ci_error *err)
 {
+    /* Not into the reconnect buffer: while the connection is down it is
+     * kept for what matters (acks, results), and a chunk too late to be
+     * live is worth little. A client sees the gap and takes the result. */
+    if (natsConnection_Status(b->nc) != NATS_CONN_STATUS_CONNECTED)
+        return ci_error_set(err, CI_ERR_NATS, "not connected to NATS: the output chunk is dropped");
     char subj[SUBJECT_MAX], a[16], q[24];
     snprintf(subj, sizeof(subj), "%s.%s.%s", b->cfg->jetstream.output_prefix, task_id, stream);
     snprintf(a, sizeof(a), "%" PRIu32, attempt);

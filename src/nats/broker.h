@@ -141,9 +141,9 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
  * <output_prefix>.<task_id>.<stream> (stream "stdout" or "stderr") with the
  * Ci-Task-Id, Ci-Attempt and Ci-Seq headers. A core publish into the
  * output stream's subject: it never waits for the server, so it cannot
- * slow a task down. CI_ERR_NATS when the library could not take the
- * message (the connection closed, or down with its reconnect buffer full).
- * Thread-safe. */
+ * slow a task down. CI_ERR_NATS when the connection is not up (a chunk
+ * never goes into the reconnect buffer, which acks and results need) or
+ * the library could not take the message. Thread-safe. */
 ci_status ci_broker_output_publish(struct ci_broker *b, const char *task_id, const char *stream,
                                    uint32_t attempt, uint64_t seq, const void *data, size_t len,
                                    struct ci_error *err);

@@ -60,9 +60,10 @@ struct task {
     size_t state_len;
     char state_note[400];         /* why the previous state could not be had, or "" */
     struct ci_liveout *live;      /* the attempt's live output (§19); NULL: none */
+    bool live_dropped;            /* a chunk was lost, and said so */
 };
 
-/* What the live output lost is said once per task, when it is done with. */
+/* The live output's counts go to the metrics when the task is done. */
 static void live_release(struct task *t)
 {
     if (!t->live)
@@ -70,16 +71,6 @@ static void live_release(struct task *t)
     struct ci_liveout_stats st;
     ci_liveout_stats(t->live, &st);
     ci_metrics_output_chunks(t->env->metrics, st.chunks, st.dropped);
-    if (st.dropped) {
-        const struct ci_log_field f[] = {
-            CI_LOG_S("task_id", t->id),
-            CI_LOG_N("attempt", ci_delivery_attempt(t->d)),
-            CI_LOG_N("chunks", st.chunks),
-            CI_LOG_N("dropped", st.dropped),
-            CI_LOG_S("error", st.error),
-        };
-        ci_log_fields(CI_LOG_WARN, "task.output_dropped", f, sizeof(f) / sizeof(f[0]));
-    }
     ci_liveout_free(t->live);
     t->live = NULL;
 }
@@ -1234,13 +1225,27 @@ static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
     }
 }
 
-/* The publish of the live output's ops: a chunk of this attempt. */
+/* The publish of the live output's ops: a chunk of this attempt. The
+ * first one lost is logged when it happens (once per task), so that an
+ * operator sees it while the task still runs. */
 static ci_status live_publish(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
                               size_t len, struct ci_error *err)
 {
-    const struct task *t = ctx;
-    return ci_broker_output_publish(t->env->broker, t->id, stream, ci_delivery_attempt(t->d), seq,
-                                    data, len, err);
+    struct task *t = ctx;
+    ci_status s = ci_broker_output_publish(t->env->broker, t->id, stream,
+                                           ci_delivery_attempt(t->d), seq, data, len, err);
+    if (s && !t->live_dropped) {
+        t->live_dropped = true;
+        const struct ci_log_field f[] = {
+            CI_LOG_S("task_id", t->id),
+            CI_LOG_N("attempt", ci_delivery_attempt(t->d)),
+            CI_LOG_S("stream", stream),
+            CI_LOG_N("seq", seq),
+            CI_LOG_S("error", err ? err->msg : ""),
+        };
+        ci_log_fields(CI_LOG_WARN, "task.output_dropped", f, sizeof(f) / sizeof(f[0]));
+    }
+    return s;
 }
 
 static const struct ci_liveout_ops live_ops = {.publish = live_publish};

@@ -11,11 +11,12 @@
 // stream; with jetstream.live_output false nothing is published.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { createServer, connect as tcpConnect } from "node:net";
 import { performance } from "node:perf_hooks";
 
 import { startStack } from "./lib/stack.mjs";
 import { newTaskId, OUTPUT_STREAM, runTask } from "./lib/client.mjs";
-import { blockUntilReleased, releaseMarker, show } from "./lib/checks.mjs";
+import { blockUntilReleased, releaseMarker, show, waitProcessWith } from "./lib/checks.mjs";
 import { skipTest } from "./lib/skip.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -319,5 +320,95 @@ describe("live output on a small JetStream store", () => {
     assert.equal(r.result.worker, w1.id);
     checkEqualsResult(r);
     assert.equal(r.w.chunks.length, 1);
+  });
+});
+
+// A TCP proxy in front of the server that can cut every connection and
+// refuse new ones for a while: the worker sees its connection go down.
+async function tcpProxy(targetUrl) {
+  const target = new URL(targetUrl);
+  const socks = new Set();
+  let down = false;
+  const server = createServer((client) => {
+    if (down) return client.destroy();
+    const up = tcpConnect(Number(target.port), target.hostname);
+    socks.add(client);
+    socks.add(up);
+    const drop = () => {
+      client.destroy();
+      up.destroy();
+      socks.delete(client);
+      socks.delete(up);
+    };
+    client.on("error", drop).on("close", drop);
+    up.on("error", drop).on("close", drop);
+    client.pipe(up);
+    up.pipe(client);
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    url: `nats://127.0.0.1:${server.address().port}`,
+    cut() {
+      down = true;
+      for (const x of socks) x.destroy();
+      socks.clear();
+    },
+    restore() {
+      down = false;
+    },
+    close: () => new Promise((r) => server.close(r)),
+  };
+}
+
+describe("live output, NATS down mid-task", () => {
+  let stack, proxy;
+  const markers = [];
+  before(async () => {
+    stack = await startStack({ workers: 0 });
+    proxy = await tcpProxy(stack.server.url);
+    await stack.addWorker({ natsUrl: proxy.url, nats: { reconnect_wait_ms: 100 } });
+  });
+  after(async () => {
+    for (const m of markers) releaseMarker(m);
+    proxy?.restore();
+    await stack?.stop();
+    await proxy?.close();
+  });
+
+  test("a chunk published while the worker's connection is down is dropped (a gap in Ci-Seq, logged once); later chunks and the result are whole", async () => {
+    const c = stack.client;
+    const [w] = stack.workers;
+    const m1 = `ci-itest-liveout1-${process.pid}-${Date.now()}`;
+    const m2 = `ci-itest-liveout2-${process.pid}-${Date.now()}`;
+    markers.push(m1, m2);
+    const taskId = newTaskId("live-outage");
+    const watch_ = await watch(c, taskId);
+    try {
+      const code = `print('one', flush=True)\n${blockUntilReleased(m1)}print('two', flush=True)\n${blockUntilReleased(m2)}print('three')\n`;
+      await c.submit({ taskId, language: "python", code, limits: { timeoutMs: 60000 } });
+      await watch_.until((cs) => cs.length === 1, "the first chunk");
+      await waitProcessWith(m1);
+      proxy.cut();
+      await w.waitLog((l) => l.event === "worker.nats_disconnected", 30000);
+      releaseMarker(m1); // 'two' is printed while the worker cannot publish
+      await w.waitLog((l) => l.event === "task.output_dropped" && l.task_id === taskId, 30000);
+      proxy.restore();
+      await w.waitLog((l) => l.event === "worker.nats_reconnected", 30000);
+      await waitProcessWith(m2);
+      releaseMarker(m2);
+      const { result } = await c.waitResult(taskId, 60000);
+      await watch_.terminal();
+      assert.equal(result.status, "TASK_STATUS_SUCCEEDED", show(result));
+      assert.equal(result.stdout, "one\ntwo\nthree\n", "the result is whole");
+      assert.equal(result.attempt, 1);
+      const out = watch_.chunks.filter((x) => x.stream === "stdout");
+      assert.deepEqual(out.map((x) => [x.seq, x.data.toString()]), [["1", "one\n"], ["3", "three\n"]], "chunk 2 was lost, its number skipped");
+      const dropped = w.events("task.output_dropped").filter((l) => l.task_id === taskId);
+      assert.equal(dropped.length, 1, "said once");
+      assert.equal(dropped[0].seq, 2);
+      assert.equal(dropped[0].level, "warn");
+    } finally {
+      watch_.stop();
+    }
   });
 });
