@@ -3,7 +3,7 @@
 //
 //   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
 //                [--soak 0] [--gap 0] [--concurrency 0] [--spares 0] [--bursts 10]
-//                [--sessions 10] [--mcp 30] [--out FILE]
+//                [--sessions 10] [--mcp 30] [--live 30] [--out FILE]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it also measures the floor of any fork-based warm start on
