@@ -3,7 +3,7 @@
 //
 //   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
 //                [--soak 0] [--gap 0] [--concurrency 0] [--spares 0] [--bursts 10]
-//                [--sessions 10] [--mcp 30] [--out FILE]
+//                [--sessions 10] [--mcp 30] [--live 30] [--out FILE]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it also measures the floor of any fork-based warm start on
@@ -29,7 +29,12 @@
 // 1,000-row DataFrame between steps, and compares each step's latency with
 // the one-shot pandas task's of the same run. --mcp N (warm mode) times N
 // run_python calls through `ci mcp` (the official MCP SDK as the client)
-// against N `ci run` of the same code.
+// against N `ci run` of the same code. --live N (warm mode) measures live
+// output (docs/contract.md §19): N tasks that print 1 MiB - in 16,384 flushed
+// prints of 64 bytes, and in one write - on a worker that publishes it live,
+// the same with a client subscribed to the task's chunks, and on a worker with
+// jetstream.live_output false; the three run in turn, each on its own server,
+// so that the machine's drift falls on all alike.
 import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { cpus as osCpus, loadavg, tmpdir } from "node:os";
@@ -57,6 +62,7 @@ const { values: args } = parseArgs({
     bursts: { type: "string", default: "10" },
     sessions: { type: "string", default: "10" },
     mcp: { type: "string", default: "30" },
+    live: { type: "string", default: "30" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
 });
@@ -71,6 +77,7 @@ const SPARES = Number(args.spares);
 const BURSTS = Number(args.bursts);
 const SESSIONS = Number(args.sessions);
 const MCP_CALLS = Number(args.mcp);
+const LIVE = Number(args.live);
 const FLOOR_FANOUT = 60; // pandas runs per forking process in the floor's throughput
 
 const csv = ["day,region,units,price"];
@@ -206,7 +213,7 @@ print(json.dumps({"latency": out, "tasks_per_s": tput}))
 // Submits one task; resolves with the time to its terminal event.
 async function once(client, name, terminal, extra = {}) {
   const sc = SCENARIOS[name] ?? { code: name, files: [] };
-  const taskId = newTaskId("b");
+  const taskId = extra.taskId ?? newTaskId("b");
   const done = new Promise((resolve) => terminal.set(taskId, resolve));
   const t0 = process.hrtime.bigint();
   await client.submit({ taskId, language: "python", code: sc.code, files: sc.files, ...extra });
@@ -418,6 +425,92 @@ async function service(mode, base) {
   return out;
 }
 
+// Tasks that print 1 MiB (contract §19 measures them): many small flushed
+// writes, each a write(2) the worker reads and coalesces, and one big write.
+const LIVE_SCENARIOS = {
+  "1 MiB in 16,384 flushed prints of 64 bytes": "for _ in range(16384):\n    print('y' * 63, flush=True)\n",
+  "1 MiB in one write": "import sys\nsys.stdout.write('x' * (1 << 20))\n",
+};
+
+// Watches one stack's terminal events; returns a map task id -> resolve.
+function terminalWatch(client) {
+  const terminal = new Map();
+  const sub = client.nc.subscribe("ci.status.>");
+  (async () => {
+    for await (const m of sub) {
+      const st = m.headers?.get("Ci-Status");
+      const id = m.headers?.get("Ci-Task-Id");
+      if (st && st !== "running" && terminal.has(id)) {
+        terminal.get(id)(st);
+        terminal.delete(id);
+      }
+    }
+  })();
+  return { terminal, stop: () => sub.unsubscribe() };
+}
+
+// Submit -> terminal event of a task printing 1 MiB with live output on, on
+// with a subscriber to its chunks (a client showing them, as `ci run` will),
+// and off; LIVE times each (after one warm-up round), in a fresh random
+// order every round. Each runs on a server and worker of its own ("on" and
+// "subscribed" share one); a second worker with live output off ("off 2")
+// measures what two identical setups differ by on this machine: a ratio
+// within that is no cost at all.
+async function liveOutput() {
+  const local = { isolation: "required", mode: "warm", warm_spares: SPARES };
+  const stacks = {
+    on: await startStack({ workers: 1, worker: { concurrency: 1, local } }),
+    off: await startStack({ workers: 1, worker: { concurrency: 1, local, jetstream: { live_output: false } } }),
+    off2: await startStack({ workers: 1, worker: { concurrency: 1, local, jetstream: { live_output: false } } }),
+  };
+  const VARIANTS = { on: "on", subscribed: "on", off: "off", off2: "off2" }; // variant -> stack
+  const out = { n: LIVE, scenarios: {} };
+  const watches = Object.fromEntries(Object.entries(stacks).map(([k, st]) => [k, terminalWatch(st.client)]));
+  try {
+    // The code's own wall time (the result's usage.durationMs), read after
+    // the clock stopped: whether live output slows the task itself.
+    const codeMs = async (client, taskId) => Number((await client.getResult(taskId)).result.usage.durationMs);
+    const run = async (variant, code, name) => {
+      const st = stacks[VARIANTS[variant]];
+      const taskId = newTaskId("bl");
+      let sub = null, bytes = 0;
+      if (variant === "subscribed") {
+        // The terminal event comes after every chunk (§19): by then the
+        // subscriber has all of them.
+        sub = st.client.nc.subscribe(`ci.out.${taskId}.>`, { callback: (err, m) => { if (!err) bytes += m.data.length; } });
+        await st.client.nc.flush();
+      }
+      const ms = await once(st.client, code, watches[VARIANTS[variant]].terminal, { taskId });
+      if (sub) {
+        sub.unsubscribe();
+        if (bytes !== 1 << 20) throw new Error(`the subscriber got ${bytes} bytes of ${name}, not 1 MiB`);
+      }
+      return { ms, code: await codeMs(st.client, taskId) };
+    };
+    for (const [name, code] of Object.entries(LIVE_SCENARIOS)) {
+      const ms = Object.fromEntries(Object.keys(VARIANTS).map((v) => [v, []]));
+      const code_ms = Object.fromEntries(Object.keys(VARIANTS).map((v) => [v, []]));
+      for (let i = 0; i <= LIVE; i++) {
+        const order = Object.keys(VARIANTS).sort(() => Math.random() - 0.5);
+        for (const v of order) {
+          const r = await run(v, code, name);
+          if (i === 0) continue; // warm-up
+          ms[v].push(r.ms);
+          code_ms[v].push(r.code);
+        }
+      }
+      const st = Object.fromEntries(Object.entries(ms).map(([v, x]) => [v, stats(x)]));
+      const cs = Object.fromEntries(Object.entries(code_ms).map(([v, x]) => [v, stats(x)]));
+      const ratios = (s) => Object.fromEntries(["on", "subscribed", "off2"].map((v) => [v, s[v].p50 / s.off.p50]));
+      out.scenarios[name] = { ...st, code: cs, ratio_p50: ratios(st), code_ratio_p50: ratios(cs) };
+    }
+  } finally {
+    for (const w of Object.values(watches)) w.stop();
+    for (const st of Object.values(stacks)) await st.stop();
+  }
+  return out;
+}
+
 const base = {};
 for (const name of Object.keys(SCENARIOS)) base[name] = baseline(name);
 const { floor, throughput: floorTput } = forkFloor();
@@ -434,6 +527,7 @@ const results = {
   modes: [],
 };
 for (const mode of args.modes.split(",")) results.modes.push(await service(mode, base));
+if (LIVE > 0 && args.modes.split(",").includes("warm")) results.live_output = await liveOutput();
 results.loadavg_end = loadavg();
 
 const kib = (k) => `${round(k / 1024)} MiB`;
@@ -468,6 +562,15 @@ for (const m of results.modes) {
                 `its init USS ${m.memory.init.uss_kib} KiB` +
                 (m.memory.spare ? `; a spare (warm, waiting) USS ${kib(m.memory.spare.uss_kib)}` : ""));
   if (m.soak) console.log(`soak: ${m.soak.tasks} print(1) tasks in ${m.soak.seconds} s; worker RSS ${m.soak.rss_kib_before} -> ${m.soak.rss_kib_after} KiB`);
+}
+if (results.live_output) {
+  console.log(`\nlive output (warm mode, n=${LIVE}, one after the other, in random order): submit -> terminal event of a task printing 1 MiB, p50`);
+  console.log("scenario                                     on ms  +subscriber  off ms  off 2 ms   on/off  subscribed/off  off 2/off");
+  const line = (k, s, r) => `${k.padEnd(43)} ${String(round(s.on.p50)).padStart(6)} ${String(round(s.subscribed.p50)).padStart(12)} ${String(round(s.off.p50)).padStart(7)} ${String(round(s.off2.p50)).padStart(9)} ${r.on.toFixed(3).padStart(7)}x ${r.subscribed.toFixed(3).padStart(14)}x ${r.off2.toFixed(3).padStart(9)}x`;
+  for (const [k, s] of Object.entries(results.live_output.scenarios)) {
+    console.log(line(k, s, s.ratio_p50));
+    console.log(line("  the code's own time (usage.durationMs)", s.code, s.code_ratio_p50));
+  }
 }
 console.log(`\nload average: ${results.loadavg_start.map(round).join(" ")} at start, ${results.loadavg_end.map(round).join(" ")} at the end`);
 mkdirSync(join(args.out, ".."), { recursive: true });

@@ -132,6 +132,8 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_STR("jetstream.status_prefix", jetstream.status_prefix, "ci.status", CS_SUBJECT),
     KEY_STR("jetstream.cancel_stream", jetstream.cancel_stream, "CI_CANCEL", CS_NAME),
     KEY_STR("jetstream.cancel_prefix", jetstream.cancel_prefix, "ci.cancel", CS_SUBJECT),
+    KEY_STR("jetstream.output_stream", jetstream.output_stream, "CI_OUTPUT", CS_NAME),
+    KEY_STR("jetstream.output_prefix", jetstream.output_prefix, "ci.out", CS_SUBJECT),
     KEY_STR("jetstream.results_bucket", jetstream.results_bucket, "ci-results", CS_NAME),
     KEY_STR("jetstream.files_bucket", jetstream.files_bucket, "ci-files", CS_NAME),
     KEY_STR("jetstream.workers_bucket", jetstream.workers_bucket, "ci-workers", CS_NAME),
@@ -144,6 +146,8 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("jetstream.replicas", jetstream.replicas, 1, 1, 5),
     KEY_BOOL("jetstream.file_storage", jetstream.file_storage, true),
     KEY_U32("jetstream.files_max_mb", jetstream.files_max_mb, 0, 0, 16777216),
+    KEY_BOOL("jetstream.live_output", jetstream.live_output, true),
+    KEY_U32("jetstream.output_max_mb", jetstream.output_max_mb, 1024, 1, 16777216),
 
     KEY_STR("worker.id", worker.id, "", CS_ID),
     KEY_U32("worker.concurrency", worker.concurrency, 0, 0, 1024),
@@ -234,9 +238,15 @@ static const struct ci_config_rule {
     {RULE_DIFFERENT, "jetstream.tasks_stream", "jetstream.status_stream"},
     {RULE_DIFFERENT, "jetstream.tasks_stream", "jetstream.cancel_stream"},
     {RULE_DIFFERENT, "jetstream.status_stream", "jetstream.cancel_stream"},
+    {RULE_DIFFERENT, "jetstream.tasks_stream", "jetstream.output_stream"},
+    {RULE_DIFFERENT, "jetstream.status_stream", "jetstream.output_stream"},
+    {RULE_DIFFERENT, "jetstream.cancel_stream", "jetstream.output_stream"},
     {RULE_NOT_UNDER, "jetstream.submit_subject", "jetstream.status_prefix"},
     {RULE_NOT_UNDER, "jetstream.submit_subject", "jetstream.cancel_prefix"},
+    {RULE_NOT_UNDER, "jetstream.submit_subject", "jetstream.output_prefix"},
     {RULE_DISJOINT, "jetstream.status_prefix", "jetstream.cancel_prefix"},
+    {RULE_DISJOINT, "jetstream.status_prefix", "jetstream.output_prefix"},
+    {RULE_DISJOINT, "jetstream.cancel_prefix", "jetstream.output_prefix"},
 };
 
 #define ENV_NATS_URL "CI_NATS_URL"

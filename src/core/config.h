@@ -56,6 +56,8 @@ struct ci_config {
         char *status_prefix;   /* ci.status */
         char *cancel_stream;   /* CI_CANCEL */
         char *cancel_prefix;   /* ci.cancel */
+        char *output_stream;   /* CI_OUTPUT: live output chunks (contract §19) */
+        char *output_prefix;   /* ci.out: <prefix>.<task_id>.stdout|stderr */
         char *results_bucket;  /* ci-results */
         char *files_bucket;    /* ci-files */
         char *workers_bucket;  /* ci-workers: heartbeats, read by `ci stats` */
@@ -68,6 +70,8 @@ struct ci_config {
         uint32_t replicas;           /* 1 */
         bool file_storage;           /* true */
         uint32_t files_max_mb;       /* 0: the files bucket has no size limit of its own */
+        bool live_output;            /* true: publish output while the code runs (§19) */
+        uint32_t output_max_mb;      /* 1024: the output stream's size limit */
     } jetstream;
     struct {
         char *id;             /* "" = hostname-pid */

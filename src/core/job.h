@@ -37,6 +37,24 @@ struct ci_bare_hooks {
     void *ctx;
 };
 
+/* Where a run's output goes while the code runs (docs/contract.md §19),
+ * besides the outcome, which still gets all of it. write() gets exactly
+ * the bytes the outcome keeps of each stream (the first output cap bytes),
+ * in order, as they are read; tick() does what is due and says in how
+ * many ms it wants to be called again (-1: not before more output); end()
+ * says that the output is complete (once, when the code's pipes are
+ * drained, before the artifacts are read). All are called only on the
+ * thread that waits for the run, and never after the wait returned. A
+ * provider that cannot stream (a remote one) ignores the sink: its caller
+ * finds the output in the outcome. */
+enum ci_output_stream { CI_OUTPUT_STDOUT = 1, CI_OUTPUT_STDERR = 2 };
+struct ci_output_sink {
+    void (*write)(void *ctx, enum ci_output_stream stream, const uint8_t *data, size_t len);
+    int64_t (*tick)(void *ctx);
+    void (*end)(void *ctx);
+    void *ctx;
+};
+
 /* A step of a session (docs/contract.md §16). The state is an archive the
  * previous step's sandbox made; it is handed to this step's sandbox as it
  * came and never decoded outside one. */
@@ -59,6 +77,8 @@ struct ci_job {
     uint32_t timeout_ms;
     uint32_t memory_mb;
     const struct ci_bare_hooks *bare_hooks; /* NULL: none (copied at start) */
+    const struct ci_output_sink *output;    /* NULL: none (copied at start; its ctx must
+                                               outlive the wait) */
     struct ci_session_job session;          /* .on false: not a session step */
 };
 

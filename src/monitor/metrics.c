@@ -47,6 +47,7 @@ struct ci_metrics {
     atomic_uint_fast64_t deliveries[CI_METRICS_N_OUTCOMES];
     atomic_int_fast64_t slots_active;
     atomic_uint_fast64_t objstore_bytes[CI_METRICS_N_DIRECTIONS];
+    atomic_uint_fast64_t output_chunks[2]; /* published, dropped */
     struct histogram run;
     struct histogram wait;
     ci_metrics_collect_fn collect;
@@ -148,6 +149,14 @@ void ci_metrics_objstore_bytes(struct ci_metrics *m, enum ci_metrics_direction d
 {
     if (m && d >= 0 && d < CI_METRICS_N_DIRECTIONS)
         atomic_fetch_add(&m->objstore_bytes[d], n);
+}
+
+void ci_metrics_output_chunks(struct ci_metrics *m, uint64_t published, uint64_t dropped)
+{
+    if (!m)
+        return;
+    atomic_fetch_add(&m->output_chunks[0], published);
+    atomic_fetch_add(&m->output_chunks[1], dropped);
 }
 
 /* ---- rendering -------------------------------------------------------- */
@@ -287,5 +296,15 @@ ci_status ci_metrics_render(struct ci_metrics *m, struct ci_buf *b)
     for (size_t i = 0; i < CI_METRICS_N_DIRECTIONS && !s; i++)
         s = ci_buf_appendf(b, "ci_objstore_bytes_total{direction=\"%s\"} %" PRIu64 "\n",
                            direction_names[i], (uint64_t)atomic_load(&m->objstore_bytes[i]));
+    if (!s)
+        s = header(b, "ci_output_chunks_total", "counter",
+                   "Chunks of live output (contract section 19): published, or dropped because "
+                   "NATS did not take them.");
+    if (!s)
+        s = ci_buf_appendf(b,
+                           "ci_output_chunks_total{outcome=\"published\"} %" PRIu64 "\n"
+                           "ci_output_chunks_total{outcome=\"dropped\"} %" PRIu64 "\n",
+                           (uint64_t)atomic_load(&m->output_chunks[0]),
+                           (uint64_t)atomic_load(&m->output_chunks[1]));
     return s ? CI_ERR_NOMEM : CI_OK;
 }

@@ -21,7 +21,8 @@
  *   ci_warm_deaths_total                     counter (collector)
  *   ci_nats_connected                        gauge (collector)
  *   ci_nats_reconnects_total                 counter (collector)
- *   ci_objstore_bytes_total{direction}       inputs downloaded, artifacts uploaded */
+ *   ci_objstore_bytes_total{direction}       inputs downloaded, artifacts uploaded
+ *   ci_output_chunks_total{outcome}          live output chunks: published, dropped */
 #ifndef CI_METRICS_H
 #define CI_METRICS_H
 
@@ -84,6 +85,8 @@ void ci_metrics_delivery(struct ci_metrics *m, enum ci_metrics_outcome outcome);
 /* A slot took (busy true) or finished (false) a message. */
 void ci_metrics_slot_busy(struct ci_metrics *m, bool busy);
 void ci_metrics_objstore_bytes(struct ci_metrics *m, enum ci_metrics_direction d, uint64_t n);
+/* Chunks of a task's live output that were published and that were lost. */
+void ci_metrics_output_chunks(struct ci_metrics *m, uint64_t published, uint64_t dropped);
 
 /* Appends the whole exposition to out. CI_ERR_NOMEM when out cannot grow. */
 ci_status ci_metrics_render(struct ci_metrics *m, struct ci_buf *out);

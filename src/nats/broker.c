@@ -51,6 +51,10 @@ struct ci_broker {
     atomic_uint_fast64_t recreated;
     pthread_mutex_t problem_lock; /* only for problem: /readyz must never wait on a recovery */
     char problem[512];          /* why what is gone could not be made again; "" */
+    /* Live output (contract §19): its stream is there, chunks may go out;
+     * when not, why (under problem_lock). */
+    atomic_bool output_ok;
+    char output_why[400];
 };
 
 struct ci_puller {
@@ -379,8 +383,7 @@ static ci_status ensure_runtimes_kv(struct ci_broker *b, bool create, struct ci_
 }
 
 /* The streams of docs/contract.md, as data: what differs between them. All
- * three keep messages for max_age_s on the configured storage and
- * replicas. */
+ * keep messages for max_age_s on the configured storage and replicas. */
 struct stream_def {
     const char *name;
     const char *description;
@@ -389,7 +392,35 @@ struct stream_def {
     int64_t duplicate_window_s; /* 0: the server's default */
     bool max_payload;           /* no message larger than the server's max_payload */
     bool allow_direct; /* direct gets (ci_broker_cancel_requested, _session_first_seq) */
+    int64_t max_bytes; /* 0: no limit; else the oldest messages go first (discard old) */
 };
+
+/* Creates or updates the stream d describes. */
+static ci_status ensure_def(struct ci_broker *b, const struct stream_def *d, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    sc.Name = d->name;
+    sc.Description = d->description;
+    sc.Subjects = (const char **)d->subjects;
+    sc.SubjectsLen = d->subjects[1] ? 2 : 1;
+    sc.Retention = d->retention;
+    sc.Storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
+    sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+    sc.Duplicates = d->duplicate_window_s * NS_PER_S;
+    if (d->max_payload)
+        sc.MaxMsgSize = (int32_t)natsConnection_GetMaxPayload(b->nc);
+    sc.Replicas = c->jetstream.replicas;
+    sc.AllowDirect = d->allow_direct;
+    if (d->max_bytes) {
+        sc.MaxBytes = d->max_bytes;
+        sc.Discard = js_DiscardOld;
+    }
+    return ensure_stream(b, &sc, err);
+}
+
+static void ensure_output_stream(struct ci_broker *b);
 
 /* Creates or updates each stream of the table. */
 static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
@@ -426,22 +457,7 @@ static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
         },
     };
     for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
-        const struct stream_def *d = &streams[i];
-        jsStreamConfig sc;
-        jsStreamConfig_Init(&sc);
-        sc.Name = d->name;
-        sc.Description = d->description;
-        sc.Subjects = (const char **)d->subjects;
-        sc.SubjectsLen = d->subjects[1] ? 2 : 1;
-        sc.Retention = d->retention;
-        sc.Storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
-        sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
-        sc.Duplicates = d->duplicate_window_s * NS_PER_S;
-        if (d->max_payload)
-            sc.MaxMsgSize = (int32_t)natsConnection_GetMaxPayload(b->nc);
-        sc.Replicas = c->jetstream.replicas;
-        sc.AllowDirect = d->allow_direct;
-        ci_status r = ensure_stream(b, &sc, err);
+        ci_status r = ensure_def(b, &streams[i], err);
         if (r)
             return r;
     }
@@ -458,6 +474,7 @@ ci_status ci_broker_setup(struct ci_broker *b, bool create, struct ci_error *err
             return r;
         if ((r = ensure_consumer(b, err)))
             return r;
+        ensure_output_stream(b);
     }
     if ((r = ensure_kv(b, create, err)))
         return r;
@@ -499,6 +516,38 @@ static bool stream_missing(struct ci_broker *b, const char *name)
     return s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr;
 }
 
+/* The live output's stream (contract §19), when the config wants live
+ * output. Best effort: live output is a convenience, and JetStream counts
+ * a stream's max_bytes against its store as soon as the stream exists, so
+ * a server without room for output_max_mb leaves this worker without live
+ * output, not without a start (nor unready). The periodic check tries
+ * again. A stream that exists (with other settings, maybe) is used as it
+ * is. Sets output_ok and, when off, output_why. */
+static void ensure_output_stream(struct ci_broker *b)
+{
+    const struct ci_config *c = b->cfg;
+    if (!c->jetstream.live_output)
+        return;
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.>", c->jetstream.output_prefix);
+    const struct stream_def d = {
+        .name = c->jetstream.output_stream,
+        .description = "ci: live output of running tasks",
+        .subjects = {subj},
+        .retention = js_LimitsPolicy,
+        .max_bytes = (int64_t)c->jetstream.output_max_mb * 1024 * 1024,
+    };
+    struct ci_error e = {{0}};
+    bool ok = ensure_def(b, &d, &e) == CI_OK || !stream_missing(b, d.name);
+    pthread_mutex_lock(&b->problem_lock);
+    if (!ok)
+        snprintf(b->output_why, sizeof(b->output_why), "%.399s", e.msg);
+    else
+        b->output_why[0] = '\0';
+    pthread_mutex_unlock(&b->problem_lock);
+    atomic_store(&b->output_ok, ok);
+}
+
 static void set_problem(struct ci_broker *b, const char *why)
 {
     pthread_mutex_lock(&b->problem_lock);
@@ -531,6 +580,13 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
     bool streams = stream_missing(b, c->jetstream.tasks_stream) ||
                    stream_missing(b, c->jetstream.status_stream) ||
                    stream_missing(b, c->jetstream.cancel_stream);
+    /* Live output's stream on its own: it never makes the worker unready. */
+    bool output = c->jetstream.live_output &&
+                  (!atomic_load(&b->output_ok) || stream_missing(b, c->jetstream.output_stream));
+    if (output) {
+        ensure_output_stream(b);
+        output = atomic_load(&b->output_ok);
+    }
     bool kv = stream_missing(b, kv_stream);
     bool sessions = stream_missing(b, sessions_stream);
     struct ci_error e = {{0}};
@@ -553,16 +609,27 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
         set_problem(b, why);
     } else {
         set_problem(b, ""); /* all there again, whoever made it */
-        if (streams || kv || sessions)
+        if (streams || kv || sessions || output)
             atomic_fetch_add(&b->recreated, 1);
     }
     pthread_mutex_unlock(&b->recover_lock);
-    return !r && (streams || kv || sessions);
+    return !r && (streams || kv || sessions || output);
 }
 
 bool ci_broker_check(struct ci_broker *b)
 {
     return recover(b, true);
+}
+
+bool ci_broker_live_output(struct ci_broker *b, char *why, size_t n)
+{
+    bool ok = atomic_load(&b->output_ok);
+    if (why && n) {
+        pthread_mutex_lock(&b->problem_lock);
+        snprintf(why, n, "%s", ok ? "" : b->output_why);
+        pthread_mutex_unlock(&b->problem_lock);
+    }
+    return ok;
 }
 
 bool ci_broker_problem(struct ci_broker *b, char *why, size_t n)
@@ -950,6 +1017,34 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
     }
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot publish the status event");
+    return CI_OK;
+}
+
+ci_status ci_broker_output_publish(struct ci_broker *b, const char *task_id, const char *stream,
+                                   uint32_t attempt, uint64_t seq, const void *data, size_t len,
+                                   struct ci_error *err)
+{
+    /* Not into the reconnect buffer: while the connection is down it is
+     * kept for what matters (acks, results), and a chunk too late to be
+     * live is worth little. A client sees the gap and takes the result. */
+    if (natsConnection_Status(b->nc) != NATS_CONN_STATUS_CONNECTED)
+        return ci_error_set(err, CI_ERR_NATS, "not connected to NATS: the output chunk is dropped");
+    char subj[SUBJECT_MAX], a[16], q[24];
+    snprintf(subj, sizeof(subj), "%s.%s.%s", b->cfg->jetstream.output_prefix, task_id, stream);
+    snprintf(a, sizeof(a), "%" PRIu32, attempt);
+    snprintf(q, sizeof(q), "%" PRIu64, seq);
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, subj, NULL, data, (int)len);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Ci-Task-Id", task_id);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Ci-Attempt", a);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Ci-Seq", q);
+    if (s == NATS_OK)
+        s = natsConnection_PublishMsg(b->nc, m);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot publish the output chunk");
     return CI_OK;
 }
 

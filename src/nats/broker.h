@@ -49,6 +49,12 @@ bool ci_broker_problem(struct ci_broker *b, char *why, size_t n);
  * CI_TASKS: idle fetches only time out) and makes it again; true when it
  * did. A few JetStream requests: call it now and then, not per task. */
 bool ci_broker_check(struct ci_broker *b);
+/* Whether a task's live output may be published (contract §19): the
+ * config wants it and its stream is there. When the stream could not be
+ * made (a server without room for jetstream.output_max_mb), false with why
+ * ("" when the config does not want it); ci_broker_check tries again.
+ * Thread-safe. */
+bool ci_broker_live_output(struct ci_broker *b, char *why, size_t n);
 /* How many times it made what was gone again. */
 uint64_t ci_broker_recreated(const struct ci_broker *b);
 
@@ -131,6 +137,16 @@ ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
                                   const char *status_short, const char *content_type,
                                   const char *msg_id, const void *data, size_t len,
                                   struct ci_error *err);
+/* Publishes one chunk of a task's live output (contract §19) on
+ * <output_prefix>.<task_id>.<stream> (stream "stdout" or "stderr") with the
+ * Ci-Task-Id, Ci-Attempt and Ci-Seq headers. A core publish into the
+ * output stream's subject: it never waits for the server, so it cannot
+ * slow a task down. CI_ERR_NATS when the connection is not up (a chunk
+ * never goes into the reconnect buffer, which acks and results need) or
+ * the library could not take the message. Thread-safe. */
+ci_status ci_broker_output_publish(struct ci_broker *b, const char *task_id, const char *stream,
+                                   uint32_t attempt, uint64_t seq, const void *data, size_t len,
+                                   struct ci_error *err);
 /* The Ci-Status header of the task's last status event, copied into ret
  * (size ret_size). CI_ERR_NOT_FOUND when the task has no event. */
 ci_status ci_broker_event_last_status(struct ci_broker *b, const char *task_id, char *ret,

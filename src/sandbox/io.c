@@ -2,7 +2,8 @@
  * stdout, stderr, the report pipe, the code socket, init's pidfd, the
  * cancel eventfd and the control socket; the deadline and cancel (SIG_STOP
  * to init, SIGKILL after STOP_GRACE_MS), the reaping, the captures (kept up
- * to their cap, counted in full, never cut inside a UTF-8 character), and
+ * to their cap, counted in full, never cut inside a UTF-8 character; what
+ * is kept also goes to the job's output sink as it is read), and
  * the result with init's DONE, the cgroup's counters and the artifacts. */
 #include <errno.h>
 #include <poll.h>
@@ -29,8 +30,10 @@ struct capture {
 };
 
 /* Reads what fd has; keeps at most c->cap bytes and counts all of them.
+ * What it keeps goes to the run's sink too, for the stream that has one.
  * Returns false at EOF or error (the caller stops polling fd). */
-static bool drain(int fd, struct capture *c, uint8_t *scratch, size_t size, ci_status *s)
+static bool drain(int fd, struct capture *c, uint8_t *scratch, size_t size, ci_status *s,
+                  const struct ci_output_sink *sink, enum ci_output_stream stream)
 {
     ssize_t n = read(fd, scratch, size);
     if (n < 0)
@@ -42,6 +45,8 @@ static bool drain(int fd, struct capture *c, uint8_t *scratch, size_t size, ci_s
         size_t keep = (size_t)n < c->cap - c->buf.len ? (size_t)n : c->cap - c->buf.len;
         if (ci_buf_append(&c->buf, scratch, keep) != CI_OK)
             *s = CI_ERR_NOMEM;
+        else if (sink && sink->write)
+            sink->write(sink->ctx, stream, scratch, keep);
     }
     return true;
 }
@@ -248,6 +253,13 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
             wait_ms = 50;
         if (run->pid > 0 && end != CI_SANDBOX_EXITED && wait_ms > 20)
             wait_ms = 20; /* killed: it is gone in a moment */
+        if (run->sink.tick) {
+            /* Output the sink holds back must go out on time: a line the
+             * code flushed before it sleeps is not kept until it wakes. */
+            int64_t due = run->sink.tick(run->sink.ctx);
+            if (due >= 0 && due < wait_ms)
+                wait_ms = due;
+        }
         wait_ms = wait_ms < 0 ? 0 : wait_ms > 1000 ? 1000 : wait_ms;
         int r = poll(p, (nfds_t)n, (int)wait_ms);
         if (r < 0 && errno != EINTR) {
@@ -258,11 +270,14 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
         }
         if (r <= 0)
             continue;
-        if (i_out >= 0 && p[i_out].revents && !drain(run->out_fd, &out, scratch, scratch_size, &s))
+        if (i_out >= 0 && p[i_out].revents &&
+            !drain(run->out_fd, &out, scratch, scratch_size, &s, &run->sink, CI_OUTPUT_STDOUT))
             close_fd(&run->out_fd);
-        if (i_err >= 0 && p[i_err].revents && !drain(run->err_fd, &errc, scratch, scratch_size, &s))
+        if (i_err >= 0 && p[i_err].revents &&
+            !drain(run->err_fd, &errc, scratch, scratch_size, &s, &run->sink, CI_OUTPUT_STDERR))
             close_fd(&run->err_fd);
-        if (i_rep >= 0 && p[i_rep].revents && !drain(run->rep_fd, &rep, scratch, scratch_size, &s))
+        if (i_rep >= 0 && p[i_rep].revents &&
+            !drain(run->rep_fd, &rep, scratch, scratch_size, &s, NULL, CI_OUTPUT_STDOUT))
             close_fd(&run->rep_fd);
         if (i_code >= 0 && p[i_code].revents)
             send_code(run);
@@ -292,6 +307,9 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     }
     close_fd(&run->code_fd);
     free(scratch);
+    /* The last output goes out now, not after the artifact walk. */
+    if (run->sink.end)
+        run->sink.end(run->sink.ctx);
 
     struct ci_sandbox_result r;
     memset(&r, 0, sizeof(r));

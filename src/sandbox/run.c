@@ -723,6 +723,8 @@ ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
     run->timeout_ms = job->timeout_ms;
     run->session_on = job->session.on;
     run->max_state_bytes = job->session.max_state_bytes;
+    if (job->output)
+        run->sink = *job->output;
     plan_limits(&run->args, sb, job);
 
     ci_status s = CI_OK;

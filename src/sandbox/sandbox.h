@@ -215,7 +215,9 @@ ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_job *job,
                            struct ci_sandbox_run **ret, struct ci_error *err);
 
 /* Collects output until the task ends, the deadline passes or a cancel
- * arrives; kills every process of the sandbox, reaps them, then reads the
+ * arrives (handing what it keeps to the job's output sink as it is read,
+ * and calling the sink's tick() at least as often as it asks); kills
+ * every process of the sandbox, reaps them, then reads the
  * artifacts and closes the workspace. Call once. Returns CI_OK with ret
  * filled (a broken run is CI_SANDBOX_BROKEN, not an error), or
  * CI_ERR_NOMEM (everything is dead then too). The run stays allocated. */

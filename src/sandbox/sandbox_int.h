@@ -148,6 +148,7 @@ struct ci_sandbox_run {
     char *bare_env[MAX_ENV];
     char *bare_strs[2];
     struct ci_bare_hooks bare_hooks; /* the job's, if any; ended is cleared once called */
+    struct ci_output_sink sink;      /* the job's, if any (write NULL: none) */
     /* warm mode: init is a child of a zygote, known by its pidfd only */
     bool warm;
     /* task uids: the cold slot this run holds (UINT32_MAX: none), the

@@ -56,6 +56,7 @@ struct worker {
     uint64_t nats_disconnects_seen;  /* the ticker's last look at the broker's counts */
     uint64_t nats_reconnects_seen;
     uint64_t nats_recreated_seen;
+    int live_output_seen;            /* the ticker's last look: 1 on, 0 off, -1 not yet */
     uint64_t warm_deaths_seen;       /* the same for the warm pool */
     uint64_t warm_ready_at_death;
     bool warm_replacing;
@@ -287,6 +288,30 @@ static void log_connection_change(struct worker *w)
     w->nats_recreated_seen = made;
 }
 
+/* Live output (contract §19) off because its stream could not be made,
+ * and on again once the periodic check made it: said once each way. */
+static void log_live_output_change(struct worker *w)
+{
+    if (!w->env.cfg->jetstream.live_output || !atomic_load(&w->broker_up))
+        return;
+    char why[400];
+    int on = ci_broker_live_output(w->env.broker, why, sizeof(why)) ? 1 : 0;
+    if (on == w->live_output_seen || (on && w->live_output_seen < 0)) {
+        w->live_output_seen = on;
+        return;
+    }
+    if (on)
+        ci_log(CI_LOG_INFO, "worker.live_output_on", "stream", w->env.cfg->jetstream.output_stream,
+               NULL);
+    else
+        ci_log(CI_LOG_WARN, "worker.live_output_off", "stream",
+               w->env.cfg->jetstream.output_stream, "error", why, "what",
+               "tasks run without live output (their results keep their output); lower "
+               "jetstream.output_max_mb or give the JetStream store more room",
+               NULL);
+    w->live_output_seen = on;
+}
+
 /* A warm runtime that dies is replaced by the pool on its own; the
  * operator sees both in the log (and the deaths in /metrics). */
 static void log_warm_pool_change(struct worker *w)
@@ -320,6 +345,7 @@ static void *ticker_main(void *p)
         int64_t now = ci_mono_ms();
         atomic_store(&w->last_tick_ms, now);
         log_connection_change(w);
+        log_live_output_change(w);
         log_warm_pool_change(w);
         for (size_t i = 0; i < w->n_slots; i++) {
             struct ci_slot *s = &w->slots[i];
@@ -547,6 +573,7 @@ static int run_worker(const struct ci_config *cfg)
 {
     struct worker w;
     memset(&w, 0, sizeof(w));
+    w.live_output_seen = -1;
     struct ci_error e = {{0}};
     int rc = 1;
     pthread_t ticker;

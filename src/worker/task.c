@@ -16,6 +16,7 @@
 #include "core/util.h"
 #include "nats/objstore.h"
 #include "core/session.h"
+#include "worker/liveout.h"
 
 /* Room kept in a KV value or event for headers and framing. */
 #define PAYLOAD_SLACK 8192
@@ -58,10 +59,25 @@ struct task {
     uint8_t *state;               /* the state to restore; NULL: none */
     size_t state_len;
     char state_note[400];         /* why the previous state could not be had, or "" */
+    struct ci_liveout *live;      /* the attempt's live output (§19); NULL: none */
+    bool live_dropped;            /* a chunk was lost, and said so */
 };
+
+/* The live output's counts go to the metrics when the task is done. */
+static void live_release(struct task *t)
+{
+    if (!t->live)
+        return;
+    struct ci_liveout_stats st;
+    ci_liveout_stats(t->live, &st);
+    ci_metrics_output_chunks(t->env->metrics, st.chunks, st.dropped);
+    ci_liveout_free(t->live);
+    t->live = NULL;
+}
 
 static void task_release(struct task *t)
 {
+    live_release(t);
     free(t->state);
     ci_message_free(t->req ? &t->req->base : NULL);
     for (size_t i = 0; i < t->n_files; i++) {
@@ -277,6 +293,12 @@ static ci_status store_result(struct task *t, struct result *r, struct ci_error 
     ci_status s = encode_result(t, r, &buf, &len, err);
     if (s)
         return s;
+    /* The live output's last chunks: what this result keeps (as encoded,
+     * cuts included) beyond what went out while the code ran. Before the
+     * record, so that a worker that dies after storing it has left none
+     * behind; a redelivery then only repairs the event. */
+    if (t->live && ci_task_status_terminal(r->msg.status))
+        ci_liveout_finish(t->live, r->msg.stdout, r->msg.stderr);
     s = ci_broker_result_swap(t->env->broker, t->id, buf, len, t->rev, &t->rev, err);
     free(buf);
     if (s)
@@ -1203,6 +1225,43 @@ static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
     }
 }
 
+/* The publish of the live output's ops: a chunk of this attempt. The
+ * first one lost is logged when it happens (once per task), so that an
+ * operator sees it while the task still runs. */
+static ci_status live_publish(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
+                              size_t len, struct ci_error *err)
+{
+    struct task *t = ctx;
+    ci_status s = ci_broker_output_publish(t->env->broker, t->id, stream,
+                                           ci_delivery_attempt(t->d), seq, data, len, err);
+    if (s && !t->live_dropped) {
+        t->live_dropped = true;
+        const struct ci_log_field f[] = {
+            CI_LOG_S("task_id", t->id),
+            CI_LOG_N("attempt", ci_delivery_attempt(t->d)),
+            CI_LOG_S("stream", stream),
+            CI_LOG_N("seq", seq),
+            CI_LOG_S("error", err ? err->msg : ""),
+        };
+        ci_log_fields(CI_LOG_WARN, "task.output_dropped", f, sizeof(f) / sizeof(f[0]));
+    }
+    return s;
+}
+
+static const struct ci_liveout_ops live_ops = {.publish = live_publish};
+
+/* Makes the attempt's live output, when the config wants one and its
+ * stream is there. Without memory for it the task runs without: the
+ * result has the output. */
+static bool live_start(struct task *t)
+{
+    const struct ci_config *cfg = t->env->cfg;
+    if (!ci_broker_live_output(t->env->broker, NULL, 0))
+        return false;
+    struct ci_liveout_opts o = {.ops = &live_ops, .ctx = t, .cap = cfg->limits.max_output_bytes};
+    return ci_liveout_new(&o, &t->live, NULL) == CI_OK;
+}
+
 static enum ci_task_end run_task(struct task *t, struct result *r)
 {
     const struct ci_worker_env *env = t->env;
@@ -1282,6 +1341,11 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
             .max_state_bytes = (uint64_t)env->cfg->sessions.max_state_mb * 1024 * 1024,
         },
     };
+    struct ci_output_sink sink;
+    if (live_start(t)) {
+        sink = ci_liveout_sink(t->live);
+        job.output = &sink;
+    }
     struct ci_run *run = NULL;
     s = ci_provider_start(env->provider, &job, &run, &e);
     if (s) {
@@ -1301,6 +1365,9 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     pthread_mutex_lock(&t->slot->lock);
     t->slot->run = NULL;
     pthread_mutex_unlock(&t->slot->lock);
+    /* What the run left pending goes out now (the local provider's sandbox
+     * did it before reading the artifacts). */
+    ci_liveout_flush(t->live);
 
     if (s) {
         o.kind = CI_OUTCOME_ERROR;

@@ -225,6 +225,15 @@ describe("cloudrun provider", () => {
       }
       const evs = await c.events(r.taskId);
       checkEvents(evs, { taskId: r.taskId, result: res, encoding: r.encoding, worker: w.id });
+      // Live output (contract §19): the executor's output comes with its
+      // response, and the worker publishes all of it then.
+      const chunks = await c.outputChunks(r.taskId, { stdout: Buffer.byteLength(res.stdout), stderr: Buffer.byteLength(res.stderr) });
+      for (const stream of ["stdout", "stderr"]) {
+        const mine = chunks.filter((x) => x.stream === stream);
+        assert.deepEqual(mine.map((x) => [x.seq, x.attempt]), mine.map((_, i) => [String(i + 1), "1"]));
+        assert.equal(Buffer.concat(mine.map((x) => x.data)).toString(), res[stream], `${stream} chunks vs the result`);
+      }
+      assert.ok(chunks.length >= 1);
     }
     assert.equal(px.count("/execute"), 2, "one /execute per task");
     assert.ok(px.auths.every((a) => a === `Bearer ${md.tokens[md.tokens.length - 1]}`), "each /execute carries the metadata server's ID token");

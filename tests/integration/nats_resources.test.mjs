@@ -79,6 +79,31 @@ describe("deleted streams and buckets come back", () => {
     await tasksEndWell(3, "notasks");
   });
 
+  test("CI_OUTPUT deleted: tasks end as always, the worker makes it again, and later tasks stream into it", async () => {
+    const c = stack.client;
+    await c.jsm.streams.delete("CI_OUTPUT");
+    // Chunks are core publishes: none fails, none is kept meanwhile.
+    const { result: r0 } = await runTask(c, { code: "print('meanwhile')" });
+    assert.equal(r0.status, "TASK_STATUS_SUCCEEDED", show(r0));
+    assert.equal(r0.stdout, "meanwhile\n");
+    for (const deadline = Date.now() + 60000; ; ) {
+      const si = await c.jsm.streams.info("CI_OUTPUT").catch(() => null);
+      if (si) {
+        assert.deepEqual(si.config.subjects, ["ci.out.>"]);
+        assert.equal(si.config.max_bytes, 1024 * 1024 * 1024, "with the configured settings");
+        assert.equal(si.config.discard, "old");
+        assert.equal(si.config.max_age, 3600 * 1e9);
+        break;
+      }
+      assert.ok(Date.now() < deadline, "CI_OUTPUT made again within 60 s");
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    const { result: r, taskId } = await runTask(c, { code: "print('again')" });
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    const chunks = await c.outputChunks(taskId, { stdout: 6, stderr: 0 });
+    assert.equal(Buffer.concat(chunks.map((x) => x.data)).toString(), "again\n");
+  });
+
   test("the files bucket deleted: artifacts are stored again; an input that was in it is reported missing", async () => {
     const c = stack.client;
     // An input object, then the bucket goes.

@@ -102,6 +102,10 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK_STR(c->jetstream.status_prefix, "ci.status");
     CHECK_STR(c->jetstream.cancel_stream, "CI_CANCEL");
     CHECK_STR(c->jetstream.cancel_prefix, "ci.cancel");
+    CHECK_STR(c->jetstream.output_stream, "CI_OUTPUT");
+    CHECK_STR(c->jetstream.output_prefix, "ci.out");
+    CHECK(c->jetstream.live_output == true);
+    CHECK(c->jetstream.output_max_mb == 1024);
     CHECK_STR(c->jetstream.results_bucket, "ci-results");
     CHECK_STR(c->jetstream.files_bucket, "ci-files");
     CHECK(c->jetstream.max_age_s == 3600);
@@ -544,6 +548,14 @@ static void test_cross_field_rules(void)
         {"jetstream:\n  cancel_prefix: ci.status.cancel\n",
          "worker.yaml:2: key 'jetstream.cancel_prefix': 'ci.status.cancel' overlaps "
          "jetstream.status_prefix ('ci.status'): the streams' subjects must not overlap"},
+        {"jetstream:\n  output_stream: CI_STATUS\n",
+         "worker.yaml:2: key 'jetstream.output_stream': 'CI_STATUS' is also the value of "
+         "jetstream.status_stream; each needs its own name"},
+        {"jetstream:\n  output_prefix: ci.status.out\n",
+         "worker.yaml:2: key 'jetstream.output_prefix': 'ci.status.out' overlaps "
+         "jetstream.status_prefix ('ci.status'): the streams' subjects must not overlap"},
+        {"jetstream:\n  output_max_mb: 0\n",
+         "worker.yaml:2: key 'jetstream.output_max_mb': 0 is below the minimum 1"},
         {"jetstream:\n  status_prefix: ci\n",
          "worker.yaml:2: key 'jetstream.status_prefix': 'ci' overlaps jetstream.submit_subject "
          "('ci.submit'): the streams' subjects must not overlap"},

@@ -75,6 +75,8 @@ static void test_render(void)
     ci_metrics_objstore_bytes(m, CI_METRICS_DOWNLOAD, 100);
     ci_metrics_objstore_bytes(m, CI_METRICS_UPLOAD, 7);
     ci_metrics_objstore_bytes(m, CI_METRICS_UPLOAD, 8);
+    ci_metrics_output_chunks(m, 64, 0);
+    ci_metrics_output_chunks(m, 3, 2);
 
     char *t = render(m);
     REQUIRE(t);
@@ -107,6 +109,8 @@ static void test_render(void)
     CHECK(sample(t, "ci_nats_reconnects_total") == 3);
     CHECK(sample(t, "ci_objstore_bytes_total{direction=\"download\"}") == 100);
     CHECK(sample(t, "ci_objstore_bytes_total{direction=\"upload\"}") == 15);
+    CHECK(sample(t, "ci_output_chunks_total{outcome=\"published\"}") == 67);
+    CHECK(sample(t, "ci_output_chunks_total{outcome=\"dropped\"}") == 2);
     CHECK_CONTAINS(t, "# TYPE ci_task_run_seconds histogram\n");
     CHECK_CONTAINS(t, "# TYPE ci_tasks_total counter\n");
     CHECK_CONTAINS(t, "# TYPE ci_slots_free gauge\n");
@@ -158,6 +162,7 @@ static void test_escaping_and_null(void)
     ci_metrics_delivery(NULL, CI_METRICS_DONE);
     ci_metrics_slot_busy(NULL, true);
     ci_metrics_objstore_bytes(NULL, CI_METRICS_UPLOAD, 1);
+    ci_metrics_output_chunks(NULL, 1, 1);
     ci_metrics_set_collector(NULL, NULL, NULL);
     ci_metrics_free(NULL);
     struct ci_buf b = CI_BUF_INIT;

@@ -630,6 +630,91 @@ static void t_output_cap(void)
     ci_outcome_release(&o);
 }
 
+/* An output sink that records what it is given (contract §19). */
+struct sink_rec {
+    struct ci_buf out, err;
+    int ticks;
+    int64_t first_at; /* when the first byte came (monotonic ms), 0: none */
+    bool bad_stream;
+    int ends;         /* end() calls */
+    bool late;        /* a write or tick after end() */
+};
+
+static void rec_write(void *ctx, enum ci_output_stream stream, const uint8_t *data, size_t len)
+{
+    struct sink_rec *r = ctx;
+    r->late |= r->ends > 0;
+    if (!r->first_at)
+        r->first_at = ci_mono_ms();
+    if (stream == CI_OUTPUT_STDOUT)
+        ci_buf_append(&r->out, data, len);
+    else if (stream == CI_OUTPUT_STDERR)
+        ci_buf_append(&r->err, data, len);
+    else
+        r->bad_stream = true;
+}
+
+static int64_t rec_tick(void *ctx)
+{
+    struct sink_rec *r = ctx;
+    r->late |= r->ends > 0;
+    r->ticks++;
+    return 10; /* as a sink with output pending would */
+}
+
+static void rec_end(void *ctx)
+{
+    struct sink_rec *r = ctx;
+    r->ends++;
+}
+
+/* Runs code on p with a recording sink; *ret_end: when the wait returned. */
+static ci_status run_sink(struct ci_provider *p, const char *code, struct ci_outcome *o,
+                          struct sink_rec *rec, int64_t *ret_end)
+{
+    struct ci_output_sink sink = {.write = rec_write, .tick = rec_tick, .end = rec_end,
+                                  .ctx = rec};
+    struct ci_job task = {.task_id = "t1", .runtime = "python-data-analysis-v1",
+                          .code = code, .code_len = strlen(code), .timeout_ms = 20000,
+                          .memory_mb = 1024, .output = &sink};
+    struct ci_run *run;
+    struct ci_error err = {{0}};
+    ci_status s = ci_provider_start(p, &task, &run, &err);
+    if (s) {
+        fprintf(stderr, "start failed: %s\n", err.msg);
+        return s;
+    }
+    s = ci_provider_wait(p, run, o);
+    *ret_end = ci_mono_ms();
+    ci_provider_release(p, run);
+    return s;
+}
+
+/* The sink gets exactly what the outcome keeps, as it is written, with
+ * ticks as often as it asks; in the mode of this run (cold, or warm with
+ * CI_SANDBOX_MODE=warm). */
+static void t_output_sink(void)
+{
+    struct sink_rec rec = {CI_BUF_INIT, CI_BUF_INIT, 0, 0, false, 0, false};
+    struct ci_outcome o;
+    int64_t end = 0;
+    REQUIRE(run_sink(prov, "import sys, time\nprint('a', flush=True)\ntime.sleep(0.5)\n"
+                           "sys.stderr.write('e' * 10)\nsys.stdout.write('x' * (3 << 20))\n",
+                     &o, &rec, &end) == CI_OK);
+    CHECK(o.kind == CI_OUTCOME_EXITED && o.exit_code == 0);
+    CHECK(o.out_len == 1 << 20 && o.out_total == (3 << 20) + 2);
+    CHECK(rec.out.len == o.out_len && memcmp(rec.out.data, o.out, o.out_len) == 0);
+    CHECK(rec.err.len == 10 && memcmp(rec.err.data, o.err, 10) == 0);
+    CHECK(!rec.bad_stream);
+    /* "a" came while the code slept, not at the end. */
+    CHECK(rec.first_at > 0 && end - rec.first_at >= 400);
+    CHECK(rec.ticks >= 5); /* the loop woke for the sink during the sleep */
+    CHECK(rec.ends == 1 && !rec.late);
+    ci_outcome_release(&o);
+    ci_buf_release(&rec.out);
+    ci_buf_release(&rec.err);
+}
+
 static void t_memory(void)
 {
     struct ci_outcome o;
@@ -1212,6 +1297,18 @@ static void t_no_isolation_mode(void)
     CHECK(find_artifact(&o, "in.csv") == NULL);
     CHECK(o.n_artifacts == 1); /* .ci-outputs is none */
     ci_outcome_release(&o);
+
+    /* A bare run streams too. */
+    struct sink_rec rec = {CI_BUF_INIT, CI_BUF_INIT, 0, 0, false, 0, false};
+    int64_t end = 0;
+    REQUIRE(run_sink(p, "import sys\nprint('out')\nsys.stderr.write('err')\n", &o, &rec,
+                     &end) == CI_OK);
+    CHECK(rec.out.len == 4 && memcmp(rec.out.data, "out\n", 4) == 0);
+    CHECK(rec.err.len == 3 && memcmp(rec.err.data, "err", 3) == 0);
+    CHECK(rec.ends == 1 && !rec.late);
+    ci_outcome_release(&o);
+    ci_buf_release(&rec.out);
+    ci_buf_release(&rec.err);
 
     char marker[64];
     snprintf(marker, sizeof(marker), "ci-bare-marker-%d", (int)getpid());
@@ -2465,7 +2562,7 @@ int main(int argc, char **argv)
         T(t_code_edges),    T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
         T(t_network),       T(t_host_invisible), T(t_seccomp),
         T(t_orphans_killed),
-        T(t_timeout),       T(t_init_untouchable), T(t_release_without_wait),       T(t_cancel),         T(t_output_cap),
+        T(t_timeout),       T(t_init_untouchable), T(t_release_without_wait),       T(t_cancel),         T(t_output_cap), T(t_output_sink),
         T(t_memory),        T(t_process_limits), T(t_parallel),
         T(t_artifact_cap),  T(t_no_isolation_mode), T(t_fallback_without_userns),
         T(t_probe_print),

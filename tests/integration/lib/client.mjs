@@ -28,6 +28,8 @@ import { SOURCE_DIR } from "./worker.mjs";
 export const SUBMIT_SUBJECT = "ci.submit";
 export const STATUS_STREAM = "CI_STATUS";
 export const STATUS_PREFIX = "ci.status";
+export const OUTPUT_STREAM = "CI_OUTPUT";
+export const OUTPUT_PREFIX = "ci.out";
 export const CANCEL_PREFIX = "ci.cancel";
 export const RESULTS_BUCKET = "ci-results";
 export const FILES_BUCKET = "ci-files";
@@ -359,6 +361,39 @@ export async function connectClient(url) {
         await jsm.consumers.delete(STATUS_STREAM, ci.name).catch(() => {});
       }
       return out;
+    },
+
+    // The task's live output chunks (docs/contract.md §19) replayed from
+    // stream CI_OUTPUT with an ordered consumer, in stream order, until
+    // those of attempt add up to want ({ stdout, stderr }: byte counts, e.g.
+    // the result's), at most timeoutMs. Each item: { stream, seq, attempt,
+    // taskId, data (Buffer), streamSeq }; seq and attempt as the headers say
+    // (strings).
+    async outputChunks(taskId, want, { attempt = "1", timeoutMs = 30000 } = {}) {
+      const prefix = `${OUTPUT_PREFIX}.${taskId}.`;
+      const consumer = await js.consumers.get(OUTPUT_STREAM, { filter_subjects: `${prefix}>` });
+      const got = [];
+      const size = (s) => got.filter((c) => c.stream === s && c.attempt === attempt).reduce((n, c) => n + c.data.length, 0);
+      const deadline = Date.now() + timeoutMs;
+      try {
+        while (size("stdout") < want.stdout || size("stderr") < want.stderr) {
+          client.check();
+          if (Date.now() > deadline) throw new Error(`task ${taskId}: the replay of its output stopped at ${size("stdout")}/${want.stdout} and ${size("stderr")}/${want.stderr} bytes`);
+          const m = await consumer.next({ expires: 1000 });
+          if (!m) continue;
+          got.push({
+            stream: m.subject.slice(prefix.length),
+            seq: m.headers?.get("Ci-Seq"),
+            attempt: m.headers?.get("Ci-Attempt"),
+            taskId: m.headers?.get("Ci-Task-Id"),
+            data: Buffer.from(m.data),
+            streamSeq: m.seq,
+          });
+        }
+      } finally {
+        await consumer.delete().catch(() => {});
+      }
+      return got;
     },
 
     // The bytes of an object of bucket ci-files, or null when it is absent.
