@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/client.h"
+#include "cli/follow.h"
 #include "cli/mcp.h"
 #include "cli/tools.h"
 #include "nats/broker.h"
@@ -55,25 +56,11 @@ struct opts {
     bool json;
     bool wire_json;
     bool no_save;
+    bool output; /* watch: follow the output instead of printing events */
 };
 
-/* Writes len bytes of s to f. To a terminal, control and format characters
- * (but newline and tab) are shown escaped, as "\x1b" or "\u202e": what ci
- * prints quotes text that untrusted code chose (its output, error, hint,
- * artifact names), and escape sequences could repaint the screen, hide or
- * reorder text, set the title or write the clipboard (OSC 52). To a pipe or
- * a file the bytes go as they are. */
-static void put_text(FILE *f, const char *s, size_t len)
-{
-    if (!isatty(fileno(f))) {
-        fwrite(s, 1, len, f);
-        return;
-    }
-    struct ci_buf b = CI_BUF_INIT;
-    if (ci_text_escape(&b, s, len, true) == CI_OK && b.len)
-        fwrite(b.data, 1, b.len, f);
-    ci_buf_release(&b);
-}
+/* ci_client_put_text: escaped to a terminal, as they are elsewhere. */
+static void put_text(FILE *f, const char *s, size_t len) { ci_client_put_text(f, s, len); }
 
 /* printf to f through put_text(): every line ci writes for a person, so
  * that no quoted text is missed. */
@@ -556,13 +543,60 @@ static int cmd_runtimes(struct ci_broker *b, const struct ci_config *cfg, const 
     return rc;
 }
 
+/* What ci run prints after the output: the outputs' text, cuts, the error,
+ * the hint, the session. */
+static void print_end(const Ci__V1__ExecutionResult *r)
+{
+    print_outputs(stdout, r);
+    fflush(stdout);
+    if (r->stdout_truncated)
+        say(stderr, "ci: stdout was cut: the code wrote %" PRIu64 " bytes\n",
+            r->stdout_total_bytes);
+    if (r->stderr_truncated)
+        say(stderr, "ci: stderr was cut: the code wrote %" PRIu64 " bytes\n",
+            r->stderr_total_bytes);
+    if (r->status != CI__V1__TASK_STATUS__TASK_STATUS_SUCCEEDED || r->error[0])
+        say(stderr, "ci: %s: %s\n", ci_task_status_short(r->status), r->error);
+    if (r->hint[0])
+        say(stderr, "ci: hint: %s\n", r->hint);
+    if (r->outputs_truncated)
+        say(stderr, "ci: the code showed more outputs than a result keeps (20, 2 MiB); "
+                    "the rest were left out\n");
+    print_session(stderr, "ci: ", r->session);
+}
+
+/* Waits for the task's end and reads its result into *ret. Without --json,
+ * its output is shown as it is written (contract §19), then the rest of it
+ * and print_end(). 0, or the exit code of a failure (said on stderr). */
+static int follow_to_end(struct ci_broker *b, const struct opts *o, const char *id,
+                         Ci__V1__ExecutionResult **ret)
+{
+    struct ci_error e = {{0}};
+    struct ci_follow *live = o->json ? NULL : ci_follow_start(b, id, stdout, stderr);
+    if (wait_terminal(b, id, o->wait_ms, false, false, &e) || get_result(b, id, ret, &e)) {
+        ci_follow_finish(live, NULL);
+        say(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    if (o->json)
+        return 0;
+    if (live) {
+        ci_follow_finish(live, *ret);
+    } else {
+        put_text(stdout, (*ret)->stdout, strlen((*ret)->stdout));
+        fflush(stdout);
+        put_text(stderr, (*ret)->stderr, strlen((*ret)->stderr));
+    }
+    print_end(*ret);
+    return 0;
+}
+
 /* run and submit: submits the script; with wait, waits for the result,
  * prints it, saves the artifacts and returns the script's exit code. */
 static int run_script(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
                       const char *script, bool wait)
 {
     char id[65];
-    struct ci_error e = {{0}};
     int rc = submit(b, cfg, o, script, id);
     if (rc)
         return rc;
@@ -570,37 +604,12 @@ static int run_script(struct ci_broker *b, const struct ci_config *cfg, const st
         say(stdout, "%s\n", id);
         return 0;
     }
-    if (wait_terminal(b, id, o->wait_ms, false, false, &e)) {
-        say(stderr, "ci: %s\n", e.msg);
-        return EXIT_INFRA;
-    }
     Ci__V1__ExecutionResult *r = NULL;
-    if (get_result(b, id, &r, &e)) {
-        say(stderr, "ci: %s\n", e.msg);
-        return EXIT_INFRA;
-    }
-    if (o->json) {
+    rc = follow_to_end(b, o, id, &r);
+    if (rc)
+        return rc;
+    if (o->json)
         print_json(&r->base);
-    } else {
-        put_text(stdout, r->stdout, strlen(r->stdout));
-        print_outputs(stdout, r);
-        fflush(stdout);
-        put_text(stderr, r->stderr, strlen(r->stderr));
-        if (r->stdout_truncated)
-            say(stderr, "ci: stdout was cut: the code wrote %" PRIu64 " bytes\n",
-                    r->stdout_total_bytes);
-        if (r->stderr_truncated)
-            say(stderr, "ci: stderr was cut: the code wrote %" PRIu64 " bytes\n",
-                    r->stderr_total_bytes);
-        if (r->status != CI__V1__TASK_STATUS__TASK_STATUS_SUCCEEDED || r->error[0])
-            say(stderr, "ci: %s: %s\n", ci_task_status_short(r->status), r->error);
-        if (r->hint[0])
-            say(stderr, "ci: hint: %s\n", r->hint);
-        if (r->outputs_truncated)
-            say(stderr, "ci: the code showed more outputs than a result keeps (20, 2 MiB); "
-                        "the rest were left out\n");
-        print_session(stderr, "ci: ", r->session);
-    }
     int failures = 0;
     if (!o->no_save) {
         failures += save_artifacts(b, r);
@@ -635,6 +644,18 @@ static int cmd_watch(struct ci_broker *b, const struct ci_config *cfg, const str
                      const char *id)
 {
     struct ci_error e = {{0}};
+    if (o->output) {
+        /* As ci run shows a task, for one submitted elsewhere. */
+        Ci__V1__ExecutionResult *r = NULL;
+        int rc = follow_to_end(b, o, id, &r);
+        if (rc)
+            return rc;
+        if (o->json)
+            print_json(&r->base);
+        rc = exit_code_of(r);
+        ci_message_free(&r->base);
+        return rc;
+    }
     if (wait_terminal(b, id, o->wait_ms, true, o->json, &e)) {
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
@@ -901,7 +922,9 @@ static const struct command commands[] = {
      "1 failed before running, 3 NATS or service error)", false},
     {"submit", "SCRIPT.py", false, cmd_submit, "submit and print the task id", false},
     {"get", "ID", true, cmd_get, "print the task's result", false},
-    {"watch", "ID", true, cmd_watch, "print the task's status events until it ends", false},
+    {"watch", "ID", true, cmd_watch,
+     "print the task's status events until it ends; with --output,\n"
+     "its stdout and stderr as they are written, and its exit code", false},
     {"cancel", "ID", true, cmd_cancel, "ask the workers to cancel the task", false},
     {"session", "ls|show ID|close ID", false, cmd_session,
      "list sessions, show one, or close one (its state is deleted;\n"
@@ -965,6 +988,7 @@ static void usage(FILE *out)
           "  --save-dir DIR     ci mcp: save CSV/PNG artifacts under DIR/TASK_ID/\n"
           "                     (default $TMPDIR/ci-mcp-UID, made 0700)\n"
           "  --format F         ci tools: openai, anthropic or mcp\n"
+          "  --output           ci watch: show the task's output as it is written\n"
           "  --url URL          NATS server (default: $CI_NATS_URL, then the config's)\n"
           "  --config FILE      worker.yaml to take names and credentials from\n"
           "Use '-' as SCRIPT to read the code from standard input.\n",
@@ -982,6 +1006,7 @@ int main(int argc, char **argv)
         {"config", required_argument, NULL, 'c'},   {"help", no_argument, NULL, 'h'},
         {"session", required_argument, NULL, 'S'},
         {"save-dir", required_argument, NULL, 'D'}, {"format", required_argument, NULL, 'F'},
+        {"output", no_argument, NULL, 'O'},
         {NULL, 0, NULL, 0},
     };
     struct opts o = {.wait_ms = 600000};
@@ -1030,6 +1055,7 @@ int main(int argc, char **argv)
         case 'j': o.json = true; break;
         case 'W': o.wire_json = true; break;
         case 'n': o.no_save = true; break;
+        case 'O': o.output = true; break;
         case 'u': o.url = optarg; break;
         case 'c': o.config = optarg; break;
         case 'h': usage(stdout); return 0;

@@ -395,3 +395,15 @@ int ci_client_open_artifact(int dirfd, const char *name)
     free(copy);
     return fd;
 }
+
+void ci_client_put_text(FILE *f, const char *s, size_t len)
+{
+    if (!isatty(fileno(f))) {
+        fwrite(s, 1, len, f);
+        return;
+    }
+    struct ci_buf b = CI_BUF_INIT;
+    if (ci_text_escape(&b, s, len, true) == CI_OK && b.len)
+        fwrite(b.data, 1, b.len, f);
+    ci_buf_release(&b);
+}

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/codec.h"
 #include "core/config.h"
@@ -75,5 +76,13 @@ ci_status ci_client_read_file(const char *path, size_t max, uint8_t **ret, size_
                               struct ci_error *err);
 
 void ci_client_random_id(char out[27]);
+
+/* Writes len bytes of s to f. To a terminal, control and format characters
+ * (but newline and tab) are shown escaped, as "\x1b" or "\u202e": what ci
+ * prints quotes text that untrusted code chose (its output, error, hint,
+ * artifact names), and escape sequences could repaint the screen, hide or
+ * reorder text, set the title or write the clipboard (OSC 52). To a pipe or
+ * a file the bytes go as they are. */
+void ci_client_put_text(FILE *f, const char *s, size_t len);
 
 #endif

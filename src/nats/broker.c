@@ -1669,3 +1669,111 @@ void ci_watch_free(struct ci_watch *w)
     natsSubscription_Destroy(w->sub);
     free(w);
 }
+
+struct ci_output_follow {
+    natsSubscription *sub;
+    ci_output_fn fn;
+    void *closure;
+    pthread_mutex_t lock;
+    pthread_cond_t done_cond;
+    bool done; /* the library said the handler has returned for good */
+};
+
+static uint64_t header_u64(natsMsg *m, const char *name)
+{
+    const char *v = NULL;
+    if (natsMsgHeader_Get(m, name, &v) != NATS_OK || !v || !*v)
+        return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    return errno || *end || v[0] == '-' ? 0 : (uint64_t)n;
+}
+
+static void on_output_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *closure)
+{
+    struct ci_output_follow *f = closure;
+    const char *subj = natsMsg_GetSubject(m);
+    const char *last = subj ? strrchr(subj, '.') : NULL;
+    if (last && (strcmp(last + 1, "stdout") == 0 || strcmp(last + 1, "stderr") == 0)) {
+        uint64_t attempt = header_u64(m, "Ci-Attempt");
+        f->fn(f->closure, last + 1, attempt > UINT32_MAX ? 0 : (uint32_t)attempt,
+              header_u64(m, "Ci-Seq"), (const uint8_t *)natsMsg_GetData(m),
+              (size_t)natsMsg_GetDataLength(m));
+    }
+    natsMsg_Destroy(m);
+}
+
+static void on_output_done(void *closure)
+{
+    struct ci_output_follow *f = closure;
+    pthread_mutex_lock(&f->lock);
+    f->done = true;
+    pthread_cond_signal(&f->done_cond);
+    pthread_mutex_unlock(&f->lock);
+}
+
+ci_status ci_output_follow_new(struct ci_broker *b, const char *task_id, ci_output_fn fn,
+                               void *closure, struct ci_output_follow **ret,
+                               struct ci_error *err)
+{
+    struct ci_output_follow *f = calloc(1, sizeof(*f));
+    if (!f)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    f->fn = fn;
+    f->closure = closure;
+    pthread_mutex_init(&f->lock, NULL);
+    pthread_cond_init(&f->done_cond, NULL);
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s.>", b->cfg->jetstream.output_prefix, task_id);
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = b->cfg->jetstream.output_stream;
+    so.Ordered = true; /* from the first chunk, in order, then live */
+    jsErrCode jerr = 0;
+    natsStatus s = js_Subscribe(&f->sub, b->js, subj, on_output_msg, f, NULL, &so, &jerr);
+    if (s == NATS_OK)
+        s = natsSubscription_SetOnCompleteCB(f->sub, on_output_done, f);
+    if (s != NATS_OK) {
+        bool missing = jerr == JSStreamNotFoundErr || s == NATS_NOT_FOUND;
+        ci_status r = missing ? ci_error_set(err, CI_ERR_NOT_FOUND,
+                                             "there is no live output stream '%s'",
+                                             b->cfg->jetstream.output_stream)
+                              : ci_nats_fail(err, s, jerr, "cannot follow the task's output");
+        if (f->sub) {
+            natsSubscription_Unsubscribe(f->sub);
+            natsSubscription_Destroy(f->sub);
+        }
+        pthread_cond_destroy(&f->done_cond);
+        pthread_mutex_destroy(&f->lock);
+        free(f);
+        return r;
+    }
+    *ret = f;
+    return CI_OK;
+}
+
+void ci_output_follow_free(struct ci_output_follow *f)
+{
+    if (!f)
+        return;
+    /* The handler may be running: wait until the library says it has
+     * returned for good (a closed connection never says it: 5 s at most,
+     * and then f is left behind rather than freed under the handler). */
+    bool done = natsSubscription_Unsubscribe(f->sub) != NATS_OK;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    pthread_mutex_lock(&f->lock);
+    while (!done && !f->done)
+        if (pthread_cond_timedwait(&f->done_cond, &f->lock, &until) == ETIMEDOUT)
+            break;
+    done = done || f->done;
+    pthread_mutex_unlock(&f->lock);
+    natsSubscription_Destroy(f->sub);
+    if (!done)
+        return; /* leaked on purpose: the handler could still use it */
+    pthread_cond_destroy(&f->done_cond);
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+}

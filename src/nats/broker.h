@@ -256,4 +256,19 @@ ci_status ci_watch_next(struct ci_watch *w, int timeout_ms, const uint8_t **ret_
                         size_t *ret_len, const char **ret_content_type, struct ci_error *err);
 void ci_watch_free(struct ci_watch *w);
 
+/* A task's live output (contract §19), from its first chunk on: fn is called
+ * for each chunk, in order, on the NATS library's thread. stream is
+ * "stdout" or "stderr"; attempt and seq come from Ci-Attempt and Ci-Seq (0
+ * when missing or not a number). CI_ERR_NOT_FOUND when there is no output
+ * stream (workers of an earlier version, or live output off). */
+typedef void (*ci_output_fn)(void *closure, const char *stream, uint32_t attempt, uint64_t seq,
+                             const uint8_t *data, size_t len);
+struct ci_output_follow;
+ci_status ci_output_follow_new(struct ci_broker *b, const char *task_id, ci_output_fn fn,
+                               void *closure, struct ci_output_follow **ret,
+                               struct ci_error *err);
+/* Stops it; once it returns, fn is not running and will not be called
+ * again. NULL is fine. */
+void ci_output_follow_free(struct ci_output_follow *f);
+
 #endif

@@ -405,4 +405,63 @@ describe("ci command-line client", () => {
     assert.equal(lines[1].exitCode, 2);
     assert.ok(took < 15000, `watch gave up waiting for the event after ${took} ms, not at --wait-ms`);
   });
+
+  // Live output (contract §19): the same bytes as the result, shown earlier.
+  test("ci run shows a flushed line while the code still runs, and the same bytes as the result", async () => {
+    const cwd = fresh("live");
+    writeFileSync(join(cwd, "t.py"), "import sys, time\nprint('a', flush=True)\nsys.stderr.write('e1\\n'); sys.stderr.flush()\ntime.sleep(2)\nprint('b')\n");
+    const env = { ...process.env, CI_NATS_URL: url };
+    const child = spawn(CLI_BIN, ["run", "--no-save", "t.py"], { cwd, env, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    let firstAt = 0;
+    child.stdout.on("data", (d) => {
+      stdout += d;
+      if (!firstAt && stdout.includes("a\n")) firstAt = Date.now();
+    });
+    child.stderr.on("data", (d) => (stderr += d));
+    const code = await new Promise((res) => child.on("close", res));
+    const endAt = Date.now();
+    assert.equal(code, 0, stderr);
+    assert.equal(stdout, "a\nb\n", "nothing shown twice, nothing lost");
+    assert.equal(stderr, "e1\n");
+    assert.ok(firstAt && endAt - firstAt >= 1500, `the first line came ${endAt - firstAt} ms before the end`);
+  });
+
+  test("ci run of 3 MiB of output prints exactly what the result keeps", async () => {
+    const cwd = fresh("livebig");
+    writeFileSync(join(cwd, "t.py"), "import sys\nfor i in range(3 * 1024):\n    print(str(i).rjust(1023, '.'), flush=(i % 7 == 0))\n_ = sys.stderr.write('done\\n')\n");
+    const runId = newTaskId("livebig");
+    const run = await ci(["run", "--no-save", "--id", runId, "t.py"], { cwd, url, timeoutMs: 120000 });
+    assert.equal(run.code, 0, run.stderr);
+    const own = JSON.parse((await ci(["get", runId, "--json"], { cwd, url })).stdout);
+    assert.equal(run.stdout.length, own.stdout.length, `ci run printed ${run.stdout.length} characters, the result keeps ${own.stdout.length}`);
+    assert.equal(run.stdout, own.stdout, "ci run: its result's kept stdout, byte for byte");
+    const sub = await ci(["submit", "t.py"], { cwd, url });
+    const taskId = sub.stdout.trim();
+    const watched = await ci(["watch", taskId, "--output", "--wait-ms", "100000"], { cwd, url, timeoutMs: 120000 });
+    const got = await ci(["get", taskId, "--json"], { cwd, url });
+    const r = JSON.parse(got.stdout);
+    assert.equal(r.stdoutTruncated, true);
+    assert.equal(run.stdout, r.stdout, "ci run: the result's kept stdout, byte for byte");
+    assert.equal(watched.stdout, r.stdout, "ci watch --output: the same");
+    assert.match(run.stderr, /^done\nci: stdout was cut: the code wrote \d+ bytes\n$/);
+    assert.equal(watched.code, 0, watched.stderr);
+  });
+
+  test("ci watch ID --output follows a task submitted elsewhere and exits with its exit code", async () => {
+    const cwd = fresh("watchout");
+    writeFileSync(join(cwd, "t.py"), "import sys\nprint('line 1', flush=True)\nprint('oops', file=sys.stderr)\nsys.exit(3)\n");
+    const sub = await ci(["submit", "t.py"], { cwd, url });
+    assert.equal(sub.code, 0, sub.stderr);
+    const taskId = sub.stdout.trim();
+    const w = await ci(["watch", taskId, "--output"], { cwd, url });
+    assert.equal(w.code, 3, w.stderr);
+    assert.equal(w.stdout, "line 1\n");
+    assert.match(w.stderr, /^oops\n/);
+    // Once it ended, a second watch replays the same.
+    const again = await ci(["watch", taskId, "--output"], { cwd, url });
+    assert.equal(again.stdout, "line 1\n");
+    assert.equal(again.code, 3);
+  });
 });
