@@ -117,9 +117,11 @@ function checkEqualsResult(r, attempt = "1") {
 
 // Some stdout (several chunks), some stderr, a non-ASCII character and a
 // byte that is not UTF-8: the chunks carry the result's text, U+FFFD and all.
+// Over 64 KiB (the largest chunk) of stdout, so that it comes in at least
+// two chunks even when the worker reads it all at once (a loaded machine).
 const MIXED = [
   "import sys",
-  "for i in range(3000):",
+  "for i in range(8000):",
   "    print('line', i, 'é')",
   "sys.stdout.flush()",
   "sys.stdout.buffer.write(b'bad \\xff byte\\n')",
