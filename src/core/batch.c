@@ -8,13 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/codec.h"
 #include "core/util.h"
-
-const char *ci_batch_end_event(Ci__V1__TaskStatus status)
-{
-    return ci_task_status_terminal(status) ? ci_task_status_short(status) : NULL;
-}
 
 static json_t *u64_str(uint64_t v)
 {
@@ -36,16 +30,14 @@ static ci_status dump(json_t *o, int bad, const char *what, char **ret, size_t *
     return CI_OK;
 }
 
-ci_status ci_batch_end_body(const char *task_id, Ci__V1__TaskStatus status, const char *error,
+ci_status ci_batch_end_body(const char *task_id, const char *status, const char *error,
                             char **ret, size_t *ret_len, struct ci_error *err)
 {
-    const ProtobufCEnumValue *v =
-        protobuf_c_enum_descriptor_get_value(&ci__v1__task_status__descriptor, (int)status);
     json_t *o = json_object();
     if (!o)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     int bad = json_object_set_new(o, "taskId", json_string(task_id));
-    bad |= json_object_set_new(o, "status", json_string(v ? v->name : "TASK_STATUS_UNSPECIFIED"));
+    bad |= json_object_set_new(o, "status", json_string(status));
     if (error && error[0]) {
         /* Valid UTF-8 first (U+FFFD may lengthen it), then the cut, on a
          * character's first byte. */

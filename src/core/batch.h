@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ci/v1/ci.pb-c.h"
 #include "core/status.h"
 
 /* An end event's error is cut to this many bytes (on a UTF-8 boundary). */
@@ -25,15 +24,13 @@ struct ci_batch_counts {
     uint64_t cancel;   /* cancel requests (any number) */
 };
 
-/* The event a task's terminal status is counted under ("succeeded",
- * "failed", "timed_out", "cancelled"); NULL for a status that is not
- * terminal. */
-const char *ci_batch_end_event(Ci__V1__TaskStatus status);
-
-/* The end event's JSON: {"taskId","status":"TASK_STATUS_...","error"}, the
- * error made valid UTF-8 and cut to CI_BATCH_ERROR_MAX bytes, absent when
- * empty. *ret is the caller's (free). */
-ci_status ci_batch_end_body(const char *task_id, Ci__V1__TaskStatus status, const char *error,
+/* The end event's JSON: {"taskId","status","error"}; status is the enum's
+ * name ("TASK_STATUS_FAILED", ci_task_status_name), the error is made valid
+ * UTF-8 and cut to CI_BATCH_ERROR_MAX bytes, absent when empty. The end
+ * event's subject is the status's Ci-Status name (ci_task_status_short).
+ * *ret is the caller's (free). No protobuf here: the broker shares
+ * struct ci_batch_counts. */
+ci_status ci_batch_end_body(const char *task_id, const char *status, const char *error,
                             char **ret, size_t *ret_len, struct ci_error *err);
 
 /* The seal's total: {"total":"N"} (a decimal string, or a number). Other
