@@ -60,13 +60,15 @@ struct ci_broker {
 
 struct ci_puller {
     struct ci_broker *b;
-    natsSubscription *sub;
+    char stream[SUBJECT_MAX], consumer[SUBJECT_MAX], subject[SUBJECT_MAX];
+    natsSubscription *sub; /* the long polls'; NULL until the first (the batch lane's) */
     int64_t empty_ms; /* when its queue was last seen empty (monotonic) */
     /* Pulls that do not wait (ci_puller_fetch_nowait): sent by hand on the
-     * consumer's next-message subject, answered on an inbox of their own. */
+     * consumer's next-message subject, answered on an inbox of their own,
+     * "_INBOX.<nuid>.nowait" (the long polls' inbox is "_INBOX.<nuid>"). */
     char next_subject[SUBJECT_MAX];
     natsSubscription *nowait_sub; /* NULL until first used, or after an answer was lost */
-    natsInbox *nowait_inbox;
+    char nowait_inbox[SUBJECT_MAX];
 };
 
 struct ci_delivery {
@@ -721,28 +723,53 @@ bool ci_broker_closed(const struct ci_broker *b)
  * (the JetStream API of the connection's account, without a domain). */
 #define NEXT_PREFIX "$JS.API.CONSUMER.MSG.NEXT."
 
-/* Binds a puller to a durable that setup created (a consumer made
- * implicitly here would be deleted when this subscription goes away). */
+/* The subscription of the long polls, bound to a durable that setup
+ * created (a consumer made implicitly here would be deleted when this
+ * subscription goes away). */
+static ci_status puller_bind(struct ci_puller *p, struct ci_error *err)
+{
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = p->stream;
+    so.Consumer = p->consumer;
+    jsErrCode jerr = 0;
+    natsStatus s = js_PullSubscribe(&p->sub, p->b->js, p->subject, p->consumer, NULL, &so, &jerr);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot bind to consumer %s on %s", p->consumer,
+                            p->stream);
+    p->empty_ms = ci_mono_ms();
+    return CI_OK;
+}
+
+/* A puller on consumer of stream; bound now (a subscription for long
+ * polls) or only checked to exist (a lane asked only with pulls that do
+ * not wait: no subscription a stray pull request could fill). */
 static ci_status puller_open(struct ci_broker *b, const char *stream, const char *consumer,
-                             const char *subject, struct ci_puller **ret, struct ci_error *err)
+                             const char *subject, bool bind, struct ci_puller **ret,
+                             struct ci_error *err)
 {
     CI_AUTOFREE struct ci_puller *p = calloc(1, sizeof(*p));
     if (!p)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     p->b = b;
+    snprintf(p->stream, sizeof(p->stream), "%s", stream);
+    snprintf(p->consumer, sizeof(p->consumer), "%s", consumer);
+    snprintf(p->subject, sizeof(p->subject), "%s", subject);
     int k = snprintf(p->next_subject, sizeof(p->next_subject), NEXT_PREFIX "%s.%s", stream,
                      consumer);
     if (k < 0 || (size_t)k >= sizeof(p->next_subject))
         return ci_error_set(err, CI_ERR_INVALID, "consumer name too long");
-    jsSubOptions so;
-    jsSubOptions_Init(&so);
-    so.Stream = stream;
-    so.Consumer = consumer;
-    jsErrCode jerr = 0;
-    natsStatus s = js_PullSubscribe(&p->sub, b->js, subject, consumer, NULL, &so, &jerr);
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, jerr, "cannot bind to consumer %s on %s", consumer, stream);
-    p->empty_ms = ci_mono_ms();
+    if (bind) {
+        ci_status r = puller_bind(p, err);
+        if (r)
+            return r;
+    } else {
+        CI_CLEANUP(jsConsumerInfo_Destroy) jsConsumerInfo *ci = NULL;
+        jsErrCode jerr = 0;
+        natsStatus s = js_GetConsumerInfo(&ci, b->js, stream, consumer, NULL, &jerr);
+        if (s != NATS_OK)
+            return ci_nats_fail(err, s, jerr, "cannot find consumer %s on %s", consumer, stream);
+    }
     *ret = CI_STEAL(&p);
     return CI_OK;
 }
@@ -751,7 +778,7 @@ ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_e
 {
     const struct ci_config *c = b->cfg;
     return puller_open(b, c->jetstream.tasks_stream, c->jetstream.consumer,
-                       c->jetstream.submit_subject, ret, err);
+                       c->jetstream.submit_subject, true, ret, err);
 }
 
 ci_status ci_puller_new_batch(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err)
@@ -759,8 +786,8 @@ ci_status ci_puller_new_batch(struct ci_broker *b, struct ci_puller **ret, struc
     const struct ci_config *c = b->cfg;
     char subject[SUBJECT_MAX];
     snprintf(subject, sizeof(subject), "%s.*", c->jetstream.batch_subject);
-    return puller_open(b, c->jetstream.batch_stream, c->jetstream.batch_consumer, subject, ret,
-                       err);
+    return puller_open(b, c->jetstream.batch_stream, c->jetstream.batch_consumer, subject, false,
+                       ret, err);
 }
 
 /* Drops the inbox of pulls that do not wait: an answer that comes after
@@ -773,8 +800,6 @@ static void nowait_drop(struct ci_puller *p)
         natsSubscription_Destroy(p->nowait_sub);
     }
     p->nowait_sub = NULL;
-    natsInbox_Destroy(p->nowait_inbox);
-    p->nowait_inbox = NULL;
 }
 
 void ci_puller_free(struct ci_puller *p)
@@ -834,6 +859,11 @@ static struct ci_delivery *delivery_new(struct ci_puller *p, natsMsg *msg, natsC
 ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_delivery **ret,
                           struct ci_error *err)
 {
+    if (!p->sub) {
+        ci_status r = puller_bind(p, err);
+        if (r)
+            return r;
+    }
     CI_CLEANUP(natsMsgList_Destroy) natsMsgList list = {0};
     jsErrCode jerr = 0;
     int queued_bytes = 0;
@@ -907,7 +937,8 @@ ci_status ci_puller_fetch_nowait(struct ci_puller *p, struct ci_delivery **ret,
         natsInbox *inbox = NULL;
         s = natsInbox_Create(&inbox);
         if (s == NATS_OK)
-            p->nowait_inbox = inbox;
+            snprintf(p->nowait_inbox, sizeof(p->nowait_inbox), "%s.nowait", inbox);
+        natsInbox_Destroy(inbox);
         if (s == NATS_OK)
             s = natsConnection_SubscribeSync(&p->nowait_sub, nc, p->nowait_inbox);
         if (s != NATS_OK) {

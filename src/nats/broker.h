@@ -73,7 +73,10 @@ bool ci_broker_closed(const struct ci_broker *b);
  * tasks stream. */
 ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err);
 /* A puller on the batch lane (contract §21): jetstream.batch_consumer on
- * jetstream.batch_stream. */
+ * jetstream.batch_stream, checked to exist. The lane is asked with pulls
+ * that do not wait; its subscription for long polls is made on the first
+ * ci_puller_fetch only, so that no stray pull request can fill a queue
+ * nobody reads. */
 ci_status ci_puller_new_batch(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err);
 void ci_puller_free(struct ci_puller *p);
 /* Takes one task. CI_ERR_TIMEOUT when none came within timeout_ms. Not
