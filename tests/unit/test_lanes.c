@@ -131,7 +131,7 @@ static void test_interactive_goes_before_queued_batch_tasks(void)
     CHECK_STR(s.order, "IIBIB");
 }
 
-static void test_interactive_alone_looks_at_batch_once_in_every(void)
+static void test_interactive_alone_looks_at_batch_now_and_then(void)
 {
     struct ci_lanes l;
     ci_lanes_init(&l, 4);
@@ -155,4 +155,4 @@ static void test_zero_every_is_one(void)
 TEST_MAIN(T(test_idle_slot_long_polls_interactive_then_looks_at_batch),
           T(test_both_lanes_busy_one_in_every), T(test_batch_alone_never_waits_on_interactive),
           T(test_interactive_goes_before_queued_batch_tasks),
-          T(test_interactive_alone_looks_at_batch_once_in_every), T(test_zero_every_is_one))
+          T(test_interactive_alone_looks_at_batch_now_and_then), T(test_zero_every_is_one))
