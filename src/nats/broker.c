@@ -1275,20 +1275,20 @@ ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closur
 
 /* --- the fleet --- */
 
-ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
-                                struct ci_error *err)
+/* A lane as the server sees it: its stream's messages and its consumer's
+ * counts. */
+static ci_status lane_stats(struct ci_broker *b, const char *stream, const char *consumer,
+                            struct ci_queue_stats *ret, struct ci_error *err)
 {
-    const struct ci_config *c = b->cfg;
     jsErrCode jerr = 0;
     CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
-    natsStatus s = js_GetStreamInfo(&si, b->js, c->jetstream.tasks_stream, NULL, &jerr);
+    natsStatus s = js_GetStreamInfo(&si, b->js, stream, NULL, &jerr);
     if (s != NATS_OK)
-        return ci_nats_fail(err, s, jerr, "cannot read the task stream's state");
+        return ci_nats_fail(err, s, jerr, "cannot read the state of stream %s", stream);
     CI_CLEANUP(jsConsumerInfo_Destroy) jsConsumerInfo *ci = NULL;
-    s = js_GetConsumerInfo(&ci, b->js, c->jetstream.tasks_stream, c->jetstream.consumer, NULL,
-                           &jerr);
+    s = js_GetConsumerInfo(&ci, b->js, stream, consumer, NULL, &jerr);
     if (s != NATS_OK)
-        return ci_nats_fail(err, s, jerr, "cannot read the task consumer's state");
+        return ci_nats_fail(err, s, jerr, "cannot read the state of consumer %s", consumer);
     struct ci_queue_stats q = {
         .stream_msgs = si->State.Msgs,
         .pending = ci->NumPending,
@@ -1298,6 +1298,19 @@ ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
     };
     *ret = q;
     return CI_OK;
+}
+
+ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
+                                struct ci_error *err)
+{
+    return lane_stats(b, b->cfg->jetstream.tasks_stream, b->cfg->jetstream.consumer, ret, err);
+}
+
+ci_status ci_broker_batch_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
+                                      struct ci_error *err)
+{
+    return lane_stats(b, b->cfg->jetstream.batch_stream, b->cfg->jetstream.batch_consumer, ret,
+                      err);
 }
 
 ci_status ci_broker_workers_open(struct ci_broker *b, bool create, uint32_t ttl_s,

@@ -174,6 +174,10 @@ struct ci_queue_stats {
 };
 ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
                                 struct ci_error *err);
+/* The same for the batch lane (contract §21): jetstream.batch_stream and
+ * its consumer. CI_ERR_NATS when no worker of this version made them. */
+ci_status ci_broker_batch_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
+                                      struct ci_error *err);
 
 /* Binds the heartbeat bucket (jetstream.workers_bucket); with create, first
  * creates it with a TTL of ttl_s (an entry not refreshed within it

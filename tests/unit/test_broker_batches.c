@@ -292,6 +292,11 @@ static void t_pull_without_waiting(void)
     CHECK(submit(b, "b1", "t-1") == CI_ERR_CONFLICT); /* the window drops a resubmit */
     uint64_t queued = 0;
     CHECK(ci_broker_batch_queued(b, "b1", &queued, &e) == CI_OK && queued == 2);
+    struct ci_queue_stats qs, is;
+    REQUIRE(ci_broker_batch_queue_stats(b, &qs, &e) == CI_OK);
+    CHECK(qs.stream_msgs == 3 && qs.pending == 3 && qs.ack_pending == 0);
+    REQUIRE(ci_broker_queue_stats(b, &is, &e) == CI_OK);
+    CHECK(is.stream_msgs == 0 && is.pending == 0); /* the other lane */
     CHECK(ci_puller_fetch_nowait(ip, &d, &e) == CI_ERR_TIMEOUT); /* the other lane */
 
     REQUIRE(ci_puller_fetch_nowait(p, &d, &e) == CI_OK);
