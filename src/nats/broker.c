@@ -790,6 +790,11 @@ ci_status ci_puller_new_batch(struct ci_broker *b, struct ci_puller **ret, struc
                        ret, err);
 }
 
+const char *ci_puller_inbox(const struct ci_puller *p)
+{
+    return p->sub ? natsSubscription_GetSubject(p->sub) : NULL;
+}
+
 /* Drops the inbox of pulls that do not wait: an answer that comes after
  * its pull gave up on it finds no subscription, and a message in it goes
  * back to the stream after the ack wait, never to a slot that is busy. */
@@ -916,6 +921,8 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
 /* The answer to a pull that does not wait comes at once (the message, or
  * a 404 or 408 status); this is for a server that does not answer. */
 #define NOWAIT_ANSWER_MS 2000
+/* A fetch for what already waits in the long polls' queue. */
+#define QUEUED_FETCH_MS 50
 
 /* Why by hand: nats.c 3.4.1 sends no_wait only with an expiry, and then
  * nats-server 2.9.10 waits for that expiry on an empty consumer (it answers
@@ -927,6 +934,15 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
 ci_status ci_puller_fetch_nowait(struct ci_puller *p, struct ci_delivery **ret,
                                  struct ci_error *err)
 {
+    /* A message that a long poll's request brought after its fetch gave up
+     * waits in that subscription's queue, its ack timer running (see
+     * ci_puller_fetch): it goes first, as it would at the next long poll,
+     * which may not come for long while the other lane keeps the slot
+     * busy. Fetch takes what is queued without asking the server; a queue
+     * of late 408s alone costs a short wait. */
+    int queued_bytes = 0;
+    if (p->sub && queue_len(p->sub, &queued_bytes) > 0)
+        return ci_puller_fetch(p, QUEUED_FETCH_MS, ret, err);
     natsConnection *nc = p->b->nc;
     natsStatus s = NATS_OK;
     int pending = 0, ignored = 0;

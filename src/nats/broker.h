@@ -89,6 +89,9 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
  * ci_puller_fetch. */
 ci_status ci_puller_fetch_nowait(struct ci_puller *p, struct ci_delivery **ret,
                                  struct ci_error *err);
+/* The reply subject of the puller's long polls, NULL before the first
+ * (tests: a pull request on its behalf). */
+const char *ci_puller_inbox(const struct ci_puller *p);
 
 const uint8_t *ci_delivery_data(const struct ci_delivery *d, size_t *ret_len);
 /* The header's first value, its name matched in any case, or NULL. */

@@ -357,6 +357,46 @@ static void t_pull_without_waiting(void)
     server_stop(&srv);
 }
 
+/* A message that a long poll's request brought after its fetch gave up
+ * (a request that outlived its Fetch on the server) waits in the puller's
+ * queue: the next pull that does not wait takes it first, as queued. */
+static void t_nowait_takes_queued_first(void)
+{
+    START(srv);
+    struct ci_config *cfg = config_for(&srv);
+    REQUIRE(cfg);
+    struct raw r = {0};
+    REQUIRE(raw_open(&r, srv.url));
+    struct ci_broker *b = worker_broker(cfg);
+    REQUIRE(b);
+    struct ci_error e = {{0}};
+    struct ci_puller *p = NULL;
+    REQUIRE(ci_puller_new(b, &p, &e) == CI_OK);
+    struct ci_delivery *d = NULL;
+    CHECK(ci_puller_fetch(p, 100, &d, &e) == CI_ERR_TIMEOUT);
+    REQUIRE(ci_puller_inbox(p));
+    const char *req = "{\"batch\":1,\"expires\":60000000000}";
+    REQUIRE(natsConnection_PublishRequestString(r.nc, "$JS.API.CONSUMER.MSG.NEXT.CI_TASKS.ci-workers",
+                                                ci_puller_inbox(p), req) == NATS_OK);
+    REQUIRE(natsConnection_Flush(r.nc) == NATS_OK);
+    sleep_ms(100);
+    bool dup = true;
+    REQUIRE(ci_broker_submit(b, "t-q", "application/json", "{}", 2, &dup, &e) == CI_OK);
+    sleep_ms(300); /* delivered to the stray request: into the puller's queue */
+    REQUIRE(ci_puller_fetch_nowait(p, &d, &e) == CI_OK);
+    CHECK_STR(ci_delivery_header(d, "Nats-Msg-Id"), "t-q");
+    CHECK(ci_delivery_queued_ms(d) >= 0); /* it waited: the slot checks it is fresh */
+    CHECK(ci_delivery_ack(d) == CI_OK);
+    ci_delivery_free(d);
+    d = NULL;
+    CHECK(ci_puller_fetch_nowait(p, &d, &e) == CI_ERR_TIMEOUT);
+    ci_puller_free(p);
+    ci_broker_free(b);
+    raw_close(&r);
+    ci_config_free(cfg);
+    server_stop(&srv);
+}
+
 /* A deleted CI_BATCHES is made again by a worker that publishes an event,
  * and the event is stored. */
 static void t_deleted_events_stream(void)
@@ -393,7 +433,7 @@ int main(int argc, char **argv)
         T_OWN(t_setup_makes_batch_streams), T_OWN(t_setup_updates_other_settings),
         T_OWN(t_counts_by_subject),         T_OWN(t_last_seal_and_cancel),
         T_OWN(t_cancel_subscription),       T_OWN(t_pull_without_waiting),
-        T_OWN(t_deleted_events_stream),
+        T_OWN(t_nowait_takes_queued_first), T_OWN(t_deleted_events_stream),
     };
     int rc = t_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
     ci_broker_library_close();
