@@ -139,6 +139,13 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_STR("jetstream.workers_bucket", jetstream.workers_bucket, "ci-workers", CS_NAME),
     KEY_STR("jetstream.sessions_bucket", jetstream.sessions_bucket, "ci-sessions", CS_NAME),
     KEY_STR("jetstream.runtimes_bucket", jetstream.runtimes_bucket, "ci-runtimes", CS_NAME),
+    KEY_STR("jetstream.batch_stream", jetstream.batch_stream, "CI_BATCH", CS_NAME),
+    KEY_STR("jetstream.batch_subject", jetstream.batch_subject, "ci.batch", CS_SUBJECT),
+    KEY_STR("jetstream.batch_consumer", jetstream.batch_consumer, "ci-workers-batch", CS_NAME),
+    KEY_STR("jetstream.batch_events_stream", jetstream.batch_events_stream, "CI_BATCHES",
+            CS_NAME),
+    KEY_STR("jetstream.batch_events_prefix", jetstream.batch_events_prefix, "ci.batches",
+            CS_SUBJECT),
     KEY_U32("jetstream.max_age_s", jetstream.max_age_s, 3600, 60, 31536000),
     KEY_U32("jetstream.duplicate_window_s", jetstream.duplicate_window_s, 120, 1, 86400),
     KEY_U32("jetstream.ack_wait_s", jetstream.ack_wait_s, 30, 5, 3600),
@@ -156,6 +163,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_ONEOF("worker.log_level", worker.log_level, "info", ci_log_level_names),
     KEY_STR("worker.metrics_addr", worker.metrics_addr, "127.0.0.1:9464", CS_HOSTPORT),
     KEY_U32("worker.heartbeat_s", worker.heartbeat_s, 10, 0, 3600),
+    KEY_U32("worker.batch_every", worker.batch_every, 4, 1, 1000),
 
     KEY_U32("limits.default_timeout_ms", limits.default_timeout_ms, 60000, 100, 3600000),
     KEY_U32("limits.max_timeout_ms", limits.max_timeout_ms, 60000, 1000, 3600000),
@@ -169,6 +177,9 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("sessions.max_state_mb", sessions.max_state_mb, 64, 1, 1024),
     KEY_U32("sessions.idle_s", sessions.idle_s, 1200, 1, 31536000),
     KEY_U32("sessions.max_waiting", sessions.max_waiting, 64, 1, 4096),
+
+    KEY_U32("batches.max_age_s", batches.max_age_s, 86400, 60, 31536000),
+    KEY_U32("batches.duplicate_window_s", batches.duplicate_window_s, 3600, 1, 604800),
 
     KEY_ENUM("local.isolation", local.isolation, enum ci_isolation, CI_ISOLATION_AUTO,
              isolation_names),
@@ -247,6 +258,28 @@ static const struct ci_config_rule {
     {RULE_DISJOINT, "jetstream.status_prefix", "jetstream.cancel_prefix"},
     {RULE_DISJOINT, "jetstream.status_prefix", "jetstream.output_prefix"},
     {RULE_DISJOINT, "jetstream.cancel_prefix", "jetstream.output_prefix"},
+    /* Batches (contract §20, §21): two more streams, ci.batch.* and ci.batches.>.
+     * DISJOINT is stricter than needed for a.* against b.>; odd layouts only. */
+    {RULE_LE, "batches.duplicate_window_s", "batches.max_age_s"},
+    {RULE_DIFFERENT, "jetstream.batch_stream", "jetstream.tasks_stream"},
+    {RULE_DIFFERENT, "jetstream.batch_stream", "jetstream.status_stream"},
+    {RULE_DIFFERENT, "jetstream.batch_stream", "jetstream.cancel_stream"},
+    {RULE_DIFFERENT, "jetstream.batch_events_stream", "jetstream.tasks_stream"},
+    {RULE_DIFFERENT, "jetstream.batch_events_stream", "jetstream.status_stream"},
+    {RULE_DIFFERENT, "jetstream.batch_events_stream", "jetstream.cancel_stream"},
+    {RULE_DIFFERENT, "jetstream.batch_events_stream", "jetstream.batch_stream"},
+    {RULE_DIFFERENT, "jetstream.batch_consumer", "jetstream.consumer"},
+    {RULE_DISJOINT, "jetstream.batch_subject", "jetstream.submit_subject"},
+    {RULE_DISJOINT, "jetstream.batch_subject", "jetstream.status_prefix"},
+    {RULE_DISJOINT, "jetstream.batch_subject", "jetstream.cancel_prefix"},
+    {RULE_DISJOINT, "jetstream.batch_subject", "jetstream.batch_events_prefix"},
+    {RULE_DISJOINT, "jetstream.batch_events_prefix", "jetstream.submit_subject"},
+    {RULE_DISJOINT, "jetstream.batch_events_prefix", "jetstream.status_prefix"},
+    {RULE_DISJOINT, "jetstream.batch_events_prefix", "jetstream.cancel_prefix"},
+    {RULE_DIFFERENT, "jetstream.output_stream", "jetstream.batch_stream"},
+    {RULE_DIFFERENT, "jetstream.output_stream", "jetstream.batch_events_stream"},
+    {RULE_DISJOINT, "jetstream.output_prefix", "jetstream.batch_subject"},
+    {RULE_DISJOINT, "jetstream.output_prefix", "jetstream.batch_events_prefix"},
 };
 
 #define ENV_NATS_URL "CI_NATS_URL"
@@ -1333,6 +1366,12 @@ ci_status ci_config_parse(const char *name, const uint8_t *data, size_t len,
     if (!s && find_key("sessions.idle_s", &idle) && !p.key_line[idle] &&
         p.cfg->sessions.idle_s > p.cfg->jetstream.max_age_s)
         p.cfg->sessions.idle_s = p.cfg->jetstream.max_age_s;
+    /* Likewise a batch's duplicate window gives way to a shorter max age
+     * (the server refuses a window longer than the stream keeps messages). */
+    size_t window = 0;
+    if (!s && find_key("batches.duplicate_window_s", &window) && !p.key_line[window] &&
+        p.cfg->batches.duplicate_window_s > p.cfg->batches.max_age_s)
+        p.cfg->batches.duplicate_window_s = p.cfg->batches.max_age_s;
     /* Likewise a state travels through the workspace: half of it at most. */
     if (!s && find_key("sessions.max_state_mb", &state) && !p.key_line[state] &&
         p.cfg->sessions.max_state_mb > p.cfg->local.workspace_mb / 2)

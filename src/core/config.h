@@ -63,6 +63,12 @@ struct ci_config {
         char *workers_bucket;  /* ci-workers: heartbeats, read by `ci stats` */
         char *sessions_bucket; /* ci-sessions: one record per session (contract §16) */
         char *runtimes_bucket; /* ci-runtimes: what each runtime offers (contract §18) */
+        /* Batches (contract §20, §21): the batch lane and the batches' events. */
+        char *batch_stream;        /* CI_BATCH: WorkQueue of batch tasks */
+        char *batch_subject;       /* ci.batch: a batch's tasks on <batch_subject>.<batch_id> */
+        char *batch_consumer;      /* ci-workers-batch */
+        char *batch_events_stream; /* CI_BATCHES */
+        char *batch_events_prefix; /* ci.batches: events on <prefix>.<batch_id>.<event> */
         uint32_t max_age_s;          /* 3600: streams, KV TTL, object TTL */
         uint32_t duplicate_window_s; /* 120 */
         uint32_t ack_wait_s;         /* 30 */
@@ -81,6 +87,8 @@ struct ci_config {
         char *log_level;      /* debug | info | warn | error */
         char *metrics_addr;   /* "127.0.0.1:9464": /metrics, /healthz, /readyz; "" = off */
         uint32_t heartbeat_s; /* 10: heartbeat period in the workers bucket; 0 = off */
+        uint32_t batch_every; /* 4: of every N tasks a slot takes while both lanes have
+                                 work, one comes from the batch lane (contract §21) */
     } worker;
     struct {
         uint32_t default_timeout_ms; /* 60000 */
@@ -97,6 +105,10 @@ struct ci_config {
         uint32_t idle_s;       /* 1200: a session with no step ended for this long expires */
         uint32_t max_waiting;  /* 64: session tasks a worker holds while their turn comes */
     } sessions;
+    struct {                        /* docs/contract.md §20 */
+        uint32_t max_age_s;          /* 86400: CI_BATCH and CI_BATCHES keep messages this long */
+        uint32_t duplicate_window_s; /* 3600: both streams' Nats-Msg-Id window */
+    } batches;
     struct {
         enum ci_isolation isolation; /* auto */
         char *python;          /* /usr/bin/python3 */

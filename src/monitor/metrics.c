@@ -32,11 +32,14 @@ static const char *const status_names[] = {"succeeded", "failed", "timed_out", "
 static const char *const outcome_names[] = {"done",       "duplicate", "dropped", "retry",
                                             "superseded", "stale"};
 static const char *const direction_names[] = {"download", "upload"};
+static const char *const lane_names[] = {"interactive", "batch"};
 
 _Static_assert(sizeof(outcome_names) / sizeof(outcome_names[0]) == CI_METRICS_N_OUTCOMES,
                "one name per outcome");
 _Static_assert(sizeof(direction_names) / sizeof(direction_names[0]) == CI_METRICS_N_DIRECTIONS,
                "one name per direction");
+_Static_assert(sizeof(lane_names) / sizeof(lane_names[0]) == CI_METRICS_N_LANES,
+               "one name per lane");
 _Static_assert(sizeof(run_bounds) / sizeof(run_bounds[0]) <= MAX_BOUNDS, "run buckets");
 _Static_assert(sizeof(wait_bounds) / sizeof(wait_bounds[0]) <= MAX_BOUNDS, "wait buckets");
 
@@ -45,6 +48,7 @@ struct ci_metrics {
     uint64_t slots;
     atomic_uint_fast64_t tasks[N_STATUS];
     atomic_uint_fast64_t deliveries[CI_METRICS_N_OUTCOMES];
+    atomic_uint_fast64_t lane_takes[CI_METRICS_N_LANES];
     atomic_int_fast64_t slots_active;
     atomic_uint_fast64_t objstore_bytes[CI_METRICS_N_DIRECTIONS];
     atomic_uint_fast64_t output_chunks[2]; /* published, dropped */
@@ -131,6 +135,12 @@ void ci_metrics_queue_wait(struct ci_metrics *m, double wait_s)
 {
     if (m)
         observe(&m->wait, wait_s);
+}
+
+void ci_metrics_lane_take(struct ci_metrics *m, enum ci_metrics_lane lane)
+{
+    if (m && lane >= 0 && lane < CI_METRICS_N_LANES)
+        atomic_fetch_add(&m->lane_takes[lane], 1);
 }
 
 void ci_metrics_delivery(struct ci_metrics *m, enum ci_metrics_outcome outcome)
@@ -244,6 +254,13 @@ ci_status ci_metrics_render(struct ci_metrics *m, struct ci_buf *b)
     for (size_t i = 0; i < CI_METRICS_N_OUTCOMES && !s; i++)
         s = ci_buf_appendf(b, "ci_task_deliveries_total{outcome=\"%s\"} %" PRIu64 "\n",
                            outcome_names[i], (uint64_t)atomic_load(&m->deliveries[i]));
+    if (!s)
+        s = header(b, "ci_lane_tasks_total", "counter",
+                   "Messages taken from each lane: interactive (the tasks stream), batch (the "
+                   "batch stream, served after the interactive one).");
+    for (size_t i = 0; i < CI_METRICS_N_LANES && !s; i++)
+        s = ci_buf_appendf(b, "ci_lane_tasks_total{lane=\"%s\"} %" PRIu64 "\n", lane_names[i],
+                           (uint64_t)atomic_load(&m->lane_takes[i]));
     if (!s)
         s = render_histogram(b, &m->run);
     if (!s)

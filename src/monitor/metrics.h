@@ -16,6 +16,8 @@
  *   ci_task_run_seconds                      histogram: message taken -> terminal
  *                                            result stored
  *   ci_task_queue_wait_seconds               histogram: JetStream publish -> taken
+ *   ci_lane_tasks_total{lane}                messages taken from each lane: interactive
+ *                                            (the tasks stream), batch (contract §21)
  *   ci_slots_active, ci_slots_free           gauges
  *   ci_warm_pool_size                        gauge (collector)
  *   ci_warm_deaths_total                     counter (collector)
@@ -44,6 +46,13 @@ enum ci_metrics_outcome {
     CI_METRICS_SUPERSEDED, /* a later attempt overtook this one (task.h) */
     CI_METRICS_STALE, /* not a task end: a stale copy left for redelivery (main.c) */
     CI_METRICS_N_OUTCOMES,
+};
+
+/* The lanes a slot takes tasks from (worker/lanes.h). */
+enum ci_metrics_lane {
+    CI_METRICS_INTERACTIVE,
+    CI_METRICS_BATCH,
+    CI_METRICS_N_LANES,
 };
 
 enum ci_metrics_direction {
@@ -80,6 +89,8 @@ void ci_metrics_task_end(struct ci_metrics *m, const char *status_short, double 
  * published (its JetStream timestamp); a negative wait (clock skew between
  * hosts) counts as 0. */
 void ci_metrics_queue_wait(struct ci_metrics *m, double wait_s);
+/* A slot took a message from lane. */
+void ci_metrics_lane_take(struct ci_metrics *m, enum ci_metrics_lane lane);
 /* How a delivery was disposed of. */
 void ci_metrics_delivery(struct ci_metrics *m, enum ci_metrics_outcome outcome);
 /* A slot took (busy true) or finished (false) a message. */

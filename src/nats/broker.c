@@ -18,6 +18,7 @@
 #include "nats/natsutil.h"
 #include "nats/nkey.h"
 #include "nats/objstore_js.h"
+#include "core/batch.h"
 #include "core/util.h"
 
 #define NS_PER_S 1000000000LL
@@ -42,6 +43,10 @@ struct ci_broker {
     ci_cancel_fn cancel_fn;
     void *cancel_closure;
     atomic_bool cancel_done; /* the cancel handler has returned for good */
+    natsSubscription *batch_cancel_sub; /* <batch_events_prefix>.*.cancel (contract §20) */
+    ci_cancel_fn batch_cancel_fn;
+    void *batch_cancel_closure;
+    atomic_bool batch_cancel_done;
     atomic_uint_fast64_t reconnects;
     atomic_uint_fast64_t disconnects;
     atomic_bool closed_cb_done; /* nats.c has run its last callback on this broker */
@@ -59,12 +64,23 @@ struct ci_broker {
 
 struct ci_puller {
     struct ci_broker *b;
-    natsSubscription *sub;
+    char stream[SUBJECT_MAX], consumer[SUBJECT_MAX], subject[SUBJECT_MAX];
+    natsSubscription *sub; /* the long polls'; NULL until the first (the batch lane's) */
     int64_t empty_ms; /* when its queue was last seen empty (monotonic) */
+    /* Pulls that do not wait (ci_puller_fetch_nowait): sent by hand on the
+     * consumer's next-message subject, answered on an inbox of their own,
+     * "_INBOX.<nuid>.nowait" (the long polls' inbox is "_INBOX.<nuid>"). */
+    char next_subject[SUBJECT_MAX];
+    natsSubscription *nowait_sub; /* NULL until first used, or after an answer was lost */
+    char nowait_inbox[SUBJECT_MAX];
 };
 
 struct ci_delivery {
     natsMsg *msg;
+    /* Came on a core subscription (a pull that does not wait): nats.c's
+     * natsMsg_Ack() needs a JetStream subscription, so acks are published
+     * by hand on the message's reply subject. */
+    natsConnection *core_nc;
     uint64_t seq; /* in the tasks stream; 0 when unknown */
     uint32_t attempt;
     uint32_t max_deliver;
@@ -262,13 +278,17 @@ static ci_status ensure_stream(struct ci_broker *b, jsStreamConfig *sc, struct c
     return CI_OK;
 }
 
-static ci_status ensure_consumer(struct ci_broker *b, struct ci_error *err)
+/* A work queue's durable pull consumer, made by setup and shared by every
+ * worker (contract §4): ci-workers on the tasks stream, and with the same
+ * settings ci-workers-batch on the batch stream (§21). */
+static ci_status ensure_consumer_on(struct ci_broker *b, const char *stream, const char *durable,
+                                    const char *description, struct ci_error *err)
 {
     const struct ci_config *c = b->cfg;
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
-    cc.Durable = c->jetstream.consumer;
-    cc.Description = "ci-worker task queue";
+    cc.Durable = durable;
+    cc.Description = description;
     cc.AckPolicy = js_AckExplicit;
     cc.DeliverPolicy = js_DeliverAll;
     cc.AckWait = (int64_t)c->jetstream.ack_wait_s * NS_PER_S;
@@ -277,16 +297,26 @@ static ci_status ensure_consumer(struct ci_broker *b, struct ci_error *err)
     cc.MaxWaiting = 4096;
     jsErrCode jerr = 0;
     CI_CLEANUP(jsConsumerInfo_Destroy) jsConsumerInfo *ci = NULL;
-    natsStatus s = js_AddConsumer(&ci, b->js, c->jetstream.tasks_stream, &cc, NULL, &jerr);
+    natsStatus s = js_AddConsumer(&ci, b->js, stream, &cc, NULL, &jerr);
     if (s == NATS_OK)
         return CI_OK;
     /* Exists with other settings (an older worker's): bring it in line. */
     jerr = 0;
-    s = js_UpdateConsumer(&ci, b->js, c->jetstream.tasks_stream, &cc, NULL, &jerr);
+    s = js_UpdateConsumer(&ci, b->js, stream, &cc, NULL, &jerr);
     if (s != NATS_OK)
-        return ci_nats_fail(err, s, jerr, "cannot create consumer %s on %s", cc.Durable,
-                            c->jetstream.tasks_stream);
+        return ci_nats_fail(err, s, jerr, "cannot create consumer %s on %s", cc.Durable, stream);
     return CI_OK;
+}
+
+static ci_status ensure_consumer(struct ci_broker *b, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    ci_status r = ensure_consumer_on(b, c->jetstream.tasks_stream, c->jetstream.consumer,
+                                     "ci-worker task queue", err);
+    if (!r)
+        r = ensure_consumer_on(b, c->jetstream.batch_stream, c->jetstream.batch_consumer,
+                               "ci-worker batch lane", err);
+    return r;
 }
 
 /* A bucket of ours (results, sessions): one revision per key, kept for
@@ -383,12 +413,14 @@ static ci_status ensure_runtimes_kv(struct ci_broker *b, bool create, struct ci_
 }
 
 /* The streams of docs/contract.md, as data: what differs between them. All
- * keep messages for max_age_s on the configured storage and replicas. */
+ * keep messages for jetstream.max_age_s (the batch streams for
+ * batches.max_age_s) on the configured storage and replicas. */
 struct stream_def {
     const char *name;
     const char *description;
     const char *subjects[2]; /* the second may be NULL */
     jsRetentionPolicy retention;
+    uint32_t max_age_s;         /* 0: jetstream.max_age_s */
     int64_t duplicate_window_s; /* 0: the server's default */
     bool max_payload;           /* no message larger than the server's max_payload */
     bool allow_direct; /* direct gets (ci_broker_cancel_requested, _session_first_seq) */
@@ -407,7 +439,7 @@ static ci_status ensure_def(struct ci_broker *b, const struct stream_def *d, str
     sc.SubjectsLen = d->subjects[1] ? 2 : 1;
     sc.Retention = d->retention;
     sc.Storage = c->jetstream.file_storage ? js_FileStorage : js_MemoryStorage;
-    sc.MaxAge = (int64_t)c->jetstream.max_age_s * NS_PER_S;
+    sc.MaxAge = (int64_t)(d->max_age_s ? d->max_age_s : c->jetstream.max_age_s) * NS_PER_S;
     sc.Duplicates = d->duplicate_window_s * NS_PER_S;
     if (d->max_payload)
         sc.MaxMsgSize = (int32_t)natsConnection_GetMaxPayload(b->nc);
@@ -427,11 +459,15 @@ static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
 {
     const struct ci_config *c = b->cfg;
     char status_subj[SUBJECT_MAX], cancel_subj[SUBJECT_MAX], session_subj[SUBJECT_MAX];
+    char batch_subj[SUBJECT_MAX], batch_events_subj[SUBJECT_MAX];
     /* A session's tasks (contract §16): an older worker's CI_TASKS with
      * the plain subject only is updated in place (ensure_stream). */
     snprintf(session_subj, sizeof(session_subj), "%s.*", c->jetstream.submit_subject);
     snprintf(status_subj, sizeof(status_subj), "%s.>", c->jetstream.status_prefix);
     snprintf(cancel_subj, sizeof(cancel_subj), "%s.>", c->jetstream.cancel_prefix);
+    snprintf(batch_subj, sizeof(batch_subj), "%s.*", c->jetstream.batch_subject);
+    snprintf(batch_events_subj, sizeof(batch_events_subj), "%s.>",
+             c->jetstream.batch_events_prefix);
     const struct stream_def streams[] = {
         {
             .name = c->jetstream.tasks_stream,
@@ -453,6 +489,30 @@ static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
             .description = "ci: cancel requests",
             .subjects = {cancel_subj},
             .retention = js_LimitsPolicy,
+            .allow_direct = true,
+        },
+        /* The batch lane (contract §21): a WorkQueue as CI_TASKS, kept
+         * longer, with a window as long as a batch is resubmitted. */
+        {
+            .name = c->jetstream.batch_stream,
+            .description = "ci: batch tasks",
+            .subjects = {batch_subj},
+            .retention = js_WorkQueuePolicy,
+            .max_age_s = c->batches.max_age_s,
+            .duplicate_window_s = c->batches.duplicate_window_s,
+            .max_payload = true,
+            .allow_direct = true,
+        },
+        /* A batch's events (§20): one message per task and event within
+         * the window, so that a subject's message count is a task count;
+         * direct gets read the seal and a cancel. */
+        {
+            .name = c->jetstream.batch_events_stream,
+            .description = "ci: batch events",
+            .subjects = {batch_events_subj},
+            .retention = js_LimitsPolicy,
+            .max_age_s = c->batches.max_age_s,
+            .duplicate_window_s = c->batches.duplicate_window_s,
             .allow_direct = true,
         },
     };
@@ -556,8 +616,8 @@ static void set_problem(struct ci_broker *b, const char *why)
 }
 
 /* After a failure that may mean one of our streams is gone (an operator
- * deleted CI_STATUS, CI_CANCEL, CI_TASKS, the results or the sessions bucket): a worker's
- * broker makes whatever is missing again with the configured settings (the
+ * deleted CI_STATUS, CI_CANCEL, CI_TASKS, CI_BATCH, CI_BATCHES, the results
+ * or the sessions bucket): a worker's broker makes whatever is missing again with the configured settings (the
  * streams, the consumer, the bucket), so that the caller can try once more
  * and the task in hand still ends. True when something was made again.
  * When that is not allowed (a client, or credentials that may not create
@@ -579,7 +639,9 @@ static bool recover(struct ci_broker *b, bool maybe_gone)
     }
     bool streams = stream_missing(b, c->jetstream.tasks_stream) ||
                    stream_missing(b, c->jetstream.status_stream) ||
-                   stream_missing(b, c->jetstream.cancel_stream);
+                   stream_missing(b, c->jetstream.cancel_stream) ||
+                   stream_missing(b, c->jetstream.batch_stream) ||
+                   stream_missing(b, c->jetstream.batch_events_stream);
     /* Live output's stream on its own: it never makes the worker unready. */
     bool output = c->jetstream.live_output &&
                   (!atomic_load(&b->output_ok) || stream_missing(b, c->jetstream.output_stream));
@@ -647,21 +709,29 @@ uint64_t ci_broker_recreated(const struct ci_broker *b)
     return atomic_load(&((struct ci_broker *)b)->recreated);
 }
 
+/* Unsubscribes sub and waits (at most 2 s) until its handler has returned
+ * for good (done, set by its on-complete callback). */
+static void stop_handler(natsSubscription *sub, atomic_bool *done)
+{
+    if (!sub)
+        return;
+    natsSubscription_Unsubscribe(sub);
+    for (int i = 0; i < 200 && !atomic_load(done); i++) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    natsSubscription_Destroy(sub);
+}
+
 void ci_broker_free(struct ci_broker *b)
 {
     if (!b)
         return;
-    if (b->cancel_sub) {
-        /* The cancel handler runs on a NATS thread and uses what the
-         * caller frees next (slots, provider): wait until the library says
-         * it has returned for good (at most 2 s). */
-        natsSubscription_Unsubscribe(b->cancel_sub);
-        for (int i = 0; i < 200 && !atomic_load(&b->cancel_done); i++) {
-            struct timespec ts = {0, 10 * 1000000L};
-            nanosleep(&ts, NULL);
-        }
-        natsSubscription_Destroy(b->cancel_sub);
-    }
+    /* The cancel handlers run on a NATS thread and use what the caller
+     * frees next (slots, provider): wait until the library says each has
+     * returned for good (at most 2 s). */
+    stop_handler(b->cancel_sub, &b->cancel_done);
+    stop_handler(b->batch_cancel_sub, &b->batch_cancel_done);
     ci_objstore_free(b->os);
     kvStore_Destroy(b->workers_kv);
     kvStore_Destroy(b->sessions_kv);
@@ -717,34 +787,102 @@ bool ci_broker_closed(const struct ci_broker *b)
 
 /* --- work queue --- */
 
-ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err)
+/* Where a pull request for a consumer goes: <prefix><stream>.<consumer>
+ * (the JetStream API of the connection's account, without a domain). */
+#define NEXT_PREFIX "$JS.API.CONSUMER.MSG.NEXT."
+
+/* The subscription of the long polls, bound to a durable that setup
+ * created (a consumer made implicitly here would be deleted when this
+ * subscription goes away). */
+static ci_status puller_bind(struct ci_puller *p, struct ci_error *err)
+{
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = p->stream;
+    so.Consumer = p->consumer;
+    jsErrCode jerr = 0;
+    natsStatus s = js_PullSubscribe(&p->sub, p->b->js, p->subject, p->consumer, NULL, &so, &jerr);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot bind to consumer %s on %s", p->consumer,
+                            p->stream);
+    p->empty_ms = ci_mono_ms();
+    return CI_OK;
+}
+
+/* A puller on consumer of stream; bound now (a subscription for long
+ * polls) or only checked to exist (a lane asked only with pulls that do
+ * not wait: no subscription a stray pull request could fill). */
+static ci_status puller_open(struct ci_broker *b, const char *stream, const char *consumer,
+                             const char *subject, bool bind, struct ci_puller **ret,
+                             struct ci_error *err)
 {
     CI_AUTOFREE struct ci_puller *p = calloc(1, sizeof(*p));
     if (!p)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     p->b = b;
-    jsSubOptions so;
-    jsSubOptions_Init(&so);
-    /* Bind to the durable that setup created: a consumer made implicitly
-     * here would be deleted when this subscription goes away. */
-    so.Stream = b->cfg->jetstream.tasks_stream;
-    so.Consumer = b->cfg->jetstream.consumer;
-    jsErrCode jerr = 0;
-    natsStatus s = js_PullSubscribe(&p->sub, b->js, b->cfg->jetstream.submit_subject,
-                                    b->cfg->jetstream.consumer, NULL, &so, &jerr);
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, jerr, "cannot bind to the task consumer");
-    p->empty_ms = ci_mono_ms();
+    snprintf(p->stream, sizeof(p->stream), "%s", stream);
+    snprintf(p->consumer, sizeof(p->consumer), "%s", consumer);
+    snprintf(p->subject, sizeof(p->subject), "%s", subject);
+    int k = snprintf(p->next_subject, sizeof(p->next_subject), NEXT_PREFIX "%s.%s", stream,
+                     consumer);
+    if (k < 0 || (size_t)k >= sizeof(p->next_subject))
+        return ci_error_set(err, CI_ERR_INVALID, "consumer name too long");
+    if (bind) {
+        ci_status r = puller_bind(p, err);
+        if (r)
+            return r;
+    } else {
+        CI_CLEANUP(jsConsumerInfo_Destroy) jsConsumerInfo *ci = NULL;
+        jsErrCode jerr = 0;
+        natsStatus s = js_GetConsumerInfo(&ci, b->js, stream, consumer, NULL, &jerr);
+        if (s != NATS_OK)
+            return ci_nats_fail(err, s, jerr, "cannot find consumer %s on %s", consumer, stream);
+    }
     *ret = CI_STEAL(&p);
     return CI_OK;
+}
+
+ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    return puller_open(b, c->jetstream.tasks_stream, c->jetstream.consumer,
+                       c->jetstream.submit_subject, true, ret, err);
+}
+
+ci_status ci_puller_new_batch(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err)
+{
+    const struct ci_config *c = b->cfg;
+    char subject[SUBJECT_MAX];
+    snprintf(subject, sizeof(subject), "%s.*", c->jetstream.batch_subject);
+    return puller_open(b, c->jetstream.batch_stream, c->jetstream.batch_consumer, subject, false,
+                       ret, err);
+}
+
+const char *ci_puller_inbox(const struct ci_puller *p)
+{
+    return p->sub ? natsSubscription_GetSubject(p->sub) : NULL;
+}
+
+/* Drops the inbox of pulls that do not wait: an answer that comes after
+ * its pull gave up on it finds no subscription, and a message in it goes
+ * back to the stream after the ack wait, never to a slot that is busy. */
+static void nowait_drop(struct ci_puller *p)
+{
+    if (p->nowait_sub) {
+        natsSubscription_Unsubscribe(p->nowait_sub);
+        natsSubscription_Destroy(p->nowait_sub);
+    }
+    p->nowait_sub = NULL;
 }
 
 void ci_puller_free(struct ci_puller *p)
 {
     if (!p)
         return;
-    /* Destroy only: Unsubscribe or Drain could delete the shared durable. */
+    /* Destroy only: Unsubscribe or Drain could delete the shared durable
+     * (the inbox of nowait pulls is ours alone). */
     natsSubscription_Destroy(p->sub);
+    nowait_drop(p);
     free(p);
 }
 
@@ -759,6 +897,30 @@ static int queue_len(natsSubscription *sub, int *ret_bytes)
     return msgs;
 }
 
+/* A delivery of msg, taken by the puller; core_nc for one that came on a
+ * core subscription. NULL when out of memory (msg is destroyed). */
+static struct ci_delivery *delivery_new(struct ci_puller *p, natsMsg *msg, natsConnection *core_nc)
+{
+    struct ci_delivery *d = calloc(1, sizeof(*d));
+    if (!d) {
+        natsMsg_Destroy(msg);
+        return NULL;
+    }
+    d->msg = msg;
+    d->core_nc = core_nc;
+    d->queued_ms = -1;
+    d->max_deliver = p->b->cfg->jetstream.max_deliver;
+    CI_CLEANUP(jsMsgMetaData_Destroy) jsMsgMetaData *md = NULL;
+    if (natsMsg_GetMetaData(&md, d->msg) == NATS_OK) {
+        d->attempt = (uint32_t)md->NumDelivered;
+        d->published_ms = md->Timestamp / NS_PER_MS;
+        d->seq = md->Sequence.Stream;
+    } else {
+        d->attempt = 1;
+    }
+    return d;
+}
+
 /* Why the queue: nats.c 3.4.1 sends every Fetch's pull request with the
  * subscription's one inbox as reply subject, and a request can outlive its
  * Fetch on the server: the server got it a little late and the Fetch timed
@@ -770,6 +932,11 @@ static int queue_len(natsSubscription *sub, int *ret_bytes)
 ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_delivery **ret,
                           struct ci_error *err)
 {
+    if (!p->sub) {
+        ci_status r = puller_bind(p, err);
+        if (r)
+            return r;
+    }
     CI_CLEANUP(natsMsgList_Destroy) natsMsgList list = {0};
     jsErrCode jerr = 0;
     int queued_bytes = 0;
@@ -802,10 +969,10 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
         return CI_ERR_TIMEOUT;
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "fetch from the task queue");
-    struct ci_delivery *d = calloc(1, sizeof(*d));
+    /* The list keeps Count; it skips a NULL. */
+    struct ci_delivery *d = delivery_new(p, CI_STEAL(&list.Msgs[0]), NULL);
     if (!d)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-    d->msg = CI_STEAL(&list.Msgs[0]); /* the list keeps Count; it skips a NULL */
     /* Fetch takes what is queued before it asks the server, so a message
      * came from the queue if one was there, unless the queue held only
      * status messages (a late 408 of a request that expired while the slot
@@ -813,18 +980,81 @@ ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_deliver
      * counts header and data bytes, a status message has no data: with
      * fewer bytes queued than this message's data, it cannot have been
      * queued. A smaller message after a 408 still passes for queued. */
-    d->queued_ms = -1;
     if (queued > 0 && queued_bytes >= natsMsg_GetDataLength(d->msg))
         d->queued_ms = now - since;
-    d->max_deliver = p->b->cfg->jetstream.max_deliver;
-    CI_CLEANUP(jsMsgMetaData_Destroy) jsMsgMetaData *md = NULL;
-    if (natsMsg_GetMetaData(&md, d->msg) == NATS_OK) {
-        d->attempt = (uint32_t)md->NumDelivered;
-        d->published_ms = md->Timestamp / NS_PER_MS;
-        d->seq = md->Sequence.Stream;
-    } else {
-        d->attempt = 1;
+    *ret = d;
+    return CI_OK;
+}
+
+/* The answer to a pull that does not wait comes at once (the message, or
+ * a 404 or 408 status); this is for a server that does not answer. */
+#define NOWAIT_ANSWER_MS 2000
+/* A fetch for what already waits in the long polls' queue. */
+#define QUEUED_FETCH_MS 50
+
+/* Why by hand: nats.c 3.4.1 sends no_wait only with an expiry, and then
+ * nats-server 2.9.10 waits for that expiry on an empty consumer (it answers
+ * 404 at once only to a no_wait request without one), while the client's
+ * own wait is 0 ms without one: a pull that does not wait cannot be made
+ * with natsSubscription_FetchRequest. A request {"batch":1,"no_wait":true}
+ * on the consumer's next-message subject gets one answer: a message, or
+ * 404 (none) or 408 (other pulls wait for what there is). */
+ci_status ci_puller_fetch_nowait(struct ci_puller *p, struct ci_delivery **ret,
+                                 struct ci_error *err)
+{
+    /* A message that a long poll's request brought after its fetch gave up
+     * waits in that subscription's queue, its ack timer running (see
+     * ci_puller_fetch): it goes first, as it would at the next long poll,
+     * which may not come for long while the other lane keeps the slot
+     * busy. Fetch takes what is queued without asking the server; a queue
+     * of late 408s alone costs a short wait. */
+    int queued_bytes = 0;
+    if (p->sub && queue_len(p->sub, &queued_bytes) > 0)
+        return ci_puller_fetch(p, QUEUED_FETCH_MS, ret, err);
+    natsConnection *nc = p->b->nc;
+    natsStatus s = NATS_OK;
+    int pending = 0, ignored = 0;
+    if (p->nowait_sub &&
+        natsSubscription_GetPending(p->nowait_sub, &pending, &ignored) == NATS_OK && pending > 0)
+        nowait_drop(p); /* not ours to take: an answer nobody waited for */
+    if (!p->nowait_sub) {
+        natsInbox *inbox = NULL;
+        s = natsInbox_Create(&inbox);
+        if (s == NATS_OK)
+            snprintf(p->nowait_inbox, sizeof(p->nowait_inbox), "%s.nowait", inbox);
+        natsInbox_Destroy(inbox);
+        if (s == NATS_OK)
+            s = natsConnection_SubscribeSync(&p->nowait_sub, nc, p->nowait_inbox);
+        if (s != NATS_OK) {
+            nowait_drop(p);
+            return ci_nats_fail(err, s, 0, "cannot subscribe to an inbox for pulls");
+        }
     }
+    s = natsConnection_PublishRequestString(nc, p->next_subject, p->nowait_inbox,
+                                            "{\"batch\":1,\"no_wait\":true}");
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+    if (s == NATS_OK)
+        s = natsSubscription_NextMsg(&m, p->nowait_sub, NOWAIT_ANSWER_MS);
+    if (s != NATS_OK) {
+        nowait_drop(p);
+        return ci_nats_fail(err, s, 0, "pull from %s", p->next_subject + strlen(NEXT_PREFIX));
+    }
+    const char *status = NULL;
+    if (natsMsg_GetDataLength(m) == 0 && natsMsgHeader_Get(m, "Status", &status) == NATS_OK &&
+        status) {
+        if (strcmp(status, "404") == 0 || strcmp(status, "408") == 0)
+            return CI_ERR_TIMEOUT; /* none for this pull */
+        const char *why = NULL;
+        if (natsMsgHeader_Get(m, "Description", &why) != NATS_OK || !why)
+            why = "";
+        /* 503: nobody answers on the subject (the consumer is gone, or
+         * its leader is being elected); 409 and others: the server's. */
+        return ci_error_set(err, CI_ERR_NATS, "pull from %s: status %s %s",
+                            p->next_subject + strlen(NEXT_PREFIX), status, why);
+    }
+    struct ci_delivery *d = delivery_new(p, CI_STEAL(&m), nc);
+    if (!d)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     *ret = d;
     return CI_OK;
 }
@@ -876,15 +1106,36 @@ static ci_status ack_result(natsStatus s)
     return CI_ERR_NATS;
 }
 
-ci_status ci_delivery_ack(struct ci_delivery *d) { return ack_result(natsMsg_Ack(d->msg, NULL)); }
-ci_status ci_delivery_term(struct ci_delivery *d) { return ack_result(natsMsg_Term(d->msg, NULL)); }
+/* An ack of a core delivery: what natsMsg_Ack and its kin publish. */
+static ci_status core_ack(struct ci_delivery *d, const char *body)
+{
+    const char *reply = natsMsg_GetReply(d->msg);
+    if (!reply || !reply[0])
+        return CI_ERR_NATS;
+    return ack_result(natsConnection_PublishString(d->core_nc, reply, body));
+}
+
+ci_status ci_delivery_ack(struct ci_delivery *d)
+{
+    return d->core_nc ? core_ack(d, "+ACK") : ack_result(natsMsg_Ack(d->msg, NULL));
+}
+ci_status ci_delivery_term(struct ci_delivery *d)
+{
+    return d->core_nc ? core_ack(d, "+TERM") : ack_result(natsMsg_Term(d->msg, NULL));
+}
 ci_status ci_delivery_in_progress(struct ci_delivery *d)
 {
-    return ack_result(natsMsg_InProgress(d->msg, NULL));
+    return d->core_nc ? core_ack(d, "+WPI") : ack_result(natsMsg_InProgress(d->msg, NULL));
 }
 ci_status ci_delivery_nak(struct ci_delivery *d, int64_t delay_ms)
 {
-    return ack_result(natsMsg_NakWithDelay(d->msg, delay_ms, NULL));
+    if (!d->core_nc)
+        return ack_result(natsMsg_NakWithDelay(d->msg, delay_ms, NULL));
+    if (delay_ms <= 0)
+        return core_ack(d, "-NAK");
+    char body[64];
+    snprintf(body, sizeof(body), "-NAK {\"delay\":%" PRId64 "}", (int64_t)(delay_ms * NS_PER_MS));
+    return core_ack(d, body);
 }
 
 void ci_delivery_free(struct ci_delivery *d)
@@ -1136,20 +1387,20 @@ ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closur
 
 /* --- the fleet --- */
 
-ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
-                                struct ci_error *err)
+/* A lane as the server sees it: its stream's messages and its consumer's
+ * counts. */
+static ci_status lane_stats(struct ci_broker *b, const char *stream, const char *consumer,
+                            struct ci_queue_stats *ret, struct ci_error *err)
 {
-    const struct ci_config *c = b->cfg;
     jsErrCode jerr = 0;
     CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
-    natsStatus s = js_GetStreamInfo(&si, b->js, c->jetstream.tasks_stream, NULL, &jerr);
+    natsStatus s = js_GetStreamInfo(&si, b->js, stream, NULL, &jerr);
     if (s != NATS_OK)
-        return ci_nats_fail(err, s, jerr, "cannot read the task stream's state");
+        return ci_nats_fail(err, s, jerr, "cannot read the state of stream %s", stream);
     CI_CLEANUP(jsConsumerInfo_Destroy) jsConsumerInfo *ci = NULL;
-    s = js_GetConsumerInfo(&ci, b->js, c->jetstream.tasks_stream, c->jetstream.consumer, NULL,
-                           &jerr);
+    s = js_GetConsumerInfo(&ci, b->js, stream, consumer, NULL, &jerr);
     if (s != NATS_OK)
-        return ci_nats_fail(err, s, jerr, "cannot read the task consumer's state");
+        return ci_nats_fail(err, s, jerr, "cannot read the state of consumer %s", consumer);
     struct ci_queue_stats q = {
         .stream_msgs = si->State.Msgs,
         .pending = ci->NumPending,
@@ -1159,6 +1410,19 @@ ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
     };
     *ret = q;
     return CI_OK;
+}
+
+ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
+                                struct ci_error *err)
+{
+    return lane_stats(b, b->cfg->jetstream.tasks_stream, b->cfg->jetstream.consumer, ret, err);
+}
+
+ci_status ci_broker_batch_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
+                                      struct ci_error *err)
+{
+    return lane_stats(b, b->cfg->jetstream.batch_stream, b->cfg->jetstream.batch_consumer, ret,
+                      err);
 }
 
 ci_status ci_broker_workers_open(struct ci_broker *b, bool create, uint32_t ttl_s,
@@ -1577,6 +1841,225 @@ ci_status ci_broker_runtimes_list(struct ci_broker *b, size_t max, ci_worker_ent
     return kv_list(kv, max, fn, closure, "the runtimes", err);
 }
 
+/* --- batches (docs/contract.md §20) --- */
+
+/* A batch id is a subject token, as a session id (contract §20). */
+static bool batch_id_ok(const char *id) { return session_id_ok(id); }
+
+/* <batch_events_prefix>.<batch_id>.<event> (event "*" for all of them). */
+static ci_status batch_event_subject(struct ci_broker *b, const char *batch_id, const char *event,
+                                     char *out, size_t n, struct ci_error *err)
+{
+    if (!batch_id_ok(batch_id))
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "batch id '%.80s' is not 1 to 64 of A-Z a-z 0-9 _ -",
+                            batch_id ? batch_id : "");
+    int k = snprintf(out, n, "%s.%s.%s", b->cfg->jetstream.batch_events_prefix, batch_id, event);
+    if (k < 0 || (size_t)k >= n)
+        return ci_error_set(err, CI_ERR_INVALID, "batch event subject too long");
+    return CI_OK;
+}
+
+ci_status ci_broker_batch_publish(struct ci_broker *b, const char *batch_id, const char *event,
+                                  const char *msg_id, const char *content_type, const void *data,
+                                  size_t len, bool *ret_duplicate, struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    ci_status r = batch_event_subject(b, batch_id, event, subj, sizeof(subj), err);
+    if (r)
+        return r;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, subj, NULL, data, (int)len);
+    if (s == NATS_OK && msg_id)
+        s = natsMsgHeader_Set(m, "Nats-Msg-Id", msg_id);
+    if (s == NATS_OK && content_type)
+        s = natsMsgHeader_Set(m, "Content-Type", content_type);
+    jsErrCode jerr = 0;
+    CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
+    if (s == NATS_OK)
+        s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
+    if (s != NATS_OK && recover(b, ci_nats_gone(s, jerr))) {
+        jerr = 0;
+        jsPubAck_Destroy(pa);
+        pa = NULL;
+        s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
+    }
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot publish the %s event of batch '%s'", event,
+                            batch_id);
+    if (ret_duplicate)
+        *ret_duplicate = pa && pa->Duplicate;
+    return CI_OK;
+}
+
+/* The message count of every subject of the stream under filter, through
+ * fn. A stream info with subjects_filter (nats-server 2.9 answers it with
+ * state.subjects: subject -> count). */
+static ci_status subject_counts(struct ci_broker *b, const char *stream, const char *filter,
+                                void (*fn)(void *closure, const char *subject, uint64_t n),
+                                void *closure, struct ci_error *err)
+{
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Stream.Info.SubjectsFilter = filter;
+    CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetStreamInfo(&si, b->js, stream, &o, &jerr);
+    if (s != NATS_OK && recover(b, ci_nats_gone(s, jerr) || s == NATS_NOT_FOUND)) {
+        jerr = 0;
+        s = js_GetStreamInfo(&si, b->js, stream, &o, &jerr);
+    }
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot read the subjects of stream %s", stream);
+    const jsStreamStateSubjects *list = si->State.Subjects;
+    for (int i = 0; list && i < list->Count; i++)
+        fn(closure, list->List[i].Subject, list->List[i].Msgs);
+    return CI_OK;
+}
+
+struct counts_ctx {
+    size_t prefix_len; /* of "<prefix>.<batch_id>." */
+    struct ci_batch_counts *c;
+};
+
+static void count_event(void *closure, const char *subject, uint64_t n)
+{
+    struct counts_ctx *x = closure;
+    if (strlen(subject) <= x->prefix_len)
+        return;
+    const char *ev = subject + x->prefix_len;
+    struct ci_batch_counts *c = x->c;
+    uint64_t *slot = strcmp(ev, "taken") == 0       ? &c->taken
+                     : strcmp(ev, "succeeded") == 0 ? &c->succeeded
+                     : strcmp(ev, "failed") == 0    ? &c->failed
+                     : strcmp(ev, "timed_out") == 0 ? &c->timed_out
+                     : strcmp(ev, "cancelled") == 0 ? &c->cancelled
+                     : strcmp(ev, "sealed") == 0    ? &c->sealed
+                     : strcmp(ev, "complete") == 0  ? &c->complete
+                     : strcmp(ev, "cancel") == 0    ? &c->cancel
+                                                    : NULL;
+    if (slot)
+        *slot = n;
+}
+
+ci_status ci_broker_batch_counts(struct ci_broker *b, const char *batch_id,
+                                 struct ci_batch_counts *ret, struct ci_error *err)
+{
+    char filter[SUBJECT_MAX];
+    ci_status r = batch_event_subject(b, batch_id, "*", filter, sizeof(filter), err);
+    if (r)
+        return r;
+    struct ci_batch_counts c;
+    memset(&c, 0, sizeof(c));
+    struct counts_ctx x = {.prefix_len = strlen(filter) - 1, .c = &c};
+    r = subject_counts(b, b->cfg->jetstream.batch_events_stream, filter, count_event, &x, err);
+    if (r)
+        return r;
+    *ret = c;
+    return CI_OK;
+}
+
+static void count_one(void *closure, const char *subject, uint64_t n)
+{
+    *(uint64_t *)closure += n;
+}
+
+ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint64_t *ret,
+                                 struct ci_error *err)
+{
+    if (!batch_id_ok(batch_id))
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "batch id '%.80s' is not 1 to 64 of A-Z a-z 0-9 _ -",
+                            batch_id ? batch_id : "");
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.batch_subject, batch_id);
+    uint64_t n = 0;
+    ci_status r = subject_counts(b, b->cfg->jetstream.batch_stream, subj, count_one, &n, err);
+    if (!r)
+        *ret = n;
+    return r;
+}
+
+/* A direct get may be answered by any replica: one that lags may not show
+ * a message yet. Callers read what can only be late, never wrong (a seal,
+ * a cancel). */
+ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
+                               uint8_t **ret_data, size_t *ret_len, struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    ci_status r = batch_event_subject(b, batch_id, event, subj, sizeof(subj), err);
+    if (r)
+        return r;
+    jsDirectGetMsgOptions o;
+    jsDirectGetMsgOptions_Init(&o);
+    o.LastBySubject = subj;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+    const char *stream = b->cfg->jetstream.batch_events_stream;
+    natsStatus s = js_DirectGetMsg(&m, b->js, stream, NULL, &o);
+    if (s == NATS_NOT_FOUND)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no %s event for batch '%s'", event, batch_id);
+    if (s == NATS_NO_RESPONDERS && recover(b, true))
+        return ci_error_set(err, CI_ERR_NOT_FOUND,
+                            "no %s event for batch '%s' (stream %s had been deleted)", event,
+                            batch_id, stream);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot read the %s event of batch '%s'", event, batch_id);
+    int n = natsMsg_GetDataLength(m);
+    uint8_t *copy = malloc(n > 0 ? (size_t)n + 1 : 1);
+    if (!copy)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    if (n > 0)
+        memcpy(copy, natsMsg_GetData(m), (size_t)n);
+    copy[n > 0 ? n : 0] = '\0';
+    *ret_data = copy;
+    *ret_len = n > 0 ? (size_t)n : 0;
+    return CI_OK;
+}
+
+static void on_batch_cancel_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
+                                void *closure)
+{
+    struct ci_broker *b = closure;
+    const char *subj = natsMsg_GetSubject(msg);
+    const char *prefix = b->cfg->jetstream.batch_events_prefix;
+    size_t plen = strlen(prefix);
+    /* <prefix>.<batch_id>.cancel */
+    if (strncmp(subj, prefix, plen) == 0 && subj[plen] == '.') {
+        const char *id = subj + plen + 1;
+        const char *dot = strchr(id, '.');
+        char batch_id[65];
+        if (dot && strcmp(dot, ".cancel") == 0 && dot - id > 0 && dot - id < 65) {
+            snprintf(batch_id, sizeof(batch_id), "%.*s", (int)(dot - id), id);
+            if (batch_id_ok(batch_id))
+                b->batch_cancel_fn(batch_id, b->batch_cancel_closure);
+        }
+    }
+    natsMsg_Destroy(msg);
+}
+
+static void on_batch_cancel_done(void *closure)
+{
+    struct ci_broker *b = closure;
+    atomic_store(&b->batch_cancel_done, true);
+}
+
+ci_status ci_broker_on_batch_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,
+                                    struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.*.cancel", b->cfg->jetstream.batch_events_prefix);
+    b->batch_cancel_fn = fn;
+    b->batch_cancel_closure = closure;
+    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
+    natsStatus s = natsConnection_Subscribe(&sub, b->nc, subj, on_batch_cancel_msg, b);
+    if (s == NATS_OK)
+        s = natsSubscription_SetOnCompleteCB(sub, on_batch_cancel_done, b);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot subscribe to batch cancels");
+    b->batch_cancel_sub = CI_STEAL(&sub);
+    return CI_OK;
+}
+
 /* --- clients --- */
 
 static ci_status submit_on(struct ci_broker *b, const char *subject, const char *task_id,
@@ -1606,6 +2089,19 @@ ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char 
 {
     return submit_on(b, b->cfg->jetstream.submit_subject, task_id, content_type, data, len,
                      ret_duplicate, err);
+}
+
+ci_status ci_broker_submit_batch(struct ci_broker *b, const char *batch_id, const char *task_id,
+                                 const char *content_type, const void *data, size_t len,
+                                 bool *ret_duplicate, struct ci_error *err)
+{
+    if (!batch_id_ok(batch_id))
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "batch id '%.80s' is not 1 to 64 of A-Z a-z 0-9 _ -",
+                            batch_id ? batch_id : "");
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.batch_subject, batch_id);
+    return submit_on(b, subj, task_id, content_type, data, len, ret_duplicate, err);
 }
 
 ci_status ci_broker_submit_session(struct ci_broker *b, const char *session_id,

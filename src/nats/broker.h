@@ -75,12 +75,29 @@ bool ci_broker_closed(const struct ci_broker *b);
 
 /* --- the work queue (workers) --- */
 
+/* A puller on the interactive lane: consumer jetstream.consumer on the
+ * tasks stream. */
 ci_status ci_puller_new(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err);
+/* A puller on the batch lane (contract §21): jetstream.batch_consumer on
+ * jetstream.batch_stream, checked to exist. The lane is asked with pulls
+ * that do not wait; its subscription for long polls is made on the first
+ * ci_puller_fetch only, so that no stray pull request can fill a queue
+ * nobody reads. */
+ci_status ci_puller_new_batch(struct ci_broker *b, struct ci_puller **ret, struct ci_error *err);
 void ci_puller_free(struct ci_puller *p);
 /* Takes one task. CI_ERR_TIMEOUT when none came within timeout_ms. Not
  * thread-safe: one slot fetches from a puller. */
 ci_status ci_puller_fetch(struct ci_puller *p, int timeout_ms, struct ci_delivery **ret,
                           struct ci_error *err);
+/* Takes one task if one is there now, without waiting for one to come (a
+ * pull request with no_wait): CI_ERR_TIMEOUT when none is. Its delivery is
+ * never a queued one (ci_delivery_queued_ms -1). Not thread-safe, as
+ * ci_puller_fetch. */
+ci_status ci_puller_fetch_nowait(struct ci_puller *p, struct ci_delivery **ret,
+                                 struct ci_error *err);
+/* The reply subject of the puller's long polls, NULL before the first
+ * (tests: a pull request on its behalf). */
+const char *ci_puller_inbox(const struct ci_puller *p);
 
 const uint8_t *ci_delivery_data(const struct ci_delivery *d, size_t *ret_len);
 /* The header's first value, its name matched in any case, or NULL. */
@@ -176,6 +193,10 @@ struct ci_queue_stats {
 };
 ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
                                 struct ci_error *err);
+/* The same for the batch lane (contract §21): jetstream.batch_stream and
+ * its consumer. CI_ERR_NATS when no worker of this version made them. */
+ci_status ci_broker_batch_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
+                                      struct ci_error *err);
 
 /* Binds the heartbeat bucket (jetstream.workers_bucket); with create, first
  * creates it with a TTL of ttl_s (an entry not refreshed within it
@@ -219,6 +240,37 @@ ci_status ci_broker_session_put(struct ci_broker *b, const char *session_id, con
 ci_status ci_broker_sessions_list(struct ci_broker *b, size_t max, ci_worker_entry_fn fn,
                                   void *closure, struct ci_error *err);
 
+/* --- batches (docs/contract.md §20) --- */
+
+struct ci_batch_counts; /* core/batch.h */
+
+/* JetStream-publishes an event of a batch on
+ * <batch_events_prefix>.<batch_id>.<event>, with Nats-Msg-Id msg_id (NULL:
+ * none) and Content-Type (NULL: none): the stream keeps one message per
+ * id within batches.duplicate_window_s. One try (and one more when the
+ * stream was gone and is made again): callers that must have it stored
+ * try again. *ret_duplicate (may be NULL): the stream had the id. */
+ci_status ci_broker_batch_publish(struct ci_broker *b, const char *batch_id, const char *event,
+                                  const char *msg_id, const char *content_type, const void *data,
+                                  size_t len, bool *ret_duplicate, struct ci_error *err);
+/* The message count of each of the batch's event subjects: one stream info
+ * request with subjects_filter <batch_events_prefix>.<batch_id>.* . */
+ci_status ci_broker_batch_counts(struct ci_broker *b, const char *batch_id,
+                                 struct ci_batch_counts *ret, struct ci_error *err);
+/* The batch's tasks still in the batch stream (not yet acked: queued, or
+ * taken and running): messages on <batch_subject>.<batch_id>. */
+ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint64_t *ret,
+                                 struct ci_error *err);
+/* The body of the last message on <batch_events_prefix>.<batch_id>.<event>
+ * (a direct get; NUL-terminated copy, the caller's). CI_ERR_NOT_FOUND when
+ * there is none. A replica that lags may not show the newest yet. */
+ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
+                               uint8_t **ret_data, size_t *ret_len, struct ci_error *err);
+/* Calls fn (on a NATS thread) with the batch id of every message published
+ * on <batch_events_prefix>.*.cancel from now on. */
+ci_status ci_broker_on_batch_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,
+                                    struct ci_error *err);
+
 /* --- the runtime manifest (docs/contract.md §18) --- */
 
 /* Writes the manifest JSON of runtime (a worker at start and with its
@@ -246,6 +298,11 @@ ci_status ci_broker_submit_session(struct ci_broker *b, const char *session_id,
                                    const char *task_id, const char *content_type,
                                    const void *data, size_t len, bool *ret_duplicate,
                                    struct ci_error *err);
+
+/* The same for a task of batch_id: on <batch_subject>.<batch_id>. */
+ci_status ci_broker_submit_batch(struct ci_broker *b, const char *batch_id, const char *task_id,
+                                 const char *content_type, const void *data, size_t len,
+                                 bool *ret_duplicate, struct ci_error *err);
 
 struct ci_watch; /* every status event of one task, from the first */
 ci_status ci_watch_new(struct ci_broker *b, const char *task_id, struct ci_watch **ret,

@@ -21,6 +21,7 @@
 #include "provider/registry.h"
 #include "core/request.h"
 #include "sandbox/sandbox.h"
+#include "worker/lanes.h"
 #include "worker/manifest.h"
 #include "worker/task.h"
 #include "worker/waitroom.h"
@@ -190,17 +191,53 @@ static void run_task(struct worker *w, struct ci_slot *slot, struct ci_delivery 
         atomic_fetch_add(&w->tasks_done, 1);
 }
 
-/* A slot takes a ready session task before it fetches. After SIGTERM it
- * fetches no more; the room gives back what it holds (ci_waitroom_drain)
- * but tasks on their last attempt, which the slots still run when their
- * turn comes, within the drain. */
+/* Asks one lane as the lanes policy says: a long poll (shorter while
+ * session tasks wait in the room, so that one whose turn came does not
+ * wait for it), or a pull that does not wait. CI_ERR_TIMEOUT: none. */
+static ci_status ask_lane(struct worker *w, struct ci_puller *p, const struct ci_lane_ask *a,
+                          struct ci_delivery **ret, struct ci_error *e)
+{
+    if (!a->wait)
+        return ci_puller_fetch_nowait(p, ret, e);
+    int wait_ms = ci_waitroom_count(w->room) ? ROOM_FETCH_WAIT_MS : FETCH_WAIT_MS;
+    return ci_puller_fetch(p, wait_ms, ret, e);
+}
+
+/* One round of asks (worker/lanes.h): the first task a lane gives, its
+ * lane in *ret_lane; CI_ERR_TIMEOUT when neither had one; an error of the
+ * lane that failed (the round stops there). */
+static ci_status take_task(struct worker *w, struct ci_puller *const pullers[2],
+                           struct ci_lanes *lanes, struct ci_delivery **ret,
+                           enum ci_lane *ret_lane, struct ci_error *e)
+{
+    struct ci_lane_ask asks[2];
+    size_t n = ci_lanes_plan(lanes, asks);
+    ci_status s = CI_ERR_TIMEOUT;
+    for (size_t i = 0; i < n && !g_stop; i++) {
+        s = ask_lane(w, pullers[asks[i].lane], &asks[i], ret, e);
+        ci_lanes_took(lanes, asks[i].lane, s == CI_OK);
+        *ret_lane = asks[i].lane;
+        if (s != CI_ERR_TIMEOUT)
+            break;
+    }
+    return s;
+}
+
+/* A slot takes a ready session task before it fetches; then a task from
+ * the interactive lane or the batch lane, as worker/lanes.h decides (a
+ * pull on each, apart). After SIGTERM it fetches no more; the room gives
+ * back what it holds (ci_waitroom_drain) but tasks on their last attempt,
+ * which the slots still run when their turn comes, within the drain. */
 static void *slot_main(void *p)
 {
     struct slot_arg *a = p;
     struct worker *w = a->w;
-    struct ci_puller *puller = NULL;
+    struct ci_puller *pullers[2] = {NULL, NULL}; /* by enum ci_lane */
+    struct ci_lanes lanes;
+    ci_lanes_init(&lanes, w->env.cfg->worker.batch_every);
     struct ci_error e = {{0}};
-    if (ci_puller_new(w->env.broker, &puller, &e)) {
+    if (ci_puller_new(w->env.broker, &pullers[CI_LANE_INTERACTIVE], &e) ||
+        ci_puller_new_batch(w->env.broker, &pullers[CI_LANE_BATCH], &e)) {
         ci_log(CI_LOG_ERROR, "slot.bind_failed", "error", e.msg, NULL);
         atomic_store(&w->failed, true);
         g_stop = 1;
@@ -223,8 +260,8 @@ static void *slot_main(void *p)
             run_task(w, a->slot, d, &ready);
             continue;
         }
-        int wait_ms = ci_waitroom_count(w->room) ? ROOM_FETCH_WAIT_MS : FETCH_WAIT_MS;
-        ci_status s = ci_puller_fetch(puller, wait_ms, &d, &e);
+        enum ci_lane lane = CI_LANE_INTERACTIVE;
+        ci_status s = take_task(w, pullers, &lanes, &d, &lane, &e);
         if (s == CI_ERR_TIMEOUT)
             continue;
         if (s && ci_broker_closed(w->env.broker)) {
@@ -236,11 +273,14 @@ static void *slot_main(void *p)
         }
         if (s) {
             /* 409s after a leader change, a reconnect in progress: retry. */
-            ci_log(CI_LOG_DEBUG, "slot.fetch_failed", "error", e.msg, NULL);
+            ci_log(CI_LOG_DEBUG, "slot.fetch_failed", "error", e.msg, "lane",
+                   lane == CI_LANE_BATCH ? "batch" : "interactive", NULL);
             struct timespec ts = {0, 200 * 1000000L};
             nanosleep(&ts, NULL);
             continue;
         }
+        ci_metrics_lane_take(w->env.metrics,
+                             lane == CI_LANE_BATCH ? CI_METRICS_BATCH : CI_METRICS_INTERACTIVE);
         if (!take_queued(w, d)) {
             ci_delivery_free(d);
             continue;
@@ -256,10 +296,11 @@ static void *slot_main(void *p)
         }
         run_task(w, a->slot, d, NULL);
     }
-    if (puller)
+    if (pullers[CI_LANE_INTERACTIVE] && pullers[CI_LANE_BATCH])
         atomic_fetch_sub(&w->bound_slots, 1);
 out:
-    ci_puller_free(puller);
+    ci_puller_free(pullers[CI_LANE_INTERACTIVE]);
+    ci_puller_free(pullers[CI_LANE_BATCH]);
     atomic_fetch_sub(&w->running_threads, 1);
     free(a);
     return NULL;
@@ -392,7 +433,7 @@ static bool worker_ready(void *closure, char *why, size_t n)
     else if (ci_broker_problem(w->env.broker, why, n))
         ; /* why says it */
     else if (bound < (int)w->n_slots)
-        snprintf(why, n, "%d of %zu slots bound to the task consumer", bound, w->n_slots);
+        snprintf(why, n, "%d of %zu slots bound to the task consumers", bound, w->n_slots);
     else
         return true;
     return false;
@@ -487,6 +528,15 @@ static void on_cancel(const char *task_id, void *closure)
         ci_slot_cancel(&w->env, &w->slots[i], task_id);
     /* A held task ends CANCELLED at once: a slot takes it now. */
     ci_waitroom_cancel(w->room, task_id);
+}
+
+/* A cancel of a batch (contract §20): every running task of it. Tasks of
+ * the batch that come later find the cancel on the stream. */
+static void on_batch_cancel(const char *batch_id, void *closure)
+{
+    struct worker *w = closure;
+    for (size_t i = 0; i < w->n_slots; i++)
+        ci_slot_cancel_batch(&w->env, &w->slots[i], batch_id);
 }
 
 static void usage(FILE *out)
@@ -676,7 +726,8 @@ static int run_worker(const struct ci_config *cfg)
         /* Only `ci stats` misses this worker: not a reason to stop. */
         ci_log(CI_LOG_WARN, "worker.heartbeat_failed", "error", e.msg, NULL);
     publish_manifest(&w);
-    if (ci_broker_on_cancel(w.env.broker, on_cancel, &w, &e)) {
+    if (ci_broker_on_cancel(w.env.broker, on_cancel, &w, &e) ||
+        ci_broker_on_batch_cancel(w.env.broker, on_batch_cancel, &w, &e)) {
         ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
         goto out;
     }

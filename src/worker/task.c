@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/batch.h"
 #include "core/codec.h"
 #include "core/log.h"
 #include "core/request.h"
@@ -61,6 +62,9 @@ struct task {
     char state_note[400];         /* why the previous state could not be had, or "" */
     struct ci_liveout *live;      /* the attempt's live output (§19); NULL: none */
     bool live_dropped;            /* a chunk was lost, and said so */
+    /* A batch's task (docs/contract.md §20): the batch whose events count
+     * it, or "" (batch_choose). */
+    char batch[65];
 };
 
 /* The live output's counts go to the metrics when the task is done. */
@@ -119,6 +123,9 @@ static void result_init(struct result *r, const struct task *t, Ci__V1__TaskStat
     r->msg.stdout = (char *)"";
     r->msg.stderr = (char *)"";
     r->msg.isolation = (char *)"";
+    /* A batch id that is not one is not echoed either (it may be MiBs). */
+    if (t->req && t->req->batch_id && ci_task_id_valid(t->req->batch_id))
+        r->msg.batch_id = t->req->batch_id;
     /* Labels that broke the rules are not echoed: a refused request may
      * carry megabytes of them, which its error only quotes the start of. */
     if (t->req && t->req->n_labels && ci_request_labels_ok(t->req)) {
@@ -438,9 +445,11 @@ static void slot_set(struct ci_slot *slot, const char *id, struct ci_delivery *d
 {
     pthread_mutex_lock(&slot->lock);
     snprintf(slot->task_id, sizeof(slot->task_id), "%s", id ? id : "");
+    slot->batch_id[0] = '\0';
     slot->delivery = d;
     slot->run = NULL;
     slot->cancel_requested = false;
+    slot->batch_cancelled = false;
     slot->last_progress_ms = ci_mono_ms();
     pthread_mutex_unlock(&slot->lock);
 }
@@ -472,6 +481,29 @@ void ci_slot_cancel(const struct ci_worker_env *env, struct ci_slot *slot, const
             ci_provider_cancel(env->provider, slot->run);
     }
     pthread_mutex_unlock(&slot->lock);
+}
+
+void ci_slot_cancel_batch(const struct ci_worker_env *env, struct ci_slot *slot,
+                          const char *batch_id)
+{
+    pthread_mutex_lock(&slot->lock);
+    if (slot->task_id[0] && slot->batch_id[0] && strcmp(slot->batch_id, batch_id) == 0) {
+        slot->cancel_requested = true;
+        slot->batch_cancelled = true;
+        if (slot->run)
+            ci_provider_cancel(env->provider, slot->run);
+    }
+    pthread_mutex_unlock(&slot->lock);
+}
+
+/* Why a task that was cancelled before it ran did not run. */
+static const char *cancelled_before(struct ci_slot *slot)
+{
+    pthread_mutex_lock(&slot->lock);
+    bool batch = slot->batch_cancelled;
+    pthread_mutex_unlock(&slot->lock);
+    return batch ? "the batch was cancelled before this task ran"
+                 : "the task was cancelled before it ran";
 }
 
 /* Whether this attempt still holds the task: checked before each artifact
@@ -751,6 +783,11 @@ static enum ci_task_end superseded(struct task *t, const struct result *r)
     return CI_TASK_END_SUPERSEDED;
 }
 
+/* A batch's task tells its batch that it ended before its message is
+ * acked (below, with the other batch steps). */
+static bool batch_ended(const struct task *t, Ci__V1__TaskStatus status, const char *error);
+static enum ci_task_end batch_retry(struct task *t);
+
 /* The task's terminal result was stored meanwhile (by an attempt that
  * ended first, or by this one with its ack lost): make sure its event is
  * out, and ack. With dropped, the result this attempt had is not stored:
@@ -760,9 +797,14 @@ static enum ci_task_end ended_meanwhile(struct task *t, const struct result *dro
     Ci__V1__ExecutionResult *now = existing_result(t);
     bool ours = now && now->attempt == ci_delivery_attempt(t->d) && now->worker &&
                 strcmp(now->worker, t->env->worker_id) == 0;
-    if (now && ci_task_status_terminal(now->status))
+    bool told = true;
+    if (now && ci_task_status_terminal(now->status)) {
         ensure_terminal_event(t, now);
+        told = batch_ended(t, now->status, now->error);
+    }
     ci_message_free(now ? &now->base : NULL);
+    if (!told && !ci_delivery_last_attempt(t->d))
+        return batch_retry(t);
     slot_detach(t->slot);
     ci_delivery_ack(t->d);
     if (dropped && !ours) {
@@ -799,8 +841,10 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
      * event whose ack alone was lost); the event is tried once more. */
     if (t->final_stored) {
         Ci__V1__ExecutionResult *now = existing_result(t);
-        if (now)
+        if (now) {
             ensure_terminal_event(t, now);
+            batch_ended(t, now->status, now->error); /* no later try: as far as it goes */
+        }
         ci_message_free(now ? &now->base : NULL);
         slot_detach(t->slot);
         ci_delivery_term(t->d);
@@ -818,6 +862,8 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
         return fence == FENCE_ENDED ? ended_meanwhile(t, r) : superseded(t, r);
     if (s)
         ci_log(CI_LOG_ERROR, "task.store_failed", "task_id", t->id, "error", e2.msg, NULL);
+    else
+        batch_ended(t, r->msg.status, r->text.error);
     slot_detach(t->slot);
     ci_delivery_term(t->d);
     task_ended(t, r);
@@ -871,6 +917,10 @@ static enum ci_task_end finish(struct task *t, struct result *r)
         return fence == FENCE_ENDED ? ended_meanwhile(t, r) : superseded(t, r);
     if (s)
         return give_up_or_retry(t, r, "store the result", &e);
+    if (!batch_ended(t, r->msg.status, r->text.error) && !ci_delivery_last_attempt(t->d)) {
+        task_ended(t, r); /* its result is stored: the redelivery only tells the batch */
+        return batch_retry(t);
+    }
     slot_detach(t->slot);
     ci_delivery_ack(t->d);
     task_ended(t, r);
@@ -903,6 +953,206 @@ static bool choose_id(struct task *t, const char *msg_id)
         return false;
     snprintf(t->id, sizeof(t->id), "%s", id);
     return true;
+}
+
+/* --- batches (docs/contract.md §20) --------------------------------- */
+
+/* The batch the task counts in: the one whose subject it came on
+ * (<batch_subject>.<b>), whatever its batch_id says, else its batch_id (a
+ * batch task on the wrong subject: it ends FAILED, and still counts in its
+ * batch, which would otherwise never complete). Also the slot's, for a
+ * cancel of the batch. false when it counts in none. */
+static bool batch_choose(struct task *t)
+{
+    const char *subj = ci_delivery_subject(t->d);
+    const char *base = t->env->cfg->jetstream.batch_subject;
+    size_t n = strlen(base);
+    const char *tail = subj && strncmp(subj, base, n) == 0 && subj[n] == '.' ? subj + n + 1 : NULL;
+    const char *bid = t->req && t->req->batch_id && t->req->batch_id[0] ? t->req->batch_id : NULL;
+    const char *batch = tail && ci_task_id_valid(tail) ? tail
+                        : !tail && bid && ci_task_id_valid(bid) ? bid
+                                                                : NULL;
+    if (!batch)
+        return false;
+    snprintf(t->batch, sizeof(t->batch), "%s", batch);
+    pthread_mutex_lock(&t->slot->lock);
+    snprintf(t->slot->batch_id, sizeof(t->slot->batch_id), "%s", batch);
+    pthread_mutex_unlock(&t->slot->lock);
+    return true;
+}
+
+/* Whether the subject it came on fits its batch_id: a task of batch b on
+ * <batch_subject>.<b>, a task on <batch_subject>.<x> of batch x. An error
+ * sentence in r when not. */
+static bool batch_subject_fits(const struct task *t, struct result *r)
+{
+    const struct ci_config *c = t->env->cfg;
+    const char *subj = ci_delivery_subject(t->d);
+    const char *base = c->jetstream.batch_subject;
+    const char *bid = t->req && t->req->batch_id && t->req->batch_id[0] ? t->req->batch_id : NULL;
+    size_t n = strlen(base);
+    if (!subj)
+        return true; /* not known: nothing to hold against it */
+    const char *tail = strncmp(subj, base, n) == 0 && subj[n] == '.' ? subj + n + 1 : NULL;
+    if (bid && (!tail || strcmp(tail, bid) != 0)) {
+        result_fail(r, "a task of batch '%s' must be published on '%s.%s' (it came on '%.200s'), "
+                       "the batch lane, where its batch counts it",
+                    bid, base, bid, subj);
+        return false;
+    }
+    if (!bid && tail) {
+        result_fail(r, "the task came on '%.200s', a batch's subject, without batch_id: set "
+                       "batch_id '%.64s' or publish on '%s'",
+                    subj, tail, c->jetstream.submit_subject);
+        return false;
+    }
+    return true;
+}
+
+/* Publishes an event of the task's batch until it is stored, trying again
+ * for a few seconds when NATS fails, as store_final does: the task is
+ * acked only once its events are stored. */
+static ci_status batch_publish(const struct task *t, const char *event, const char *msg_id,
+                               const char *content_type, const void *data, size_t len,
+                               struct ci_error *err)
+{
+    ci_status s = CI_OK;
+    for (int i = 0; i < 4; i++) {
+        if (i) {
+            struct timespec ts = {(time_t)1 << (i - 1), 0}; /* 1, 2, 4 s */
+            nanosleep(&ts, NULL);
+        }
+        s = ci_broker_batch_publish(t->env->broker, t->batch, event, msg_id, content_type, data,
+                                    len, NULL, err);
+        if (s != CI_ERR_NATS && s != CI_ERR_TIMEOUT)
+            return s;
+    }
+    return s;
+}
+
+/* The taken event, on every attempt: the stream keeps the first
+ * (Nats-Msg-Id <task_id>.taken), so a task is counted taken once. false
+ * when it could not be stored. */
+static bool batch_taken(struct task *t)
+{
+    char msg_id[96];
+    snprintf(msg_id, sizeof(msg_id), "%s.taken", t->id);
+    struct ci_error e = {{0}};
+    if (batch_publish(t, "taken", msg_id, NULL, t->id, strlen(t->id), &e) == CI_OK)
+        return true;
+    ci_log(CI_LOG_ERROR, "task.infra_error", "task_id", t->id, "batch_id", t->batch, "step",
+           "publish the batch's taken event", "error", e.msg, NULL);
+    return false;
+}
+
+/* The batch is complete when its seal is there and its ended tasks reach
+ * the seal's total: the complete event then (Nats-Msg-Id <batch>.complete:
+ * one per batch, whoever sees it first). */
+static ci_status batch_complete(const struct task *t, struct ci_error *err)
+{
+    struct ci_broker *b = t->env->broker;
+    struct ci_batch_counts c;
+    ci_status s = ci_broker_batch_counts(b, t->batch, &c, err);
+    if (s || !c.sealed || c.complete)
+        return s;
+    CI_AUTOFREE uint8_t *seal = NULL;
+    size_t len = 0;
+    s = ci_broker_batch_last(b, t->batch, "sealed", &seal, &len, err);
+    if (s == CI_ERR_NOT_FOUND) /* a replica that lags: the stream info saw it */
+        return ci_error_set(err, CI_ERR_NATS, "the seal of batch '%s' is counted but not read "
+                            "yet", t->batch);
+    if (s)
+        return s;
+    uint64_t total = 0;
+    struct ci_error pe = {{0}};
+    if (ci_batch_seal_total(seal, len, &total, &pe)) {
+        /* Nobody can tell when such a batch is complete: said once per end. */
+        ci_log(CI_LOG_WARN, "batch.bad_seal", "batch_id", t->batch, "error", pe.msg, NULL);
+        return CI_OK;
+    }
+    if (!ci_batch_is_complete(&c, total))
+        return CI_OK;
+    CI_AUTOFREE char *body = NULL;
+    s = ci_batch_complete_body(t->batch, total, &c, &body, &len, err);
+    char msg_id[96];
+    snprintf(msg_id, sizeof(msg_id), "%s.complete", t->batch);
+    if (!s)
+        s = batch_publish(t, "complete", msg_id, "application/json", body, len, err);
+    if (!s)
+        ci_log_num(CI_LOG_INFO, "batch.complete", "total", (int64_t)total, "batch_id", t->batch,
+                   "task_id", t->id, NULL);
+    return s;
+}
+
+/* A task whose terminal result is stored tells its batch, before its
+ * message is acked: the end event under its status (Nats-Msg-Id
+ * <task_id>.end, so a redelivery's copy is dropped), then complete if the
+ * batch is. false when that could not be stored: the caller does not ack
+ * (batch_retry), and the redelivery, which finds the result, tells again. */
+static bool batch_ended(const struct task *t, Ci__V1__TaskStatus status, const char *error)
+{
+    if (!t->batch[0])
+        return true;
+    struct ci_error e = {{0}};
+    CI_AUTOFREE char *body = NULL;
+    size_t len = 0;
+    char msg_id[96];
+    snprintf(msg_id, sizeof(msg_id), "%s.end", t->id);
+    ci_status s = ci_batch_end_body(t->id, ci_task_status_name(status), error, &body, &len, &e);
+    if (!s)
+        s = batch_publish(t, ci_task_status_short(status), msg_id, "application/json", body, len,
+                          &e);
+    if (!s)
+        s = batch_complete(t, &e);
+    if (!s)
+        return true;
+    ci_log(CI_LOG_ERROR, "task.infra_error", "task_id", t->id, "batch_id", t->batch, "step",
+           "tell the batch that the task ended", "error", e.msg, NULL);
+    return false;
+}
+
+/* The batch could not be told: not acked but nak'ed with a delay, as after
+ * an infrastructure failure, so that a redelivery tells it. */
+static enum ci_task_end batch_retry(struct task *t)
+{
+    slot_detach(t->slot);
+    ci_delivery_nak(t->d, 2000);
+    return CI_TASK_END_RETRY;
+}
+
+/* Before the task runs: a cancel of its batch on the stream (a direct get
+ * of the last message on <prefix>.<b>.cancel) ends it CANCELLED. true
+ * when it goes on; false with *ret_end when it ended or is retried. */
+static bool batch_begin(struct task *t, struct result *r, enum ci_task_end *ret_end)
+{
+    struct ci_error e = {{0}};
+    CI_AUTOFREE uint8_t *data = NULL;
+    size_t len = 0;
+    ci_status s = ci_broker_batch_last(t->env->broker, t->batch, "cancel", &data, &len, &e);
+    if (s == CI_ERR_NOT_FOUND)
+        return true;
+    if (s) {
+        *ret_end = give_up_or_retry(t, r, "read the batch's cancel", &e);
+        return false;
+    }
+    pthread_mutex_lock(&t->slot->lock);
+    t->slot->batch_cancelled = true;
+    pthread_mutex_unlock(&t->slot->lock);
+    r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED;
+    result_fail(r, "%s", cancelled_before(t->slot));
+    *ret_end = finish(t, r);
+    return false;
+}
+
+/* A run that a cancel of its batch ended says so. */
+static void batch_cancelled_while_running(const struct task *t, struct result *r)
+{
+    pthread_mutex_lock(&t->slot->lock);
+    bool batch = t->slot->batch_cancelled;
+    pthread_mutex_unlock(&t->slot->lock);
+    if (batch && r->msg.status == CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED)
+        snprintf(r->text.error, sizeof(r->text.error), "the batch was cancelled while this "
+                 "task ran");
 }
 
 /* --- sessions (docs/contract.md §16) --------------------------------- */
@@ -1280,11 +1530,14 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         return give_up_or_retry(t, r, "read the cancel stream", &e);
     if (cancelled || slot_cancelled(t->slot)) {
         r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED;
-        result_fail(r, "the task was cancelled before it ran");
+        result_fail(r, "%s", cancelled_before(t->slot));
         return finish(t, r);
     }
-    if (!subject_fits(t, r))
+    if (!subject_fits(t, r) || !batch_subject_fits(t, r))
         return finish(t, r);
+    enum ci_task_end batch_end;
+    if (t->batch[0] && !batch_begin(t, r, &batch_end))
+        return batch_end;
     enum ci_task_end sess_end;
     if (session_id(t) && !session_begin(t, r, &sess_end))
         return sess_end;
@@ -1321,7 +1574,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         return finish(t, r);
     if (slot_cancelled(t->slot)) { /* while RUNNING was stored or inputs read */
         r->msg.status = CI__V1__TASK_STATUS__TASK_STATUS_CANCELLED;
-        result_fail(r, "the task was cancelled before it ran");
+        result_fail(r, "%s", cancelled_before(t->slot));
         return finish(t, r);
     }
 
@@ -1377,6 +1630,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     /* Without memory for the output the result still ends the task. */
     (void)ci_result_set_outcome(&r->msg, &r->usage, &r->text, &o,
                                 env->cfg->limits.max_output_bytes);
+    batch_cancelled_while_running(t, r);
     enum ci_task_end end;
     fence = FENCE_WRITE_AGAIN;
     s = upload_artifacts(t, r, &o, &e);
@@ -1448,6 +1702,10 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
         return CI_TASK_END_DROPPED;
     }
     slot_set(slot, t.id, d);
+    if (batch_choose(&t) && !batch_taken(&t) && !ci_delivery_last_attempt(d)) {
+        end = batch_retry(&t);
+        goto out;
+    }
     if (resumed && resumed->cancelled) { /* seen while it waited: the stream may lag */
         pthread_mutex_lock(&slot->lock);
         slot->cancel_requested = true;
@@ -1459,11 +1717,17 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
         /* Redelivered after it ended (a worker died before its ack, or
          * could not publish the terminal event and nak'ed). */
         ensure_terminal_event(&t, prev);
+        bool told = batch_ended(&t, prev->status, prev->error);
+        Ci__V1__TaskStatus was = prev->status;
+        ci_message_free(&prev->base);
+        if (!told && !ci_delivery_last_attempt(d)) {
+            end = batch_retry(&t);
+            goto out;
+        }
         slot_detach(slot);
         ci_delivery_ack(d);
         ci_log(CI_LOG_INFO, "task.duplicate", "task_id", t.id, "status",
-               ci_task_status_short(prev->status), NULL);
-        ci_message_free(&prev->base);
+               ci_task_status_short(was), NULL);
         end = CI_TASK_END_DUPLICATE;
         goto out;
     }

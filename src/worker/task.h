@@ -27,9 +27,11 @@ struct ci_worker_env {
 struct ci_slot {
     pthread_mutex_t lock;
     char task_id[65];             /* "" when idle */
+    char batch_id[65];            /* the batch its task counts in (contract §20), or "" */
     struct ci_delivery *delivery; /* the message being worked on */
     struct ci_run *run;           /* set while the provider runs it */
     bool cancel_requested;
+    bool batch_cancelled;         /* ... by a cancel of its batch */
     int64_t last_progress_ms;     /* last in-progress ack (monotonic) */
 };
 
@@ -66,5 +68,9 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
 
 /* Marks the slot's task cancelled if it is task_id, and kills its run. */
 void ci_slot_cancel(const struct ci_worker_env *env, struct ci_slot *slot, const char *task_id);
+/* The same for the slot's task if it counts in batch batch_id (a message
+ * on ci.batches.<batch_id>.cancel, contract §20). */
+void ci_slot_cancel_batch(const struct ci_worker_env *env, struct ci_slot *slot,
+                          const char *batch_id);
 
 #endif

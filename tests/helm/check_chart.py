@@ -275,6 +275,23 @@ def main():
         so = f.read()
     check("type: nats-jetstream" in so and "lagThreshold" in so and "consumer" in so,
           "templates/scaledobject.yaml: a nats-jetstream trigger on the consumer's lag")
+    # One trigger per lane (contract §21): the interactive consumer and the
+    # batch consumer, each with its own threshold.
+    triggers = so.split("- type: ")[1:]
+    check(len(triggers) == 2 and all(t.startswith("nats-jetstream") for t in triggers),
+          f"templates/scaledobject.yaml: two nats-jetstream triggers ({len(triggers)})")
+    if len(triggers) == 2:
+        check('.Values.config.jetstream.tasks_stream | default "CI_TASKS"' in triggers[0]
+              and '.Values.config.jetstream.consumer | default "ci-workers"' in triggers[0]
+              and ".Values.keda.lagThreshold" in triggers[0],
+              "templates/scaledobject.yaml: the first trigger is the interactive consumer's lag")
+        check('.Values.config.jetstream.batch_stream | default "CI_BATCH"' in triggers[1]
+              and '.Values.config.jetstream.batch_consumer | default "ci-workers-batch"' in triggers[1]
+              and ".Values.keda.batchLagThreshold" in triggers[1],
+              "templates/scaledobject.yaml: the second trigger is the batch consumer's lag")
+    if eff:
+        check(eff["jetstream"]["batch_stream"] == "CI_BATCH" and eff["jetstream"]["batch_consumer"] == "ci-workers-batch",
+              "values.config keeps the batch lane's names the triggers default to")
     readme = os.path.join(chart, "README.md")
     check(os.path.exists(readme), "the chart has a README")
     if os.path.exists(readme):

@@ -108,6 +108,11 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK(c->jetstream.output_max_mb == 1024);
     CHECK_STR(c->jetstream.results_bucket, "ci-results");
     CHECK_STR(c->jetstream.files_bucket, "ci-files");
+    CHECK_STR(c->jetstream.batch_stream, "CI_BATCH");
+    CHECK_STR(c->jetstream.batch_subject, "ci.batch");
+    CHECK_STR(c->jetstream.batch_consumer, "ci-workers-batch");
+    CHECK_STR(c->jetstream.batch_events_stream, "CI_BATCHES");
+    CHECK_STR(c->jetstream.batch_events_prefix, "ci.batches");
     CHECK(c->jetstream.max_age_s == 3600);
     CHECK(c->jetstream.duplicate_window_s == 120);
     CHECK(c->jetstream.ack_wait_s == 30);
@@ -119,6 +124,9 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK_STR(c->worker.provider, "local");
     CHECK(c->worker.drain_timeout_s == 90);
     CHECK_STR(c->worker.log_level, "info");
+    CHECK(c->worker.batch_every == 4);
+    CHECK(c->batches.max_age_s == 86400);
+    CHECK(c->batches.duplicate_window_s == 3600);
     CHECK(c->limits.default_timeout_ms == 60000);
     CHECK(c->limits.max_timeout_ms == 60000);
     CHECK(c->limits.default_memory_mb == 1024);
@@ -298,6 +306,7 @@ static void test_values_are_read(void)
     CHECK(cfg->jetstream.file_storage == false);
     CHECK(cfg->jetstream.max_age_s == 60);
     CHECK(cfg->sessions.idle_s == 60); /* the default gives way to a shorter max_age_s */
+    CHECK(cfg->batches.max_age_s == 86400); /* the batch streams have their own */
     CHECK_STR(cfg->worker.id, "host-1.example_2");
     CHECK_STR(cfg->worker.provider, "cloudrun");
     CHECK_STR(cfg->worker.log_level, "debug");
@@ -501,10 +510,10 @@ static void test_document_errors(void)
         {"nats: {}\n\xff\n", "worker.yaml:2: YAML syntax error: invalid leading UTF-8 octet"},
         {"hello\n",
          "worker.yaml:1: expected a mapping with the sections nats, jetstream, worker, limits, "
-         "sessions, local, cloudrun, executor"},
+         "sessions, batches, local, cloudrun, executor"},
         {"- nats\n",
          "worker.yaml:1: expected a mapping with the sections nats, jetstream, worker, limits, "
-         "sessions, local, cloudrun, executor"},
+         "sessions, batches, local, cloudrun, executor"},
         {"nats: {}\n---\nlimits: {}\n", "worker.yaml:2: only one YAML document is allowed"},
     };
     check_errors(cases, sizeof(cases) / sizeof(cases[0]));
@@ -559,6 +568,34 @@ static void test_cross_field_rules(void)
         {"jetstream:\n  status_prefix: ci\n",
          "worker.yaml:2: key 'jetstream.status_prefix': 'ci' overlaps jetstream.submit_subject "
          "('ci.submit'): the streams' subjects must not overlap"},
+        /* Batches (contract §20, §21). */
+        {"batches:\n  duplicate_window_s: 90000\n",
+         "worker.yaml:2: key 'batches.duplicate_window_s': 90000 is above batches.max_age_s "
+         "(86400)"},
+        {"batches:\n  duplicate_window_s: 600\n  max_age_s: 300\n",
+         "worker.yaml:3: key 'batches.max_age_s': 300 is below batches.duplicate_window_s (600)"},
+        {"jetstream:\n  batch_stream: CI_TASKS\n",
+         "worker.yaml:2: key 'jetstream.batch_stream': 'CI_TASKS' is also the value of "
+         "jetstream.tasks_stream; each needs its own name"},
+        {"jetstream:\n  batch_events_stream: CI_BATCH\n",
+         "worker.yaml:2: key 'jetstream.batch_events_stream': 'CI_BATCH' is also the value of "
+         "jetstream.batch_stream; each needs its own name"},
+        {"jetstream:\n  batch_consumer: ci-workers\n",
+         "worker.yaml:2: key 'jetstream.batch_consumer': 'ci-workers' is also the value of "
+         "jetstream.consumer; each needs its own name"},
+        {"jetstream:\n  batch_subject: ci.submit\n",
+         "worker.yaml:2: key 'jetstream.batch_subject': 'ci.submit' overlaps "
+         "jetstream.submit_subject ('ci.submit'): the streams' subjects must not overlap"},
+        {"jetstream:\n  batch_subject: ci.batches.x\n",
+         "worker.yaml:2: key 'jetstream.batch_subject': 'ci.batches.x' overlaps "
+         "jetstream.batch_events_prefix ('ci.batches'): the streams' subjects must not overlap"},
+        {"jetstream:\n  batch_events_prefix: ci.status\n",
+         "worker.yaml:2: key 'jetstream.batch_events_prefix': 'ci.status' overlaps "
+         "jetstream.status_prefix ('ci.status'): the streams' subjects must not overlap"},
+        {"worker:\n  batch_every: 0\n",
+         "worker.yaml:2: key 'worker.batch_every': 0 is below the minimum 1"},
+        {"worker:\n  batch_every: 1001\n",
+         "worker.yaml:2: key 'worker.batch_every': 1001 is above the maximum 1000"},
     };
     check_errors(cases, sizeof(cases) / sizeof(cases[0]));
 
@@ -574,6 +611,22 @@ static void test_cross_field_rules(void)
     /* The bounds themselves are accepted. */
     s = load("limits:\n  default_timeout_ms: 3600000\n  max_timeout_ms: 3600000\n", &cfg, &err);
     CHECK(s == CI_OK);
+    ci_config_free(cfg);
+    /* A batch's default duplicate window gives way to a shorter max age;
+     * names and subjects of the batch lane can be changed together. */
+    s = load("batches:\n  max_age_s: 600\nworker:\n  batch_every: 1\njetstream:\n"
+             "  batch_stream: B\n  batch_events_stream: BE\n  batch_subject: jobs.batch\n"
+             "  batch_events_prefix: jobs.events\n  batch_consumer: bw\n",
+             &cfg, &err);
+    if (s)
+        fprintf(stderr, "  %s\n", err.msg);
+    REQUIRE(s == CI_OK);
+    CHECK(cfg->batches.max_age_s == 600);
+    CHECK(cfg->batches.duplicate_window_s == 600);
+    CHECK(cfg->worker.batch_every == 1);
+    CHECK_STR(cfg->jetstream.batch_subject, "jobs.batch");
+    CHECK_STR(cfg->jetstream.batch_events_prefix, "jobs.events");
+    CHECK_STR(cfg->jetstream.batch_consumer, "bw");
     ci_config_free(cfg);
 }
 

@@ -69,6 +69,10 @@ static void test_render(void)
     ci_metrics_delivery(m, CI_METRICS_RETRY);
     ci_metrics_delivery(m, CI_METRICS_RETRY);
     ci_metrics_delivery(m, (enum ci_metrics_outcome)99); /* ignored */
+    ci_metrics_lane_take(m, CI_METRICS_INTERACTIVE);
+    ci_metrics_lane_take(m, CI_METRICS_BATCH);
+    ci_metrics_lane_take(m, CI_METRICS_BATCH);
+    ci_metrics_lane_take(m, (enum ci_metrics_lane)7); /* ignored */
     ci_metrics_slot_busy(m, true);
     ci_metrics_slot_busy(m, true);
     ci_metrics_slot_busy(m, false);
@@ -89,6 +93,8 @@ static void test_render(void)
     CHECK(sample(t, "ci_task_deliveries_total{outcome=\"done\"}") == 1);
     CHECK(sample(t, "ci_task_deliveries_total{outcome=\"retry\"}") == 2);
     CHECK(sample(t, "ci_task_deliveries_total{outcome=\"dropped\"}") == 0);
+    CHECK(sample(t, "ci_lane_tasks_total{lane=\"interactive\"}") == 1);
+    CHECK(sample(t, "ci_lane_tasks_total{lane=\"batch\"}") == 2);
     CHECK(sample(t, "ci_task_run_seconds_bucket{le=\"0.05\"}") == 1);
     CHECK(sample(t, "ci_task_run_seconds_bucket{le=\"1\"}") == 3);
     CHECK(sample(t, "ci_task_run_seconds_bucket{le=\"10\"}") == 3);
