@@ -78,14 +78,18 @@ struct ci_follow *ci_follow_start(struct ci_broker *b, const char *task_id, FILE
     return f;
 }
 
-/* The result's text beyond what was shown, or all of it, with a note. */
-static void rest(struct shown *s, const char *text, bool same_attempt, FILE *note)
+/* The result's text beyond what was shown, or all of it, with a note. A
+ * result cut after the chunks went out (to fit max_payload, or stored
+ * without its output) is a prefix of what was shown: nothing more then. */
+static void rest(struct shown *s, const char *text, bool same_attempt, bool cut, FILE *note)
 {
     size_t len = strlen(text);
     if (s->text.len == 0) {
         ci_client_put_text(s->f, text, len);
     } else if (same_attempt && s->text.len <= len && memcmp(s->text.data, text, s->text.len) == 0) {
         ci_client_put_text(s->f, text + s->text.len, len - s->text.len);
+    } else if (same_attempt && cut && len < s->text.len && memcmp(s->text.data, text, len) == 0) {
+        /* shown in full already; ci run says it was cut */
     } else {
         fflush(s->f);
         fprintf(note, "\nci: the output shown so far is not the result's (a chunk was lost, or "
@@ -105,8 +109,8 @@ void ci_follow_finish(struct ci_follow *f, const Ci__V1__ExecutionResult *r)
     ci_output_follow_free(f->sub); /* on_chunk is done for good */
     if (r) {
         bool same = r->attempt == f->attempt;
-        rest(&f->out, r->stdout ? r->stdout : "", same, f->err.f);
-        rest(&f->err, r->stderr ? r->stderr : "", same, f->err.f);
+        rest(&f->out, r->stdout ? r->stdout : "", same, r->stdout_truncated, f->err.f);
+        rest(&f->err, r->stderr ? r->stderr : "", same, r->stderr_truncated, f->err.f);
     }
     ci_buf_release(&f->out.text);
     ci_buf_release(&f->err.text);

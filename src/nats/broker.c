@@ -2254,9 +2254,12 @@ void ci_output_follow_free(struct ci_output_follow *f)
     if (!f)
         return;
     /* The handler may be running: wait until the library says it has
-     * returned for good (a closed connection never says it: 5 s at most,
-     * and then f is left behind rather than freed under the handler). */
-    bool done = natsSubscription_Unsubscribe(f->sub) != NATS_OK;
+     * returned for good, also when Unsubscribe failed (it closes the
+     * subscription first, then deletes the consumer, which may fail while
+     * the delivery thread still runs). 5 s at most, and then f is left
+     * behind rather than freed under the handler. */
+    natsSubscription_Unsubscribe(f->sub);
+    bool done = false;
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 5;

@@ -797,7 +797,9 @@ static enum ci_task_end ended_meanwhile(struct task *t, const struct result *dro
     Ci__V1__ExecutionResult *now = existing_result(t);
     bool ours = now && now->attempt == ci_delivery_attempt(t->d) && now->worker &&
                 strcmp(now->worker, t->env->worker_id) == 0;
-    bool told = true;
+    /* A batch's task whose ended result cannot be read now is not acked:
+     * its end event may not be out, and its batch would never complete. */
+    bool told = now || !t->batch[0];
     if (now && ci_task_status_terminal(now->status)) {
         ensure_terminal_event(t, now);
         told = batch_ended(t, now->status, now->error);
