@@ -1574,3 +1574,160 @@ void ci_watch_free(struct ci_watch *w)
     natsSubscription_Destroy(w->sub);
     free(w);
 }
+
+/* --- batches, the client's side (contract §20, §21) --- */
+
+ci_status ci_broker_js_publish(struct ci_broker *b, const char *subject, const char *msg_id,
+                               const char *content_type, const void *data, size_t len,
+                               bool *ret_duplicate, struct ci_error *err)
+{
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, subject, NULL, data, (int)len);
+    if (s == NATS_OK && msg_id)
+        s = natsMsgHeader_Set(m, "Nats-Msg-Id", msg_id);
+    if (s == NATS_OK && content_type)
+        s = natsMsgHeader_Set(m, "Content-Type", content_type);
+    jsErrCode jerr = 0;
+    CI_CLEANUP(jsPubAck_Destroy) jsPubAck *pa = NULL;
+    if (s == NATS_OK)
+        s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
+    if (s == NATS_NO_RESPONDERS)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no stream takes subject %s", subject);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot publish on %s", subject);
+    if (ret_duplicate)
+        *ret_duplicate = pa->Duplicate;
+    return CI_OK;
+}
+
+ci_status ci_broker_subject_counts(struct ci_broker *b, const char *stream, const char *filter,
+                                   ci_subject_count_fn fn, void *closure, struct ci_error *err)
+{
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Stream.Info.SubjectsFilter = filter;
+    jsErrCode jerr = 0;
+    CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
+    natsStatus s = js_GetStreamInfo(&si, b->js, stream, &o, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "stream %s not found", stream);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot read the subjects of stream %s", stream);
+    const jsStreamStateSubjects *subs = si->State.Subjects;
+    for (int i = 0; subs && i < subs->Count; i++)
+        fn(closure, subs->List[i].Subject, subs->List[i].Msgs);
+    return CI_OK;
+}
+
+ci_status ci_broker_last_msg(struct ci_broker *b, const char *stream, const char *subject,
+                             uint8_t **ret_data, size_t *ret_len, struct ci_error *err)
+{
+    jsDirectGetMsgOptions o;
+    jsDirectGetMsgOptions_Init(&o);
+    o.LastBySubject = subject;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_DirectGetMsg(&m, b->js, stream, NULL, &o);
+    /* Nobody answers a direct get on a stream without allow_direct (or no
+     * stream at all): the leader can tell which. */
+    if (s == NATS_NO_RESPONDERS)
+        s = js_GetLastMsg(&m, b->js, stream, subject, NULL, &jerr);
+    if (jerr == JSStreamNotFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "stream %s not found", stream);
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no message on %s", subject);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot read the last message on %s", subject);
+    int n = natsMsg_GetDataLength(m);
+    uint8_t *copy = malloc(n > 0 ? (size_t)n + 1 : 1);
+    if (!copy)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    if (n > 0)
+        memcpy(copy, natsMsg_GetData(m), (size_t)n);
+    copy[n > 0 ? n : 0] = '\0';
+    *ret_data = copy;
+    *ret_len = n > 0 ? (size_t)n : 0;
+    return CI_OK;
+}
+
+static void add_count(void *closure, const char *subject, uint64_t msgs)
+{
+    *(uint64_t *)closure += msgs;
+}
+
+/* The ordered consumer replays the stream from its first message on the
+ * filter; each delivery says how many are left behind it (NumPending),
+ * so the read ends at the message that had none left, without waiting
+ * for a timeout. An empty filter would never deliver: it is counted
+ * first. */
+ci_status ci_broker_stream_read(struct ci_broker *b, const char *stream, const char *filter,
+                                size_t max, ci_stream_msg_fn fn, void *closure, size_t *ret_read,
+                                struct ci_error *err)
+{
+    if (ret_read)
+        *ret_read = 0;
+    uint64_t stored = 0;
+    ci_status r = ci_broker_subject_counts(b, stream, filter, add_count, &stored, err);
+    if (r || stored == 0 || max == 0)
+        return r;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = stream;
+    so.Ordered = true;
+    jsErrCode jerr = 0;
+    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
+    natsStatus s = js_SubscribeSync(&sub, b->js, filter, NULL, &so, &jerr);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot read %s from stream %s", filter, stream);
+    size_t seen = 0;
+    for (;;) {
+        CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+        s = natsSubscription_NextMsg(&m, sub, 10000);
+        if (s == NATS_TIMEOUT)
+            return ci_error_set(err, CI_ERR_TIMEOUT,
+                                "reading %s from stream %s: nothing came for 10 s after %zu "
+                                "messages", filter, stream, seen);
+        if (s != NATS_OK)
+            return ci_nats_fail(err, s, 0, "cannot read %s from stream %s", filter, stream);
+        CI_CLEANUP(jsMsgMetaData_Destroy) jsMsgMetaData *md = NULL;
+        uint64_t left = 0;
+        if (natsMsg_GetMetaData(&md, m) == NATS_OK)
+            left = md->NumPending;
+        seen++;
+        if (ret_read)
+            *ret_read = seen;
+        bool go_on = fn(closure, natsMsg_GetSubject(m), (const uint8_t *)natsMsg_GetData(m),
+                        (size_t)natsMsg_GetDataLength(m));
+        if (!go_on || left == 0 || seen >= max)
+            return CI_OK;
+    }
+}
+
+ci_status ci_broker_consumer_stats(struct ci_broker *b, const char *stream, const char *consumer,
+                                   struct ci_queue_stats *ret, struct ci_error *err)
+{
+    jsErrCode jerr = 0;
+    CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
+    natsStatus s = js_GetStreamInfo(&si, b->js, stream, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "stream %s not found", stream);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot read the state of stream %s", stream);
+    CI_CLEANUP(jsConsumerInfo_Destroy) jsConsumerInfo *ci = NULL;
+    jerr = 0;
+    s = js_GetConsumerInfo(&ci, b->js, stream, consumer, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "consumer %s of stream %s not found",
+                            consumer, stream);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot read the state of consumer %s", consumer);
+    struct ci_queue_stats q = {
+        .stream_msgs = si->State.Msgs,
+        .pending = ci->NumPending,
+        .ack_pending = ci->NumAckPending > 0 ? (uint64_t)ci->NumAckPending : 0,
+        .redelivered = ci->NumRedelivered > 0 ? (uint64_t)ci->NumRedelivered : 0,
+        .waiting = ci->NumWaiting > 0 ? (uint64_t)ci->NumWaiting : 0,
+    };
+    *ret = q;
+    return CI_OK;
+}

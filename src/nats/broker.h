@@ -240,4 +240,47 @@ ci_status ci_watch_next(struct ci_watch *w, int timeout_ms, const uint8_t **ret_
                         size_t *ret_len, const char **ret_content_type, struct ci_error *err);
 void ci_watch_free(struct ci_watch *w);
 
+/* --- batches, the client's side (docs/contract.md §20, §21) ---
+ * Generic reads and writes on a stream named by the caller: the batch
+ * client (src/cli/batch_client.c) knows the subjects. */
+
+/* JetStream-publishes data on subject, with Nats-Msg-Id msg_id and
+ * Content-Type content_type when not NULL. *ret_duplicate (may be NULL):
+ * the stream had that id within its duplicate window and dropped this
+ * copy. CI_ERR_NOT_FOUND when no stream takes the subject. */
+ci_status ci_broker_js_publish(struct ci_broker *b, const char *subject, const char *msg_id,
+                               const char *content_type, const void *data, size_t len,
+                               bool *ret_duplicate, struct ci_error *err);
+
+/* Calls fn with the message count of each subject of stream that matches
+ * filter (a stream-info request with subjects_filter); subjects without a
+ * message are not listed. CI_ERR_NOT_FOUND when the stream does not exist. */
+typedef void (*ci_subject_count_fn)(void *closure, const char *subject, uint64_t msgs);
+ci_status ci_broker_subject_counts(struct ci_broker *b, const char *stream, const char *filter,
+                                   ci_subject_count_fn fn, void *closure, struct ci_error *err);
+
+/* The body of the last message on subject in stream (a direct get; a get
+ * from the leader when the stream does not allow direct gets), as a
+ * NUL-terminated copy. CI_ERR_NOT_FOUND when there is none, or no stream. */
+ci_status ci_broker_last_msg(struct ci_broker *b, const char *stream, const char *subject,
+                             uint8_t **ret_data, size_t *ret_len, struct ci_error *err);
+
+/* Calls fn with each message of stream on filter (wildcards allowed),
+ * oldest first, from the first to the last stored when the read began
+ * (an ordered consumer); at most max of them. fn returns false to stop
+ * early. *ret_read (may be NULL) gets how many fn saw. CI_ERR_NOT_FOUND
+ * when the stream does not exist; CI_ERR_TIMEOUT when the server sent
+ * nothing for 10 s in the middle of the read. */
+typedef bool (*ci_stream_msg_fn)(void *closure, const char *subject, const uint8_t *data,
+                                 size_t len);
+ci_status ci_broker_stream_read(struct ci_broker *b, const char *stream, const char *filter,
+                                size_t max, ci_stream_msg_fn fn, void *closure, size_t *ret_read,
+                                struct ci_error *err);
+
+/* The state of any work-queue consumer, as ci_broker_queue_stats gives
+ * that of the interactive lane (the batch lane: CI_BATCH, ci-workers-batch).
+ * CI_ERR_NOT_FOUND when the stream or the consumer does not exist. */
+ci_status ci_broker_consumer_stats(struct ci_broker *b, const char *stream, const char *consumer,
+                                   struct ci_queue_stats *ret, struct ci_error *err);
+
 #endif
