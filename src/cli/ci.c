@@ -933,23 +933,28 @@ static int terminal_columns(void)
     struct winsize ws;
     if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
         return ws.ws_col;
-    return 80;
+    const char *env = getenv("COLUMNS");
+    long cols = env ? strtol(env, NULL, 10) : 0;
+    return cols > 0 && cols < 10000 ? (int)cols : 80;
 }
 
-/* One line of progress on stderr: redrawn in place on a terminal
- * ("\r" and erase to the end), a plain line otherwise. */
+/* One line of progress on stderr: on a terminal, text (short) after a
+ * bar, redrawn in place ("\r", then erase to the end of the line); a
+ * plain line of long_text otherwise. */
 static void progress_line(bool tty, const uint64_t *segments, size_t n_segments, uint64_t total,
-                          const char *text)
+                          const char *text, const char *long_text)
 {
     if (!tty) {
-        say(stderr, "ci: %s\n", text);
+        say(stderr, "ci: %s\n", long_text);
         return;
     }
     char bar[64] = "";
     int width = ci_progress_width(terminal_columns(), strlen(text));
     if (width)
         ci_progress_bar(bar, sizeof(bar), width, segments, "#x>", n_segments, total);
-    say(stderr, "\r%s%s%s\x1b[K", bar, width ? " " : "", text);
+    /* The controls are ours: written as they are, not through say(). */
+    fprintf(stderr, "\r%s%s%s\x1b[K", bar, width ? " " : "", text);
+    fflush(stderr);
 }
 
 struct submit_progress {
@@ -972,7 +977,7 @@ static void on_submit_progress(void *closure, uint64_t done, uint64_t total)
     p->drawn = true;
     char text[96];
     snprintf(text, sizeof(text), "%" PRIu64 "/%" PRIu64 " tasks submitted", done, total);
-    progress_line(p->tty, &done, 1, total, text);
+    progress_line(p->tty, &done, 1, total, text, text);
 }
 
 static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
@@ -1094,6 +1099,16 @@ static int batch_status(struct ci_broker *b, const struct ci_config *cfg, const 
     return 0;
 }
 
+/* The counts in a few words, for the progress bar of a terminal. */
+static void wait_text_short(char *out, size_t n, const struct ci_batch_counts *c)
+{
+    snprintf(out, n,
+             "%" PRIu64 "/%" PRIu64 "%s ended (%" PRIu64 " ok, %" PRIu64 " not), %" PRIu64
+             " running, %" PRIu64 " queued",
+             ci_batch_counts_ended(c), c->total, c->sealed ? "" : "+", c->succeeded,
+             c->failed + c->timed_out + c->cancelled, c->running, c->queued);
+}
+
 static void wait_text(char *out, size_t n, const struct ci_batch_counts *c)
 {
     snprintf(out, n,
@@ -1171,7 +1186,7 @@ static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const st
     int64_t wait_ms = o->wait_set ? o->wait_ms : 86400000;
     int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0;
     bool tty = isatty(STDERR_FILENO), drawn = false;
-    char text[256], said[256] = "";
+    char text[256], said[256] = "", brief[160];
     struct ci_batch_counts c;
     for (;;) {
         int rc = batch_counts(b, cfg, batch, &c);
@@ -1187,7 +1202,8 @@ static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const st
          * at most every 5 s, and the last. */
         if (tty || ((strcmp(text, said) != 0 && now - last_line >= 5000) || done)) {
             uint64_t seg[3] = {c.succeeded, c.failed + c.timed_out + c.cancelled, c.running};
-            progress_line(tty, seg, 3, c.total, text);
+            wait_text_short(brief, sizeof(brief), &c);
+            progress_line(tty, seg, 3, c.total, brief, text);
             snprintf(said, sizeof(said), "%s", text);
             last_line = now;
             drawn = true;
