@@ -508,6 +508,15 @@ ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
         if (!s && progress)
             progress(closure, n, out.total);
     }
+    if (!s && a->jsonl_path) {
+        Ci__V1__ExecutionRequest *extra = NULL;
+        struct ci_error ignored = {{0}};
+        if (next_request(&l, cfg, a->batch, &extra, &ignored) != CI_ERR_NOT_FOUND) {
+            ci_message_free(extra ? &extra->base : NULL);
+            s = ci_error_set(err, CI_ERR_INVALID, "'%.200s' changed while it was submitted: it "
+                             "has more lines than a moment ago; not sealed", l.path);
+        }
+    }
     lines_close(&l);
     if (s) {
         *ret = out;
