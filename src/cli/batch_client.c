@@ -174,11 +174,14 @@ ci_status ci_batch_result_line(struct ci_broker *b, const char *batch,
     if (s == CI_OK) {
         s = ci_message_encode(CI_ENC_JSON, &r->base, &line, &len, err);
         ci_message_free(&r->base);
-    } else if (s == CI_ERR_NOT_FOUND) {
+    } else if (s == CI_ERR_NOT_FOUND || s == CI_ERR_INVALID) {
         /* Results live an hour, a batch's events a day: what the end event
-         * says stands in for the record (contract §20, "Results"). */
+         * says stands in for a record that is gone, or that is not an
+         * ExecutionResult (contract §20). */
         char why[1024];
-        snprintf(why, sizeof(why), "the result expired from the results bucket%s%.900s",
+        snprintf(why, sizeof(why), "%s%s%.700s",
+                 s == CI_ERR_NOT_FOUND ? "the result expired from the results bucket"
+                                       : "the stored result cannot be read",
                  end->error[0] ? "; the task's end event said: " : "", end->error);
         Ci__V1__ExecutionResult x = CI__V1__EXECUTION_RESULT__INIT;
         x.task_id = (char *)end->task_id;

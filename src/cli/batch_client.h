@@ -78,10 +78,11 @@ ci_status ci_batch_read_ends(struct ci_broker *b, const struct ci_config *cfg, c
                              unsigned mask, size_t max, ci_batch_end_fn fn, void *closure,
                              size_t *ret_unreadable, struct ci_error *err);
 
-/* The JSON line of an ended task's result (contract §20, "Results"): its
- * record in ci-results in the JSON mapping whatever its encoding; when the
- * record has expired, {"taskId","status","error","batchId"} made from the
- * end event. Malloc'd, without a newline. */
+/* The JSON line of an ended task's result (contract §20): its record in
+ * ci-results in the JSON mapping whatever its encoding; when the record
+ * has expired (*ret_expired) or cannot be decoded,
+ * {"taskId","status","error","batchId"} made from the end event.
+ * Malloc'd, without a newline. */
 ci_status ci_batch_result_line(struct ci_broker *b, const char *batch,
                                const struct ci_batch_end *end, char **ret, size_t *ret_len,
                                bool *ret_expired, struct ci_error *err);

@@ -208,6 +208,18 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal(gone.batchId, b1);
     assert.match(gone.error, /^the result expired from the results bucket; the task's end event said: the code exited with code 1 \(KeyError: 'value'\)$/);
     assert.match(r2.stderr, /1 results had expired/);
+
+    // A record that is not an ExecutionResult: its line says so, the others stay.
+    const saved = (await kv.get(`${b1}-5`)).value;
+    await kv.put(`${b1}-5`, Buffer.from([0xff, 0xff, 0xff]));
+    const r3 = await ci(["batch", "results", b1, "--jsonl"], { url });
+    assert.equal(r3.code, 0, r3.stderr);
+    const all = r3.stdout.trimEnd().split("\n").map((l) => JSON.parse(l));
+    assert.equal(all.length, 5);
+    const bad = all.find((l) => l.taskId === `${b1}-5`);
+    assert.equal(bad.status, "TASK_STATUS_CANCELLED");
+    assert.equal(bad.error, "the stored result cannot be read; the task's end event said: the task was cancelled");
+    await kv.put(`${b1}-5`, saved);
   });
 
   test("the same submit again runs nothing twice: ended tasks skipped, a queued copy dropped by CI_BATCH; a batch sealed with another total refuses", async () => {
@@ -416,5 +428,42 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal(w.code, 0, w.out);
     assert.match(w.out, /\r\[#{10,40}\] 1\/1 ended \(1 ok, 0 not\), 0 running, 0 queued\x1b\[K/);
     assert.match(w.out, new RegExp(`batch ${b}: all 1 tasks succeeded`));
+  });
+});
+
+describe("ci batch before any worker made the batch lane", () => {
+  let server, client, url;
+  before(async () => {
+    server = await startNatsServer({ config: SERVER_CONFIG });
+    url = server.url;
+    client = await connectClient(url);
+    await new Kvm(client.js).create(RESULTS_BUCKET, { history: 1, ttl: 3600_000 });
+    await new Objm(client.js).create(FILES_BUCKET, { ttl: 3600_000_000_000 });
+    await client.jsm.streams.add({ name: "CI_TASKS", subjects: ["ci.submit", "ci.submit.*"], retention: "workqueue" });
+    await client.jsm.consumers.add("CI_TASKS", { durable_name: "ci-workers", ack_policy: "explicit" });
+  });
+  after(async () => {
+    await client?.close();
+    await server?.stop();
+  });
+
+  test("status, submit and cancel exit 3 naming the missing stream; ci stats says the lane is not there", async () => {
+    const cwd = mkdtempSync(join(tmpdir(), "ci-batch-nolane-"));
+    try {
+      writeFileSync(join(cwd, "a.csv"), "a\n");
+      writeFileSync(join(cwd, "s.py"), "print(1)\n");
+      for (const args of [["batch", "status", "b1"], ["batch", "submit", "s.py", "--file-each", "*.csv"], ["batch", "cancel", "b1"], ["batch", "results", "b1", "--jsonl"]]) {
+        const r = await ci(args, { cwd, url });
+        assert.equal(r.code, 3, `${args}: ${r.stderr}`);
+        assert.match(r.stderr, /stream CI_BATCHES not found: no worker that serves batches has run/);
+      }
+      const s = await ci(["stats", "--json"], { url });
+      assert.equal(s.code, 0, s.stderr);
+      assert.equal(JSON.parse(s.stdout).batchQueue, null);
+      const t = await ci(["stats"], { url });
+      assert.match(t.stdout, /^batch queue: +none \(no consumer ci-workers-batch on stream CI_BATCH/m);
+    } finally {
+      rmSync(cwd, { recursive: true, force: true });
+    }
   });
 });
