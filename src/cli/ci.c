@@ -1200,7 +1200,7 @@ static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const st
         wait_text(text, sizeof(text), &c);
         /* A terminal shows every poll; a log a line when the counts moved,
          * at most every 5 s, and the last. */
-        if (tty || ((strcmp(text, said) != 0 && now - last_line >= 5000) || done)) {
+        if (tty || !drawn || done || (strcmp(text, said) != 0 && now - last_line >= 5000)) {
             uint64_t seg[3] = {c.succeeded, c.failed + c.timed_out + c.cancelled, c.running};
             wait_text_short(brief, sizeof(brief), &c);
             progress_line(tty, seg, 3, c.total, brief, text);
