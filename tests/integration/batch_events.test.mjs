@@ -1,46 +1,51 @@
-// `ci batch` against a real nats-server with no worker: the test makes the
-// buckets and the batch lane's streams with the contract's settings (§3,
-// §21), and plays the worker itself (lib/batch.mjs: taken, the terminal
-// record, the end event, complete), so that every count, summary and
-// result line is checked against messages the test chose. The same
-// commands against a real worker: batch_cli.test.mjs.
+// `ci batch` against a real nats-server whose streams, buckets and batch
+// consumer a real worker made (started, then stopped, so that the settings
+// under test are the worker's), with the test playing the worker
+// (lib/batch.mjs: taken, the terminal record, the end event, complete), so
+// that every count, summary and result line is checked against messages
+// the test chose: states a real worker passes through too fast to see (a
+// batch half taken, an expired result, a submission that died before its
+// seal, no batch lane at all). The same commands against a running worker:
+// batch_cli.test.mjs; the worker's own side: batch_lane.test.mjs.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Kvm } from "@nats-io/kv";
-import { Objm } from "@nats-io/obj";
-
-import { startNatsServer } from "./lib/nats-server.mjs";
-import { SERVER_CONFIG } from "./lib/stack.mjs";
+import { startStack } from "./lib/stack.mjs";
 import { CLI_BIN } from "./lib/worker.mjs";
-import { connectClient, decodeMessage, normalize, proto, RESULTS_BUCKET, FILES_BUCKET } from "./lib/client.mjs";
+import { decodeMessage, normalize, proto } from "./lib/client.mjs";
 import {
-  BATCH_STREAM, BATCHES_PREFIX, BATCH_PREFIX, batchEvents, batchLeft, batchSubjectCounts, ci, ensureBatchLane, fakeBatchWorker, until,
+  BATCH_CONSUMER, BATCH_STREAM, BATCHES_STREAM, BATCHES_PREFIX, BATCH_PREFIX, batchEvents, batchLeft, batchSubjectCounts, ci,
+  fakeBatchWorker, until,
 } from "./lib/batch.mjs";
+
+// A nats-server set up by a real worker, which is then stopped: the
+// streams, buckets and consumers are the worker's own, and nobody but the
+// test takes a task.
+async function stackWithoutWorker() {
+  const stack = await startStack({ workers: 1 });
+  const x = await stack.workers[0].stop("SIGTERM", 90000);
+  assert.equal(x.code, 0, "the worker drained and exited");
+  return stack;
+}
 
 const COUNT_KEYS = ["total", "queued", "running", "succeeded", "failed", "timed_out", "cancelled"];
 
 describe("ci batch with a stand-in worker", () => {
-  let server, client, dir, url, worker;
+  let stack, client, dir, url, worker;
   before(async () => {
     assert.ok(existsSync(CLI_BIN), `${CLI_BIN} is built`);
-    server = await startNatsServer({ config: SERVER_CONFIG });
-    url = server.url;
-    client = await connectClient(url);
-    // What a worker makes at start and `ci` binds to (contract §3, §6, §7).
-    await new Kvm(client.js).create(RESULTS_BUCKET, { history: 1, ttl: 3600_000 });
-    await new Objm(client.js).create(FILES_BUCKET, { ttl: 3600_000_000_000 });
-    const made = await ensureBatchLane(client.jsm, { maxMsgSize: 8 * 1024 * 1024 });
-    assert.deepEqual(made, ["CI_BATCH", "CI_BATCHES", "ci-workers-batch"]);
+    stack = await stackWithoutWorker();
+    url = stack.server.url;
+    client = stack.client;
+    await client.jsm.consumers.info(BATCH_STREAM, BATCH_CONSUMER); // the worker made the lane
     worker = fakeBatchWorker(client);
     dir = mkdtempSync(join(tmpdir(), "ci-batch-events-"));
   });
   after(async () => {
-    await client?.close();
-    await server?.stop();
+    await stack?.stop();
     if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
@@ -391,9 +396,6 @@ describe("ci batch with a stand-in worker", () => {
     writeFileSync(join(cwd, "s.py"), "print(1)\n");
     const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd, url });
     assert.equal(r.code, 0, r.stderr);
-    // The interactive lane is a worker's (CI_TASKS): make it as a worker would.
-    await client.jsm.streams.add({ name: "CI_TASKS", subjects: ["ci.submit", "ci.submit.*"], retention: "workqueue" });
-    await client.jsm.consumers.add("CI_TASKS", { durable_name: "ci-workers", ack_policy: "explicit" });
     const s = await ci(["stats", "--json"], { url });
     assert.equal(s.code, 0, s.stderr);
     const j = JSON.parse(s.stdout);
@@ -432,19 +434,17 @@ describe("ci batch with a stand-in worker", () => {
 });
 
 describe("ci batch before any worker made the batch lane", () => {
-  let server, client, url;
+  let stack, url;
   before(async () => {
-    server = await startNatsServer({ config: SERVER_CONFIG });
-    url = server.url;
-    client = await connectClient(url);
-    await new Kvm(client.js).create(RESULTS_BUCKET, { history: 1, ttl: 3600_000 });
-    await new Objm(client.js).create(FILES_BUCKET, { ttl: 3600_000_000_000 });
-    await client.jsm.streams.add({ name: "CI_TASKS", subjects: ["ci.submit", "ci.submit.*"], retention: "workqueue" });
-    await client.jsm.consumers.add("CI_TASKS", { durable_name: "ci-workers", ack_policy: "explicit" });
+    // What a worker that predates batches leaves: its streams and buckets,
+    // without the batch lane's.
+    stack = await stackWithoutWorker();
+    url = stack.server.url;
+    await stack.client.jsm.streams.delete(BATCH_STREAM);
+    await stack.client.jsm.streams.delete(BATCHES_STREAM);
   });
   after(async () => {
-    await client?.close();
-    await server?.stop();
+    await stack?.stop();
   });
 
   test("status, submit and cancel exit 3 naming the missing stream; ci stats says the lane is not there", async () => {

@@ -1,10 +1,9 @@
 // Batches (docs/contract.md §20, §21) for the tests of `ci batch`: the
-// `ci` runner, the batch lane's streams as the contract sets them, and a
-// stand-in worker that takes batch tasks and ends them the way §20 says a
+// `ci` runner, reads of the batch lane's streams (which a real worker
+// makes), and a stand-in worker that takes batch tasks and ends them the way §20 says a
 // worker does (taken, the terminal record, the end event, the ack, then
 // complete when the counts say so), with outcomes the test chooses.
 //
-//   await ensureBatchLane(client.jsm, { maxMsgSize });   // only what is missing
 //   const w = fakeBatchWorker(client);
 //   const t = await w.take();                 // one task of CI_BATCH: { taskId, batchId, request, ... }
 //   await w.taken(t);                         // ci.batches.<b>.taken
@@ -12,7 +11,7 @@
 //   const ev = await batchEvents(client, b);  // every message on ci.batches.<b>.*
 import { spawn } from "node:child_process";
 import { headers as natsHeaders } from "@nats-io/transport-node";
-import { AckPolicy, DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream";
 
 import { CLI_BIN } from "./worker.mjs";
 import { decodeMessage, proto } from "./client.mjs";
@@ -57,60 +56,6 @@ export function ci(args, { cwd, url, timeoutMs = 60000, stdin, onStderr } = {}) 
     });
     if (stdin !== undefined) child.stdin.end(stdin);
   });
-}
-
-// Makes CI_BATCH, CI_BATCHES and the consumer ci-workers-batch with the
-// settings of contract §3, §4 and §21 unless they exist (a worker that
-// serves batches made them: then its settings are the ones under test).
-// Returns the names of what it made.
-export async function ensureBatchLane(jsm, { maxMsgSize = -1 } = {}) {
-  const made = [];
-  const exists = async (f) => {
-    try {
-      await f();
-      return true;
-    } catch {
-      return false;
-    }
-  };
-  if (!(await exists(() => jsm.streams.info(BATCH_STREAM)))) {
-    await jsm.streams.add({
-      name: BATCH_STREAM,
-      subjects: [`${BATCH_PREFIX}.*`],
-      retention: RetentionPolicy.Workqueue,
-      storage: StorageType.File,
-      max_age: 86400 * NS,
-      duplicate_window: 3600 * NS,
-      max_msg_size: maxMsgSize,
-      discard: DiscardPolicy.Old,
-      allow_direct: true,
-    });
-    made.push(BATCH_STREAM);
-  }
-  if (!(await exists(() => jsm.streams.info(BATCHES_STREAM)))) {
-    await jsm.streams.add({
-      name: BATCHES_STREAM,
-      subjects: [`${BATCHES_PREFIX}.>`],
-      retention: RetentionPolicy.Limits,
-      storage: StorageType.File,
-      max_age: 86400 * NS,
-      duplicate_window: 3600 * NS,
-      allow_direct: true,
-    });
-    made.push(BATCHES_STREAM);
-  }
-  if (!(await exists(() => jsm.consumers.info(BATCH_STREAM, BATCH_CONSUMER)))) {
-    await jsm.consumers.add(BATCH_STREAM, {
-      durable_name: BATCH_CONSUMER,
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
-      ack_wait: 30 * NS,
-      max_deliver: 5,
-      max_waiting: 4096,
-    });
-    made.push(BATCH_CONSUMER);
-  }
-  return made;
 }
 
 // Message counts per subject of CI_BATCHES for batch b: { taken: 3, ... }.
