@@ -21,7 +21,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # The libFuzzer targets need clang: their own build, only those targets.
 fuzz_dir=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 CC=clang cmake -S "$root" -B "$fuzz_dir" -DCI_FUZZ=ON -DCI_FUZZ_SECONDS=${CI_FUZZ_SECONDS:-30} >/dev/null
-cmake --build "$fuzz_dir" -j"$(nproc)" --target fuzz_config fuzz_objmeta fuzz_request fuzz_heartbeat
+cmake --build "$fuzz_dir" -j"$(nproc)" --target fuzz_config fuzz_objmeta fuzz_request fuzz_heartbeat fuzz_batch
 # Warnings are errors in every build type, with gcc and with clang. Beyond
 # the two builds above (gcc -O2 with sanitizers; clang, fuzz targets only),
 # build all targets, tests included, with clang and with gcc at -O0 without

@@ -10,12 +10,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "cli/batch.h"
+#include "cli/batch_client.h"
 #include "cli/client.h"
 #include "cli/follow.h"
 #include "cli/mcp.h"
+#include "cli/progress.h"
 #include "cli/tools.h"
 #include "nats/broker.h"
 #include "core/codec.h"
@@ -57,6 +62,13 @@ struct opts {
     bool wire_json;
     bool no_save;
     bool output; /* watch: follow the output instead of printing events */
+    bool timeout_set, memory_set;
+    /* ci batch: the options, and the command checked before connecting */
+    const char *file_each;
+    const char *batch;
+    bool jsonl;
+    const char *jsonl_file;
+    struct ci_batch_cmd batch_cmd;
 };
 
 /* ci_client_put_text: escaped to a terminal, as they are elsewhere. */
@@ -383,6 +395,24 @@ static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, const str
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
+    /* The batch lane (contract §21), when a worker that serves it made it. */
+    const char *bstream = cfg->jetstream.batch_stream, *bconsumer = cfg->jetstream.batch_consumer;
+    struct ci_queue_stats bq;
+    ci_status bs = ci_broker_batch_queue_stats(b, &bq, &e);
+    if (bs && bs != CI_ERR_NOT_FOUND) {
+        say(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    char batch_json[512];
+    if (bs)
+        snprintf(batch_json, sizeof(batch_json), "null");
+    else
+        snprintf(batch_json, sizeof(batch_json),
+                 "{\"stream\":\"%s\",\"consumer\":\"%s\",\"streamMsgs\":\"%" PRIu64
+                 "\",\"pending\":\"%" PRIu64 "\",\"ackPending\":\"%" PRIu64
+                 "\",\"redelivered\":\"%" PRIu64 "\",\"waiting\":\"%" PRIu64 "\"}",
+                 bstream, bconsumer, bq.stream_msgs, bq.pending, bq.ack_pending,
+                 bq.redelivered, bq.waiting);
     struct stats_workers sw = {.json = json, .now_ms = ci_now_ms()};
     bool have_bucket = true;
     ci_status s = ci_broker_workers_open(b, false, 0, &e);
@@ -398,9 +428,9 @@ static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, const str
         printf("{\"queue\":{\"stream\":\"%s\",\"consumer\":\"%s\",\"streamMsgs\":\"%" PRIu64
                "\",\"pending\":\"%" PRIu64 "\",\"ackPending\":\"%" PRIu64
                "\",\"redelivered\":\"%" PRIu64 "\",\"waiting\":\"%" PRIu64
-               "\"},\"workers\":[%s]}\n",
+               "\"},\"batchQueue\":%s,\"workers\":[%s]}\n",
                cfg->jetstream.tasks_stream, cfg->jetstream.consumer, q.stream_msgs, q.pending,
-               q.ack_pending, q.redelivered, q.waiting,
+               q.ack_pending, q.redelivered, q.waiting, batch_json,
                sw.text.data ? (const char *)sw.text.data : "");
     } else {
         say(stdout, "queue:        %" PRIu64 " waiting for a worker (consumer %s; stream %s holds %" PRIu64
@@ -409,6 +439,14 @@ static int cmd_stats(struct ci_broker *b, const struct ci_config *cfg, const str
         say(stdout, "in flight:    %" PRIu64 " (%" PRIu64 " of them delivered more than once)\n",
                q.ack_pending, q.redelivered);
         say(stdout, "idle pulls:   %" PRIu64 "\n", q.waiting);
+        if (bs)
+            say(stdout, "batch queue:  none (no consumer %s on stream %s: no worker that serves "
+                "batches has run)\n", bconsumer, bstream);
+        else
+            say(stdout, "batch queue:  %" PRIu64 " waiting for a worker (consumer %s; stream %s "
+                "holds %" PRIu64 "), %" PRIu64 " in flight (%" PRIu64 " of them delivered more "
+                "than once)\n", bq.pending, bconsumer, bstream, bq.stream_msgs,
+                bq.ack_pending, bq.redelivered);
         if (!have_bucket)
             say(stdout, "workers:      unknown (no heartbeat bucket %s: no worker with heartbeats "
                    "has run)\n",
@@ -903,6 +941,418 @@ static int cmd_tools(struct ci_broker *b, const struct ci_config *cfg, const str
     return 0;
 }
 
+/* --- ci batch: submit, status, wait, results, cancel (contract §20) --- */
+
+/* Groups shown by `ci batch wait`, and the end events read to make them. */
+#define WAIT_GROUPS_SHOWN 10
+#define WAIT_GROUPS_MAX 100
+#define WAIT_FAILURES_READ 10000
+
+static int terminal_columns(void)
+{
+    struct winsize ws;
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+        return ws.ws_col;
+    const char *env = getenv("COLUMNS");
+    long cols = env ? strtol(env, NULL, 10) : 0;
+    return cols > 0 && cols < 10000 ? (int)cols : 80;
+}
+
+/* One line of progress on stderr: on a terminal, text (short) after a
+ * bar, redrawn in place ("\r", then erase to the end of the line); a
+ * plain line of long_text otherwise. */
+static void progress_line(bool tty, const uint64_t *segments, size_t n_segments, uint64_t total,
+                          const char *text, const char *long_text)
+{
+    if (!tty) {
+        say(stderr, "ci: %s\n", long_text);
+        return;
+    }
+    char bar[64] = "";
+    int width = ci_progress_width(terminal_columns(), strlen(text));
+    if (width)
+        ci_progress_bar(bar, sizeof(bar), width, segments, "#x>", n_segments, total);
+    /* The controls are ours: written as they are, not through say(). */
+    fprintf(stderr, "\r%s%s%s\x1b[K", bar, width ? " " : "", text);
+    fflush(stderr);
+}
+
+struct submit_progress {
+    bool tty;
+    int64_t last_ms;
+    bool drawn;
+};
+
+static void on_submit_progress(void *closure, uint64_t done, uint64_t total)
+{
+    struct submit_progress *p = closure;
+    int64_t now = ci_mono_ms();
+    /* A terminal is redrawn ten times a second; a log gets a line every
+     * 5 s of a long submission. */
+    if (done != total && now - p->last_ms < (p->tty ? 100 : 5000))
+        return;
+    if (!p->tty && done == total && !p->drawn)
+        return; /* a short submission: the summary says it all */
+    p->last_ms = now;
+    p->drawn = true;
+    char text[96];
+    snprintf(text, sizeof(text), "%" PRIu64 "/%" PRIu64 " tasks submitted", done, total);
+    progress_line(p->tty, &done, 1, total, text, text);
+}
+
+static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
+{
+    const struct ci_batch_cmd *c = &o->batch_cmd;
+    struct ci_error e = {{0}};
+    char new_id[19];
+    const char *batch = c->batch;
+    if (!batch) {
+        ci_batch_new_id(new_id);
+        batch = new_id;
+    }
+    struct ci_batch_submit a = {
+        .batch = batch, .labels = o->labels, .n_labels = o->n_labels,
+        .timeout_ms = o->timeout_ms, .memory_mb = o->memory_mb, .jsonl_path = c->jsonl_file,
+        .wire_json = o->wire_json,
+    };
+    CI_AUTOFREE uint8_t *code = NULL;
+    char **paths = NULL;
+    if (c->glob) {
+        size_t code_len = 0;
+        if (ci_client_read_file(c->script, cfg->limits.max_code_bytes, &code, &code_len, &e)) {
+            say(stderr, "ci: %s\n", e.msg);
+            return EXIT_USAGE;
+        }
+        if (memchr(code, 0, code_len)) {
+            say(stderr, "ci: '%s' holds a NUL byte, so it is not Python source\n", c->script);
+            return EXIT_USAGE;
+        }
+        if (ci_batch_glob(c->glob, CI_BATCH_MAX_TASKS, &paths, &a.n_paths, &e)) {
+            say(stderr, "ci: %s\n", e.msg);
+            return EXIT_USAGE;
+        }
+        a.code = (const char *)code;
+        a.code_len = code_len;
+        a.paths = paths;
+    }
+    struct submit_progress p = {.tty = isatty(STDERR_FILENO), .last_ms = ci_mono_ms()};
+    struct ci_batch_submitted r;
+    ci_status s = ci_batch_submit(b, cfg, &a, on_submit_progress, &p, &r, &e);
+    ci_batch_paths_free(paths, a.n_paths);
+    if (p.tty && p.drawn)
+        fputc('\n', stderr);
+    if (s) {
+        uint64_t done = r.published + r.duplicates + r.skipped;
+        say(stderr, "ci: %s\n", e.msg);
+        if (done)
+            say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
+                "it is not sealed: run the same command again to finish it (nothing runs "
+                "twice)\n", batch, done, r.total);
+        return s == CI_ERR_INVALID || s == CI_ERR_CONFLICT ? EXIT_USAGE : EXIT_INFRA;
+    }
+    say(stdout, "%s\n", batch);
+    fflush(stdout);
+    say(stderr, "ci: batch %s: %" PRIu64 " tasks: %" PRIu64 " submitted", batch, r.total,
+        r.published);
+    if (r.duplicates)
+        say(stderr, ", %" PRIu64 " queued already (not queued again)", r.duplicates);
+    if (r.skipped)
+        say(stderr, ", %" PRIu64 " skipped (their result is terminal already)", r.skipped);
+    say(stderr, "; %s\n", r.seal_was_there ? "sealed already" : "sealed");
+    if (ci_batch_state_done(&r.counts))
+        say(stderr, "ci: batch %s: every task has ended%s\n", batch,
+            r.completed ? "; the complete event is published" : "");
+    return 0;
+}
+
+/* The counts of the batch: 0, 1 when the streams know nothing of it (said
+ * on stderr), EXIT_INFRA. */
+static int batch_counts(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
+                        struct ci_batch_state *ret)
+{
+    struct ci_error e = {{0}};
+    struct ci_batch_raw raw;
+    if (ci_batch_read_raw(b, cfg, batch, &raw, &e)) {
+        say(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    if (!ci_batch_raw_known(&raw)) {
+        say(stderr, "ci: no batch '%s': no task or event of it is stored (never submitted, a "
+            "typo, or older than its streams keep messages)\n", batch);
+        return 1;
+    }
+    ci_batch_state_compute(&raw, ret);
+    return 0;
+}
+
+static int batch_status(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
+{
+    const char *batch = o->batch_cmd.batch;
+    struct ci_batch_state c;
+    int rc = batch_counts(b, cfg, batch, &c);
+    if (rc)
+        return rc;
+    if (o->batch_cmd.json) {
+        struct ci_buf j = CI_BUF_INIT;
+        if (ci_batch_state_json(&c, &j)) {
+            say(stderr, "ci: out of memory\n");
+            return EXIT_INFRA;
+        }
+        printf("%s\n", (const char *)j.data);
+        ci_buf_release(&j);
+        return 0;
+    }
+    say(stdout, "batch:      %s\n", batch);
+    if (c.sealed)
+        say(stdout, "tasks:      %" PRIu64 " (sealed)\n", c.total);
+    else
+        say(stdout, "tasks:      at least %" PRIu64 " (not sealed: its submission has not "
+            "finished)\n", c.total);
+    say(stdout, "queued:     %" PRIu64 "\nrunning:    %" PRIu64 "\nsucceeded:  %" PRIu64
+        "\nfailed:     %" PRIu64 "\ntimed out:  %" PRIu64 "\ncancelled:  %" PRIu64 "\n",
+        c.queued, c.running, c.succeeded, c.failed, c.timed_out, c.cancelled);
+    if (c.cancel_requested)
+        say(stdout, "cancel:     requested (tasks not ended yet end cancelled)\n");
+    say(stdout, "complete:   %s\n", c.complete                   ? "yes"
+                                    : ci_batch_state_done(&c) ? "every task ended"
+                                                               : "no");
+    return 0;
+}
+
+/* The counts in a few words, for the progress bar of a terminal. */
+static void wait_text_short(char *out, size_t n, const struct ci_batch_state *c)
+{
+    snprintf(out, n,
+             "%" PRIu64 "/%" PRIu64 "%s ended (%" PRIu64 " ok, %" PRIu64 " not), %" PRIu64
+             " running, %" PRIu64 " queued",
+             ci_batch_state_ended(c), c->total, c->sealed ? "" : "+", c->succeeded,
+             c->failed + c->timed_out + c->cancelled, c->running, c->queued);
+}
+
+static void wait_text(char *out, size_t n, const struct ci_batch_state *c)
+{
+    snprintf(out, n,
+             "%" PRIu64 "/%" PRIu64 "%s ended: %" PRIu64 " succeeded, %" PRIu64 " failed, %" PRIu64
+             " timed out, %" PRIu64 " cancelled; %" PRIu64 " running, %" PRIu64 " queued",
+             ci_batch_state_ended(c), c->total, c->sealed ? "" : "+", c->succeeded, c->failed,
+             c->timed_out, c->cancelled, c->running, c->queued);
+}
+
+static bool on_failure(void *closure, const struct ci_batch_end *end)
+{
+    return ci_batch_failures_add(closure, ci_batch_event_status(end->event), end->error,
+                                 end->task_id) == CI_OK;
+}
+
+/* The failures of an ended batch, grouped by error, on stdout. */
+static int print_failures(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
+                          const struct ci_batch_state *c)
+{
+    struct ci_error e = {{0}};
+    struct ci_batch_failures f;
+    ci_batch_failures_init(&f, WAIT_GROUPS_MAX);
+    size_t unreadable = 0;
+    unsigned kinds[] = {CI_BATCH_EV_FAILED, CI_BATCH_EV_TIMED_OUT, CI_BATCH_EV_CANCELLED};
+    ci_status s = CI_OK;
+    for (size_t i = 0; !s && i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        size_t bad = 0;
+        s = ci_batch_read_ends(b, cfg, batch, 1u << kinds[i], WAIT_FAILURES_READ, on_failure, &f,
+                               &bad, &e);
+        unreadable += bad;
+    }
+    if (s) {
+        say(stderr, "ci: %s\n", e.msg);
+        ci_batch_failures_release(&f);
+        return EXIT_INFRA;
+    }
+    ci_batch_failures_sort(&f);
+    say(stdout, "batch %s: %" PRIu64 " of %" PRIu64 " tasks succeeded; %" PRIu64 " failed, %"
+        PRIu64 " timed out, %" PRIu64 " cancelled\n", batch, c->succeeded, c->total, c->failed,
+        c->timed_out, c->cancelled);
+    for (size_t i = 0; i < f.n && i < WAIT_GROUPS_SHOWN; i++) {
+        const struct ci_batch_group *g = &f.groups[i];
+        say(stdout, "  %" PRIu64 " %s: %s\n    tasks ", g->count, ci_task_status_short(g->status),
+            g->error[0] ? g->error : "(no error given)");
+        for (size_t k = 0; k < g->n_ids; k++)
+            say(stdout, "%s%s", k ? ", " : "", g->ids[k]);
+        say(stdout, "%s\n", g->count > g->n_ids ? ", ..." : "");
+    }
+    if (f.n > WAIT_GROUPS_SHOWN || f.ungrouped) {
+        uint64_t rest = f.ungrouped;
+        for (size_t i = WAIT_GROUPS_SHOWN; i < f.n; i++)
+            rest += f.groups[i].count;
+        say(stdout, "  %" PRIu64 " more with other errors\n", rest);
+    }
+    uint64_t ended_bad = c->failed + c->timed_out + c->cancelled;
+    if (f.total < ended_bad && !unreadable)
+        say(stdout, "  (grouped from the first %" PRIu64 " failures)\n", f.total);
+    if (unreadable)
+        say(stdout, "  (%zu end events could not be read)\n", unreadable);
+    say(stdout, "ci batch results %s --jsonl gives every result\n", batch);
+    ci_batch_failures_release(&f);
+    return 1;
+}
+
+static void sleep_ms(int64_t ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
+{
+    const char *batch = o->batch_cmd.batch;
+    /* A batch may take hours: by default wait as long as its streams keep
+     * it (batches.max_age_s, 24 h). */
+    int64_t wait_ms = o->wait_set ? o->wait_ms : 86400000;
+    int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0;
+    bool tty = isatty(STDERR_FILENO), drawn = false;
+    char text[256], said[256] = "", brief[160];
+    struct ci_batch_state c;
+    for (;;) {
+        int rc = batch_counts(b, cfg, batch, &c);
+        if (rc) {
+            if (drawn && tty)
+                fputc('\n', stderr);
+            return rc;
+        }
+        bool done = ci_batch_state_done(&c);
+        int64_t now = ci_mono_ms();
+        wait_text(text, sizeof(text), &c);
+        /* A terminal shows every poll; a log a line when the counts moved,
+         * at most every 5 s, and the last. */
+        if (tty || !drawn || done || (strcmp(text, said) != 0 && now - last_line >= 5000)) {
+            uint64_t seg[3] = {c.succeeded, c.failed + c.timed_out + c.cancelled, c.running};
+            wait_text_short(brief, sizeof(brief), &c);
+            progress_line(tty, seg, 3, c.total, brief, text);
+            snprintf(said, sizeof(said), "%s", text);
+            last_line = now;
+            drawn = true;
+        }
+        if (done)
+            break;
+        if (now >= deadline) {
+            if (tty)
+                fputc('\n', stderr);
+            say(stderr, "ci: batch %s: not every task ended within %" PRId64 " ms: %s%s\n", batch,
+                wait_ms, text,
+                c.sealed ? "" : " (and it is not sealed: its submission has not finished)");
+            return EXIT_TIMEOUT;
+        }
+        int64_t left = deadline - now;
+        sleep_ms(left < 500 ? left : 500);
+    }
+    if (tty)
+        fputc('\n', stderr);
+    if (c.succeeded >= c.total) {
+        say(stdout, "batch %s: all %" PRIu64 " tasks succeeded\n", batch, c.total);
+        return 0;
+    }
+    return print_failures(b, cfg, batch, &c);
+}
+
+struct results_out {
+    struct ci_broker *b;
+    const char *batch;
+    bool jsonl;
+    uint64_t lines, expired;
+    ci_status failed;
+    struct ci_error e;
+};
+
+static bool on_result(void *closure, const struct ci_batch_end *end)
+{
+    struct results_out *r = closure;
+    r->lines++;
+    if (!r->jsonl) {
+        say(stdout, "%s %s%s%s\n", end->task_id, ci_batch_event_name(end->event),
+            end->error[0] ? ": " : "", end->error);
+        return true;
+    }
+    char *line = NULL;
+    size_t len = 0;
+    bool expired = false;
+    r->failed = ci_batch_result_line(r->b, r->batch, end, &line, &len, &expired, &r->e);
+    if (r->failed)
+        return false;
+    r->expired += expired;
+    fwrite(line, 1, len, stdout);
+    fputc('\n', stdout);
+    free(line);
+    return true;
+}
+
+static int batch_results(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
+{
+    const char *batch = o->batch_cmd.batch;
+    struct ci_batch_state c;
+    int rc = batch_counts(b, cfg, batch, &c);
+    if (rc)
+        return rc;
+    struct results_out r = {.b = b, .batch = batch, .jsonl = o->batch_cmd.jsonl};
+    unsigned ends = 1u << CI_BATCH_EV_SUCCEEDED | 1u << CI_BATCH_EV_FAILED |
+                    1u << CI_BATCH_EV_TIMED_OUT | 1u << CI_BATCH_EV_CANCELLED;
+    size_t unreadable = 0;
+    struct ci_error e = {{0}};
+    ci_status s = ci_batch_read_ends(b, cfg, batch, ends, 2 * (size_t)CI_BATCH_MAX_TASKS + 16,
+                                     on_result, &r, &unreadable, &e);
+    fflush(stdout);
+    if (r.failed || s) {
+        say(stderr, "ci: %s\n", r.failed ? r.e.msg : e.msg);
+        return EXIT_INFRA;
+    }
+    if (r.expired)
+        say(stderr, "ci: %" PRIu64 " results had expired from the results bucket: their lines "
+            "hold the status and error of the task's end event\n", r.expired);
+    if (unreadable)
+        say(stderr, "ci: %zu end events could not be read and are left out\n", unreadable);
+    if (!ci_batch_state_done(&c))
+        say(stderr, "ci: %" PRIu64 " of %" PRIu64 "%s tasks have ended; the others have no "
+            "result yet\n", r.lines, c.total, c.sealed ? "" : "+");
+    return 0;
+}
+
+static int batch_cancel(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
+{
+    const char *batch = o->batch_cmd.batch;
+    struct ci_error e = {{0}};
+    struct ci_batch_raw raw;
+    if (ci_batch_read_raw(b, cfg, batch, &raw, &e)) {
+        say(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    if (ci_batch_cancel(b, cfg, batch, &e)) {
+        say(stderr, "ci: %s\n", e.msg);
+        return EXIT_INFRA;
+    }
+    struct ci_batch_state c;
+    ci_batch_state_compute(&raw, &c);
+    say(stdout, "batch %s: cancel published on %s.%s.cancel\n", batch,
+        cfg->jetstream.batch_events_prefix, batch);
+    if (!ci_batch_raw_known(&raw))
+        say(stderr, "ci: no task of batch %s is stored yet: the tasks it gets will end cancelled "
+            "when a worker takes them\n", batch);
+    else
+        say(stderr, "ci: its %" PRIu64 "%s tasks not ended yet end cancelled (%" PRIu64
+            " queued are never run, %" PRIu64 " running are stopped); the %" PRIu64
+            " ended keep their results\n", c.queued + c.running,
+            c.sealed ? "" : "+", c.queued, c.running, ci_batch_state_ended(&c));
+    return 0;
+}
+
+static int cmd_batch(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
+                     const char *unused)
+{
+    switch (o->batch_cmd.verb) {
+    case CI_BATCH_SUBMIT: return batch_submit(b, cfg, o);
+    case CI_BATCH_STATUS: return batch_status(b, cfg, o);
+    case CI_BATCH_WAIT: return batch_wait(b, cfg, o);
+    case CI_BATCH_RESULTS: return batch_results(b, cfg, o);
+    case CI_BATCH_CANCEL: return batch_cancel(b, cfg, o);
+    }
+    return EXIT_USAGE;
+}
+
 /* The commands, for dispatch and for the usage text. A help that needs more
  * than one line continues after '\n', indented under the first. */
 struct command {
@@ -930,8 +1380,9 @@ static const struct command commands[] = {
      "list sessions, show one, or close one (its state is deleted;\n"
      "its next task starts a new session)", false},
     {"stats", NULL, false, cmd_stats,
-     "queue depth, tasks in flight, redeliveries, and the workers\n"
-     "seen recently (from their heartbeats)", false},
+     "queue depth of both lanes (interactive, batch), tasks in flight,\n"
+     "redeliveries, and the workers seen recently (from their\n"
+     "heartbeats)", false},
     {"runtimes", NULL, false, cmd_runtimes,
      "what each runtime offers (Python and package versions, limits,\n"
      "network, sessions, isolation), as its workers published it", false},
@@ -941,6 +1392,8 @@ static const struct command commands[] = {
     {"tools", NULL, false, cmd_tools,
      "print the tool definitions for an agent API as JSON\n"
      "(--format openai|anthropic|mcp; openai by default)", true},
+    {"batch", "COMMAND ...", false, cmd_batch,
+     "many tasks followed as one (batch commands below)", false},
 };
 
 static const struct command *find_command(const char *name)
@@ -971,7 +1424,26 @@ static void usage(FILE *out)
             fprintf(out, "  %-*s", HELP_COLUMN, "");
         }
     }
-    fputs("options:\n"
+    fputs("batch commands (a batch's tasks wait behind interactive ones):\n"
+          "  batch submit SCRIPT --file-each 'GLOB' [--batch B]\n"
+          "                     one task per file the pattern matches (at most 100000),\n"
+          "                     SCRIPT reading it as ./NAME; task ids are B-1, B-2, ... in\n"
+          "                     the files' sorted order, so the same command again runs\n"
+          "                     nothing twice; prints B (default: b- and 16 hex digits)\n"
+          "  batch submit --jsonl FILE [--batch B]\n"
+          "                     one ExecutionRequest per line, JSON (contract §10); a\n"
+          "                     line without taskId gets B-<line number>\n"
+          "  batch status B [--json]\n"
+          "                     total, queued, running, succeeded, failed, timed out,\n"
+          "                     cancelled (exit 1: no such batch)\n"
+          "  batch wait B       until every task ended; exit 0 when all succeeded, else 1\n"
+          "                     with the failures grouped by error (124: --wait-ms passed,\n"
+          "                     default 86400000)\n"
+          "  batch results B --jsonl\n"
+          "                     each ended task's result, one JSON line each, in the\n"
+          "                     order they ended (without --jsonl: id, status, error)\n"
+          "  batch cancel B     tasks not ended yet end cancelled; ended ones keep results\n"
+          "options:\n"
           "  --file F           input file (CSV/XLSX), repeatable; SCRIPT reads it as ./NAME\n"
           "  --timeout-ms N     time limit (default: the worker's, 60000)\n"
           "  --memory-mb N      memory limit (default: the worker's, 1024)\n"
@@ -989,6 +1461,11 @@ static void usage(FILE *out)
           "                     (default $TMPDIR/ci-mcp-UID, made 0700)\n"
           "  --format F         ci tools: openai, anthropic or mcp\n"
           "  --output           ci watch: show the task's output as it is written\n"
+          "  --file-each GLOB   ci batch submit: one task per file matched\n"
+          "  --batch B          ci batch submit: the batch id ([A-Za-z0-9_-], short enough\n"
+          "                     for B-<n> to be at most 64 characters)\n"
+          "  --jsonl [FILE]     ci batch submit: requests from FILE; ci batch results:\n"
+          "                     print JSON lines\n"
           "  --url URL          NATS server (default: $CI_NATS_URL, then the config's)\n"
           "  --config FILE      worker.yaml to take names and credentials from\n"
           "Use '-' as SCRIPT to read the code from standard input.\n",
@@ -1007,6 +1484,10 @@ int main(int argc, char **argv)
         {"session", required_argument, NULL, 'S'},
         {"save-dir", required_argument, NULL, 'D'}, {"format", required_argument, NULL, 'F'},
         {"output", no_argument, NULL, 'O'},
+        {"file-each", required_argument, NULL, 'E'}, {"batch", required_argument, NULL, 'B'},
+        /* A flag for `batch results`; `batch submit --jsonl FILE` takes FILE
+         * as its operand (or --jsonl=FILE). */
+        {"jsonl", optional_argument, NULL, 'J'},
         {NULL, 0, NULL, 0},
     };
     struct opts o = {.wait_ms = 600000};
@@ -1038,10 +1519,13 @@ int main(int argc, char **argv)
                         c == 'm' ? "MiB" : "ms");
                 return EXIT_USAGE;
             }
-            if (c == 't')
+            if (c == 't') {
                 o.timeout_ms = (uint32_t)v;
-            else if (c == 'm')
+                o.timeout_set = true;
+            } else if (c == 'm') {
                 o.memory_mb = (uint32_t)v;
+                o.memory_set = true;
+            }
             else {
                 o.wait_ms = (int64_t)v;
                 o.wait_set = true;
@@ -1052,6 +1536,12 @@ int main(int argc, char **argv)
         case 'S': o.session = optarg; break;
         case 'D': o.save_dir = optarg; break;
         case 'F': o.format = optarg; break;
+        case 'E': o.file_each = optarg; break;
+        case 'B': o.batch = optarg; break;
+        case 'J':
+            o.jsonl = true;
+            o.jsonl_file = optarg;
+            break;
         case 'j': o.json = true; break;
         case 'W': o.wire_json = true; break;
         case 'n': o.no_save = true; break;
@@ -1074,8 +1564,31 @@ int main(int argc, char **argv)
         usage(stderr);
         return EXIT_USAGE;
     }
+    if (cmd->run != cmd_batch && (o.file_each || o.batch || o.jsonl)) {
+        say(stderr, "ci: --file-each, --batch and --jsonl are for 'ci batch'\n");
+        return EXIT_USAGE;
+    }
+    if (cmd->run == cmd_batch) {
+        struct ci_batch_cmdline bl = {
+            .operands = (const char *const *)argv + optind + 1,
+            .n_operands = (size_t)(argc - optind - 1),
+            .file_each = o.file_each, .batch = o.batch, .jsonl = o.jsonl,
+            .jsonl_file = o.jsonl_file, .json = o.json, .wait_set = o.wait_set,
+            .timeout_set = o.timeout_set, .memory_set = o.memory_set, .no_save = o.no_save,
+            .wire_json = o.wire_json, .n_labels = o.n_labels, .n_files = o.n_files, .id = o.id,
+            .session = o.session, .format = o.format, .save_dir = o.save_dir,
+            .output = o.output,
+        };
+        struct ci_error be = {{0}};
+        if (ci_batch_cmdline_check(&bl, &o.batch_cmd, &be)) {
+            say(stderr, "ci: %s\n", be.msg);
+            return EXIT_USAGE;
+        }
+    }
     int operands = cmd->operand ? 1 : 0;
     const char *arg = operands && optind + 1 < argc ? argv[optind + 1] : NULL;
+    if (cmd->run == cmd_batch)
+        operands = argc - optind - 1; /* checked above */
     if (cmd->run == cmd_session && arg) {
         bool needs_id = strcmp(arg, "show") == 0 || strcmp(arg, "close") == 0;
         if (!needs_id && strcmp(arg, "ls") != 0) {

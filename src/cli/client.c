@@ -101,6 +101,7 @@ ci_status ci_client_submit(struct ci_broker *b, const struct ci_config *cfg,
     Ci__V1__Limits limits = CI__V1__LIMITS__INIT;
     req.task_id = task_id;
     req.session_id = (char *)(a->session ? a->session : "");
+    req.batch_id = (char *)(a->batch ? a->batch : "");
     req.language = (char *)"python";
     req.code = code;
     limits.timeout_ms = a->timeout_ms;
@@ -183,6 +184,11 @@ ci_status ci_client_submit(struct ci_broker *b, const struct ci_config *cfg,
     if (s)
         goto out;
 
+    if (a->batch) {
+        s = ci_broker_submit_batch(b, a->batch, task_id, ci_encoding_content_type(enc), wire,
+                                   wire_len, ret_duplicate, err);
+        goto out;
+    }
     /* The QUEUED record lets a reader of the result answer before a worker
      * picks the task up. */
     Ci__V1__ExecutionResult queued = CI__V1__EXECUTION_RESULT__INIT;

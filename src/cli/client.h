@@ -33,10 +33,15 @@ struct ci_submit_args {
     uint32_t timeout_ms;       /* 0 = the worker's default */
     uint32_t memory_mb;
     bool wire_json; /* send JSON instead of protobuf */
+    /* A batch's task (contract §20): batch_id set to batch, published on
+     * <batch_subject>.<batch>, and no QUEUED record (a batch's counts say
+     * what is queued, for longer than a record lives). */
+    const char *batch;
 };
 
 /* Builds the request, uploads large inputs, writes the QUEUED record and
- * publishes (on the session's subject for a session step). task_id gets the
+ * publishes (on the session's subject for a session step; on the batch's
+ * subject without QUEUED record for a batch's task). task_id gets the
  * id. CI_ERR_INVALID when the caller's input is at fault (a file missing or
  * too large, a bad input name or label, the task id taken), with err saying
  * which; another status for NATS. *ret_duplicate: the server had it already. */

@@ -8,7 +8,77 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/request.h"
 #include "core/util.h"
+
+static const char *const event_names[CI_BATCH_EV_COUNT] = {
+    [CI_BATCH_EV_TAKEN] = "taken",         [CI_BATCH_EV_SUCCEEDED] = "succeeded",
+    [CI_BATCH_EV_FAILED] = "failed",       [CI_BATCH_EV_TIMED_OUT] = "timed_out",
+    [CI_BATCH_EV_CANCELLED] = "cancelled", [CI_BATCH_EV_SEALED] = "sealed",
+    [CI_BATCH_EV_COMPLETE] = "complete",   [CI_BATCH_EV_CANCEL] = "cancel",
+};
+
+/* The status names of ci.proto's TaskStatus (ci_task_status_name), kept
+ * here so that the broker needs no protobuf; test_batch_cli checks them. */
+static const char *const status_names[CI_BATCH_EV_COUNT] = {
+    [CI_BATCH_EV_SUCCEEDED] = "TASK_STATUS_SUCCEEDED",
+    [CI_BATCH_EV_FAILED] = "TASK_STATUS_FAILED",
+    [CI_BATCH_EV_TIMED_OUT] = "TASK_STATUS_TIMED_OUT",
+    [CI_BATCH_EV_CANCELLED] = "TASK_STATUS_CANCELLED",
+};
+
+const char *ci_batch_event_name(enum ci_batch_event ev)
+{
+    return ev >= 0 && ev < CI_BATCH_EV_COUNT ? event_names[ev] : "unknown";
+}
+
+enum ci_batch_event ci_batch_event_parse(const char *token)
+{
+    for (int i = 0; token && i < CI_BATCH_EV_COUNT; i++)
+        if (strcmp(token, event_names[i]) == 0)
+            return (enum ci_batch_event)i;
+    return CI_BATCH_EV_UNKNOWN;
+}
+
+enum ci_batch_event ci_batch_event_of(const char *prefix, const char *batch, const char *subject)
+{
+    size_t pn = strlen(prefix), bn = strlen(batch);
+    if (strncmp(subject, prefix, pn) != 0 || subject[pn] != '.' ||
+        strncmp(subject + pn + 1, batch, bn) != 0 || subject[pn + 1 + bn] != '.')
+        return CI_BATCH_EV_UNKNOWN;
+    return ci_batch_event_parse(subject + pn + 1 + bn + 1);
+}
+
+bool ci_batch_event_ended(enum ci_batch_event ev)
+{
+    return ev == CI_BATCH_EV_SUCCEEDED || ev == CI_BATCH_EV_FAILED ||
+           ev == CI_BATCH_EV_TIMED_OUT || ev == CI_BATCH_EV_CANCELLED;
+}
+
+const char *ci_batch_event_status_name(enum ci_batch_event ev)
+{
+    return ci_batch_event_ended(ev) ? status_names[ev] : NULL;
+}
+
+uint64_t *ci_batch_counts_of(struct ci_batch_counts *c, enum ci_batch_event ev)
+{
+    switch (ev) {
+    case CI_BATCH_EV_TAKEN: return &c->taken;
+    case CI_BATCH_EV_SUCCEEDED: return &c->succeeded;
+    case CI_BATCH_EV_FAILED: return &c->failed;
+    case CI_BATCH_EV_TIMED_OUT: return &c->timed_out;
+    case CI_BATCH_EV_CANCELLED: return &c->cancelled;
+    case CI_BATCH_EV_SEALED: return &c->sealed;
+    case CI_BATCH_EV_COMPLETE: return &c->complete;
+    case CI_BATCH_EV_CANCEL: return &c->cancel;
+    default: return NULL;
+    }
+}
+
+uint64_t ci_batch_counts_ended(const struct ci_batch_counts *c)
+{
+    return c->succeeded + c->failed + c->timed_out + c->cancelled;
+}
 
 static json_t *u64_str(uint64_t v)
 {
@@ -57,6 +127,60 @@ ci_status ci_batch_end_body(const char *task_id, const char *status, const char 
     return dump(o, bad, "end event", ret, ret_len, err);
 }
 
+/* Copies s into out (n bytes), cut where a UTF-8 sequence begins. */
+static void copy_cut(char *out, size_t n, const char *s)
+{
+    size_t len = strlen(s);
+    if (len >= n) {
+        len = n - 1;
+        while (len > 0 && ((unsigned char)s[len] & 0xC0) == 0x80)
+            len--;
+    }
+    memcpy(out, s, len);
+    out[len] = '\0';
+}
+
+ci_status ci_batch_end_parse(const uint8_t *data, size_t len, struct ci_batch_end *ret,
+                             struct ci_error *err)
+{
+    json_t *j = json_loadb((const char *)data, len, 0, NULL);
+    json_t *id = json_object_get(j, "taskId");
+    json_t *st = json_object_get(j, "status");
+    json_t *er = json_object_get(j, "error");
+    const char *ids = json_is_string(id) ? json_string_value(id) : "";
+    ci_status s = CI_OK;
+    if (!json_is_object(j) || !ci_task_id_valid(ids) || !json_is_string(st) ||
+        (er && !json_is_string(er)))
+        s = ci_error_set(err, CI_ERR_INVALID,
+                         "an end event is not {\"taskId\",\"status\",\"error\"} (%zu bytes)",
+                         len);
+    struct ci_batch_end e = {.event = CI_BATCH_EV_UNKNOWN};
+    if (!s) {
+        snprintf(e.task_id, sizeof(e.task_id), "%s", ids);
+        const char *name = json_string_value(st);
+        for (int ev = 0; ev < CI_BATCH_EV_COUNT; ev++)
+            if (status_names[ev] && strcmp(name, status_names[ev]) == 0)
+                e.event = (enum ci_batch_event)ev;
+        if (e.event == CI_BATCH_EV_UNKNOWN)
+            s = ci_error_set(err, CI_ERR_INVALID, "an end event of task %s says status '%.40s'",
+                             e.task_id, name);
+        copy_cut(e.error, sizeof(e.error), er ? json_string_value(er) : "");
+    }
+    json_decref(j);
+    if (!s)
+        *ret = e;
+    return s;
+}
+
+ci_status ci_batch_seal_body(uint64_t total, char **ret, size_t *ret_len, struct ci_error *err)
+{
+    json_t *o = json_object();
+    if (!o)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    int bad = json_object_set_new(o, "total", u64_str(total));
+    return dump(o, bad, "seal", ret, ret_len, err);
+}
+
 ci_status ci_batch_seal_total(const uint8_t *data, size_t len, uint64_t *ret_total,
                               struct ci_error *err)
 {
@@ -86,8 +210,7 @@ ci_status ci_batch_seal_total(const uint8_t *data, size_t len, uint64_t *ret_tot
 
 bool ci_batch_is_complete(const struct ci_batch_counts *c, uint64_t total)
 {
-    uint64_t ended = c->succeeded + c->failed + c->timed_out + c->cancelled;
-    return c->sealed > 0 && ended >= total;
+    return c->sealed > 0 && ci_batch_counts_ended(c) >= total;
 }
 
 ci_status ci_batch_complete_body(const char *batch_id, uint64_t total,

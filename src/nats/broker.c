@@ -1395,10 +1395,16 @@ static ci_status lane_stats(struct ci_broker *b, const char *stream, const char 
     jsErrCode jerr = 0;
     CI_CLEANUP(jsStreamInfo_Destroy) jsStreamInfo *si = NULL;
     natsStatus s = js_GetStreamInfo(&si, b->js, stream, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "stream %s not found", stream);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read the state of stream %s", stream);
     CI_CLEANUP(jsConsumerInfo_Destroy) jsConsumerInfo *ci = NULL;
+    jerr = 0;
     s = js_GetConsumerInfo(&ci, b->js, stream, consumer, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "consumer %s of stream %s not found",
+                            consumer, stream);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read the state of consumer %s", consumer);
     struct ci_queue_stats q = {
@@ -1884,6 +1890,12 @@ ci_status ci_broker_batch_publish(struct ci_broker *b, const char *batch_id, con
         pa = NULL;
         s = js_PublishMsg(&pa, b->js, m, NULL, &jerr);
     }
+    /* A client (which makes no streams) is told the stream is missing, so
+     * that it can say which worker to start. */
+    if (s != NATS_OK && ci_nats_gone(s, jerr) &&
+        stream_missing(b, b->cfg->jetstream.batch_events_stream))
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "stream %s not found",
+                            b->cfg->jetstream.batch_events_stream);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot publish the %s event of batch '%s'", event,
                             batch_id);
@@ -1909,6 +1921,8 @@ static ci_status subject_counts(struct ci_broker *b, const char *stream, const c
         jerr = 0;
         s = js_GetStreamInfo(&si, b->js, stream, &o, &jerr);
     }
+    if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "stream %s not found", stream);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read the subjects of stream %s", stream);
     const jsStreamStateSubjects *list = si->State.Subjects;
@@ -1927,6 +1941,7 @@ static void count_event(void *closure, const char *subject, uint64_t n)
     struct counts_ctx *x = closure;
     if (strlen(subject) <= x->prefix_len)
         return;
+    /* By name, not ci_batch_event_parse: ci_nats does not link ci_codec. */
     const char *ev = subject + x->prefix_len;
     struct ci_batch_counts *c = x->c;
     uint64_t *slot = strcmp(ev, "taken") == 0       ? &c->taken
@@ -2014,6 +2029,58 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
     *ret_data = copy;
     *ret_len = n > 0 ? (size_t)n : 0;
     return CI_OK;
+}
+
+/* The ordered consumer replays the stream from its first message on the
+ * filter; each delivery says how many are left behind it (NumPending), so
+ * the read ends at the message that had none left, without waiting for a
+ * timeout. An empty filter would never deliver: it is counted first. */
+ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const char *event,
+                               size_t max, ci_batch_msg_fn fn, void *closure, size_t *ret_read,
+                               struct ci_error *err)
+{
+    if (ret_read)
+        *ret_read = 0;
+    char filter[SUBJECT_MAX];
+    ci_status r = batch_event_subject(b, batch_id, event, filter, sizeof(filter), err);
+    if (r)
+        return r;
+    const char *stream = b->cfg->jetstream.batch_events_stream;
+    uint64_t stored = 0;
+    r = subject_counts(b, stream, filter, count_one, &stored, err);
+    if (r || stored == 0 || max == 0)
+        return r;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = stream;
+    so.Ordered = true;
+    jsErrCode jerr = 0;
+    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
+    natsStatus s = js_SubscribeSync(&sub, b->js, filter, NULL, &so, &jerr);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot read %s from stream %s", filter, stream);
+    size_t seen = 0;
+    for (;;) {
+        CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+        s = natsSubscription_NextMsg(&m, sub, 10000);
+        if (s == NATS_TIMEOUT)
+            return ci_error_set(err, CI_ERR_TIMEOUT,
+                                "reading %s from stream %s: nothing came for 10 s after %zu "
+                                "messages", filter, stream, seen);
+        if (s != NATS_OK)
+            return ci_nats_fail(err, s, 0, "cannot read %s from stream %s", filter, stream);
+        CI_CLEANUP(jsMsgMetaData_Destroy) jsMsgMetaData *md = NULL;
+        uint64_t left = 0;
+        if (natsMsg_GetMetaData(&md, m) == NATS_OK)
+            left = md->NumPending;
+        seen++;
+        if (ret_read)
+            *ret_read = seen;
+        bool go_on = fn(closure, natsMsg_GetSubject(m), (const uint8_t *)natsMsg_GetData(m),
+                        (size_t)natsMsg_GetDataLength(m));
+        if (!go_on || left == 0 || seen >= max)
+            return CI_OK;
+    }
 }
 
 static void on_batch_cancel_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg,

@@ -194,7 +194,8 @@ struct ci_queue_stats {
 ci_status ci_broker_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
                                 struct ci_error *err);
 /* The same for the batch lane (contract §21): jetstream.batch_stream and
- * its consumer. CI_ERR_NATS when no worker of this version made them. */
+ * its consumer. CI_ERR_NOT_FOUND when no worker of this version made them
+ * (either lane: the stream or the consumer is missing). */
 ci_status ci_broker_batch_queue_stats(struct ci_broker *b, struct ci_queue_stats *ret,
                                       struct ci_error *err);
 
@@ -249,16 +250,20 @@ struct ci_batch_counts; /* core/batch.h */
  * none) and Content-Type (NULL: none): the stream keeps one message per
  * id within batches.duplicate_window_s. One try (and one more when the
  * stream was gone and is made again): callers that must have it stored
- * try again. *ret_duplicate (may be NULL): the stream had the id. */
+ * try again. *ret_duplicate (may be NULL): the stream had the id.
+ * CI_ERR_NOT_FOUND when the events stream does not exist (a client, which
+ * makes no streams, before any worker of this version ran). */
 ci_status ci_broker_batch_publish(struct ci_broker *b, const char *batch_id, const char *event,
                                   const char *msg_id, const char *content_type, const void *data,
                                   size_t len, bool *ret_duplicate, struct ci_error *err);
 /* The message count of each of the batch's event subjects: one stream info
- * request with subjects_filter <batch_events_prefix>.<batch_id>.* . */
+ * request with subjects_filter <batch_events_prefix>.<batch_id>.* .
+ * CI_ERR_NOT_FOUND when the events stream does not exist. */
 ci_status ci_broker_batch_counts(struct ci_broker *b, const char *batch_id,
                                  struct ci_batch_counts *ret, struct ci_error *err);
 /* The batch's tasks still in the batch stream (not yet acked: queued, or
- * taken and running): messages on <batch_subject>.<batch_id>. */
+ * taken and running): messages on <batch_subject>.<batch_id>.
+ * CI_ERR_NOT_FOUND when the batch stream does not exist. */
 ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint64_t *ret,
                                  struct ci_error *err);
 /* The body of the last message on <batch_events_prefix>.<batch_id>.<event>
@@ -266,6 +271,17 @@ ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint
  * there is none. A replica that lags may not show the newest yet. */
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err);
+/* Calls fn with each message on <batch_events_prefix>.<batch_id>.<event>
+ * (event "*": all of the batch's events), oldest first, from the first to
+ * the last stored when the read began (an ordered consumer); at most max
+ * of them. fn returns false to stop early. *ret_read (may be NULL) gets how
+ * many fn saw. CI_ERR_NOT_FOUND when the stream does not exist;
+ * CI_ERR_TIMEOUT when the server sent nothing for 10 s in the middle. */
+typedef bool (*ci_batch_msg_fn)(void *closure, const char *subject, const uint8_t *data,
+                                size_t len);
+ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const char *event,
+                               size_t max, ci_batch_msg_fn fn, void *closure, size_t *ret_read,
+                               struct ci_error *err);
 /* Calls fn (on a NATS thread) with the batch id of every message published
  * on <batch_events_prefix>.*.cancel from now on. */
 ci_status ci_broker_on_batch_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,

@@ -1,0 +1,503 @@
+/* batch_client.c - a batch on NATS (batch_client.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/batch_client.h"
+#include "cli/client.h"
+#include "nats/broker.h"
+
+/* --- reading --- */
+
+/* A batch stream missing: no worker that serves batches has made it. */
+static ci_status no_stream(struct ci_error *err, const char *stream)
+{
+    return ci_error_set(err, CI_ERR_NOT_FOUND,
+                        "stream %s not found: no worker that serves batches has run on this "
+                        "NATS yet (workers make it at start)", stream);
+}
+
+ci_status ci_batch_read_raw(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
+                            struct ci_batch_raw *ret, struct ci_error *err)
+{
+    struct ci_batch_raw raw;
+    memset(&raw, 0, sizeof(raw));
+    ci_status s = ci_broker_batch_counts(b, batch, &raw.events, err);
+    if (s == CI_ERR_NOT_FOUND)
+        return no_stream(err, cfg->jetstream.batch_events_stream);
+    if (s)
+        return s;
+    if (raw.events.sealed) {
+        CI_AUTOFREE uint8_t *data = NULL;
+        size_t len = 0;
+        s = ci_broker_batch_last(b, batch, "sealed", &data, &len, err);
+        if (s == CI_OK) {
+            struct ci_error pe = {{0}};
+            if (ci_batch_seal_total(data, len, &raw.seal_total, &pe))
+                return ci_error_set(err, CI_ERR_INVALID, "batch %s: %s", batch, pe.msg);
+            raw.sealed = true;
+        } else if (s != CI_ERR_NOT_FOUND) { /* not found: a replica that lags, or expired */
+            return s;
+        }
+    }
+    /* Before the seal, the tasks still in the work queue make the total. */
+    if (!raw.sealed) {
+        s = ci_broker_batch_queued(b, batch, &raw.left, err);
+        if (s == CI_ERR_NOT_FOUND)
+            return no_stream(err, cfg->jetstream.batch_stream);
+        if (s)
+            return s;
+    }
+    *ret = raw;
+    return CI_OK;
+}
+
+ci_status ci_batch_complete_if_done(struct ci_broker *b, const char *batch,
+                                    const struct ci_batch_raw *raw, bool *ret_stored,
+                                    struct ci_error *err)
+{
+    *ret_stored = false;
+    if (!raw->sealed || !ci_batch_is_complete(&raw->events, raw->seal_total))
+        return CI_OK;
+    char id[96];
+    snprintf(id, sizeof(id), "%s.complete", batch);
+    CI_AUTOFREE char *body = NULL;
+    size_t len = 0;
+    ci_status s = ci_batch_complete_body(batch, raw->seal_total, &raw->events, &body, &len, err);
+    bool dup = false;
+    if (!s)
+        s = ci_broker_batch_publish(b, batch, "complete", id, "application/json", body, len,
+                                    &dup, err);
+    if (!s)
+        *ret_stored = !dup;
+    return s;
+}
+
+struct ends_read {
+    const char *prefix, *batch;
+    unsigned mask;
+    ci_batch_end_fn fn;
+    void *closure;
+    size_t unreadable;
+};
+
+static bool on_end_msg(void *closure, const char *subject, const uint8_t *data, size_t len)
+{
+    struct ends_read *r = closure;
+    enum ci_batch_event ev = ci_batch_event_of(r->prefix, r->batch, subject);
+    if (ev == CI_BATCH_EV_UNKNOWN || !(r->mask & (1u << ev)) || !ci_batch_event_ended(ev))
+        return true;
+    struct ci_batch_end end;
+    if (ci_batch_end_parse(data, len, &end, NULL)) {
+        r->unreadable++;
+        return true;
+    }
+    /* The subject says the status; the body is the worker's copy of it. */
+    end.event = ev;
+    return r->fn(r->closure, &end);
+}
+
+ci_status ci_batch_read_ends(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
+                             unsigned mask, size_t max, ci_batch_end_fn fn, void *closure,
+                             size_t *ret_unreadable, struct ci_error *err)
+{
+    struct ends_read r = {cfg->jetstream.batch_events_prefix, batch, mask, fn, closure, 0};
+    /* One event kind: its own subject, so that the others are not read. */
+    const char *only = "*";
+    for (int ev = 0; ev < CI_BATCH_EV_COUNT; ev++)
+        if (mask == 1u << ev)
+            only = ci_batch_event_name((enum ci_batch_event)ev);
+    ci_status s = ci_broker_batch_read(b, batch, only, max, on_end_msg, &r, NULL, err);
+    if (s == CI_ERR_NOT_FOUND)
+        return no_stream(err, cfg->jetstream.batch_events_stream);
+    if (ret_unreadable)
+        *ret_unreadable = r.unreadable;
+    return s;
+}
+
+ci_status ci_batch_result_line(struct ci_broker *b, const char *batch,
+                               const struct ci_batch_end *end, char **ret, size_t *ret_len,
+                               bool *ret_expired, struct ci_error *err)
+{
+    Ci__V1__ExecutionResult *r = NULL;
+    ci_status s = ci_client_result_get(b, end->task_id, &r, err);
+    uint8_t *line = NULL;
+    size_t len = 0;
+    *ret_expired = s == CI_ERR_NOT_FOUND;
+    if (s == CI_OK) {
+        s = ci_message_encode(CI_ENC_JSON, &r->base, &line, &len, err);
+        ci_message_free(&r->base);
+    } else if (s == CI_ERR_NOT_FOUND || s == CI_ERR_INVALID) {
+        /* Results live an hour, a batch's events a day: what the end event
+         * says stands in for a record that is gone, or that is not an
+         * ExecutionResult (contract §20). */
+        char why[1024];
+        snprintf(why, sizeof(why), "%s%s%.700s",
+                 s == CI_ERR_NOT_FOUND ? "the result expired from the results bucket"
+                                       : "the stored result cannot be read",
+                 end->error[0] ? "; the task's end event said: " : "", end->error);
+        Ci__V1__ExecutionResult x = CI__V1__EXECUTION_RESULT__INIT;
+        x.task_id = (char *)end->task_id;
+        x.status = ci_batch_event_status(end->event);
+        x.error = why;
+        x.batch_id = (char *)batch;
+        s = ci_message_encode(CI_ENC_JSON, &x.base, &line, &len, err);
+    }
+    if (s)
+        return s;
+    *ret = (char *)line;
+    *ret_len = len;
+    return CI_OK;
+}
+
+ci_status ci_batch_cancel(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
+                          struct ci_error *err)
+{
+    ci_status s = ci_broker_batch_publish(b, batch, "cancel", NULL, NULL, "", 0, NULL, err);
+    if (s == CI_ERR_NOT_FOUND)
+        return no_stream(err, cfg->jetstream.batch_events_stream);
+    return s;
+}
+
+/* --- a JSONL file, line by line --- */
+
+struct lines {
+    int fd;
+    const char *path;
+    uint8_t *buf;
+    size_t cap, start, end;
+    bool eof;
+    size_t line_no; /* of the line returned last */
+};
+
+static ci_status lines_open(struct lines *l, const char *path, struct ci_error *err)
+{
+    memset(l, 0, sizeof(*l));
+    l->path = path;
+    if (strcmp(path, "-") == 0)
+        return ci_error_set(err, CI_ERR_INVALID,
+                            "--jsonl: give a file, not standard input: it is read twice (every "
+                            "line is checked before the first task goes out)");
+    l->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (l->fd < 0)
+        return ci_error_errno(err, CI_ERR_INVALID, errno, "cannot open '%.200s'", path);
+    return CI_OK;
+}
+
+static void lines_close(struct lines *l)
+{
+    if (l->fd >= 0)
+        close(l->fd);
+    l->fd = -1;
+    free(l->buf);
+    l->buf = NULL;
+}
+
+static ci_status lines_rewind(struct lines *l, struct ci_error *err)
+{
+    if (lseek(l->fd, 0, SEEK_SET) != 0)
+        return ci_error_errno(err, CI_ERR_INVALID, errno, "cannot read '%.200s' again", l->path);
+    l->start = l->end = 0;
+    l->eof = false;
+    l->line_no = 0;
+    return CI_OK;
+}
+
+/* The next line, without its newline, valid until the next call.
+ * CI_ERR_NOT_FOUND at the end of the file. */
+static ci_status lines_next(struct lines *l, const uint8_t **ret, size_t *ret_len,
+                            struct ci_error *err)
+{
+    for (;;) {
+        uint8_t *nl = l->end > l->start ? memchr(l->buf + l->start, '\n', l->end - l->start)
+                                        : NULL;
+        if (nl || (l->eof && l->end > l->start)) {
+            size_t len = nl ? (size_t)(nl - (l->buf + l->start)) : l->end - l->start;
+            *ret = l->buf + l->start;
+            *ret_len = len;
+            l->start += len + (nl ? 1 : 0);
+            l->line_no++;
+            if (len > CI_BATCH_MAX_LINE)
+                return ci_error_set(err, CI_ERR_INVALID, "%.200s:%zu: the line is longer than "
+                                    "%u bytes", l->path, l->line_no, CI_BATCH_MAX_LINE);
+            return CI_OK;
+        }
+        if (l->eof)
+            return CI_ERR_NOT_FOUND;
+        if (l->end - l->start > CI_BATCH_MAX_LINE)
+            return ci_error_set(err, CI_ERR_INVALID, "%.200s:%zu: the line is longer than %u "
+                                "bytes", l->path, l->line_no + 1, CI_BATCH_MAX_LINE);
+        if (l->start) { /* keep the partial line at the front */
+            memmove(l->buf, l->buf + l->start, l->end - l->start);
+            l->end -= l->start;
+            l->start = 0;
+        }
+        if (l->end == l->cap) {
+            size_t cap = l->cap ? l->cap * 2 : 65536;
+            uint8_t *grown = realloc(l->buf, cap);
+            if (!grown)
+                return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+            l->buf = grown;
+            l->cap = cap;
+        }
+        ssize_t n = read(l->fd, l->buf + l->end, l->cap - l->end);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return ci_error_errno(err, CI_ERR_INVALID, errno, "cannot read '%.200s'", l->path);
+        if (n == 0)
+            l->eof = true;
+        l->end += (size_t)n;
+    }
+}
+
+/* The request of the next non-blank line; CI_ERR_NOT_FOUND at the end. An
+ * error names the file and the line. */
+static ci_status next_request(struct lines *l, const struct ci_config *cfg, const char *batch,
+                              Ci__V1__ExecutionRequest **ret, struct ci_error *err)
+{
+    for (;;) {
+        const uint8_t *line = NULL;
+        size_t len = 0;
+        ci_status s = lines_next(l, &line, &len, err);
+        if (s)
+            return s;
+        if (ci_batch_line_blank(line, len))
+            continue;
+        struct ci_error e = {{0}};
+        s = ci_batch_jsonl_request(cfg, batch, l->line_no, line, len, ret, &e);
+        if (s)
+            return ci_error_set(err, s == CI_ERR_NOMEM ? s : CI_ERR_INVALID, "%.200s:%zu: %s",
+                                l->path, l->line_no, e.msg);
+        return CI_OK;
+    }
+}
+
+/* Pass one: every line decodes, keeps the rules, fits in a message, and
+ * no two share a task id. Gives the number of tasks. */
+static ci_status jsonl_check(struct ci_broker *b, const struct ci_config *cfg,
+                             const struct ci_batch_submit *a, struct lines *l,
+                             uint64_t *ret_total, struct ci_error *err)
+{
+    enum ci_encoding enc = a->wire_json ? CI_ENC_JSON : CI_ENC_PROTOBUF;
+    int64_t max_payload = ci_broker_max_payload(b);
+    struct ci_batch_id_line *ids = NULL;
+    size_t n = 0, cap = 0;
+    ci_status s;
+    for (;;) {
+        Ci__V1__ExecutionRequest *req = NULL;
+        s = next_request(l, cfg, a->batch, &req, err);
+        if (s == CI_ERR_NOT_FOUND) {
+            s = CI_OK;
+            break;
+        }
+        if (s)
+            break;
+        if (n == CI_BATCH_MAX_TASKS) {
+            ci_message_free(&req->base);
+            s = ci_error_set(err, CI_ERR_INVALID, "%.200s:%zu: more than %d requests; a batch "
+                             "holds at most %d tasks: split the file", l->path, l->line_no,
+                             CI_BATCH_MAX_TASKS, CI_BATCH_MAX_TASKS);
+            break;
+        }
+        uint8_t *wire = NULL;
+        size_t wire_len = 0;
+        s = ci_message_encode(enc, &req->base, &wire, &wire_len, err);
+        free(wire);
+        if (!s && max_payload > 0 && wire_len > (uint64_t)max_payload)
+            s = ci_error_set(err, CI_ERR_INVALID,
+                             "%.200s:%zu: the request is %zu bytes; the server takes messages "
+                             "of at most %" PRId64 " bytes: put large inputs in the object "
+                             "store and name them (\"object\")",
+                             l->path, l->line_no, wire_len, max_payload);
+        if (!s && n == cap) {
+            size_t c = cap ? cap * 2 : 256;
+            struct ci_batch_id_line *grown = realloc(ids, c * sizeof(*grown));
+            if (!grown)
+                s = ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+            else {
+                ids = grown;
+                cap = c;
+            }
+        }
+        if (!s) {
+            snprintf(ids[n].id, sizeof(ids[n].id), "%s", req->task_id);
+            ids[n++].line = l->line_no;
+        }
+        ci_message_free(&req->base);
+        if (s)
+            break;
+    }
+    if (!s && n == 0)
+        s = ci_error_set(err, CI_ERR_INVALID, "'%.200s' holds no request (one JSON object per "
+                         "line)", l->path);
+    if (!s) {
+        struct ci_error e = {{0}};
+        if (ci_batch_ids_unique(ids, n, &e))
+            s = ci_error_set(err, CI_ERR_INVALID, "%.200s: %s: each task needs its own id",
+                             l->path, e.msg);
+    }
+    free(ids);
+    if (!s)
+        *ret_total = n;
+    return s;
+}
+
+/* --- submitting --- */
+
+/* Whether the task has ended already: a terminal record in ci-results. */
+static ci_status already_ended(struct ci_broker *b, const char *id, bool *ret,
+                               struct ci_error *err)
+{
+    Ci__V1__ExecutionResult *r = NULL;
+    ci_status s = ci_client_result_get(b, id, &r, err);
+    *ret = false;
+    if (s == CI_ERR_NOT_FOUND || s == CI_ERR_INVALID) /* none, or not one we can read */
+        return CI_OK;
+    if (s)
+        return s;
+    *ret = ci_task_status_terminal(r->status);
+    ci_message_free(&r->base);
+    return CI_OK;
+}
+
+/* Publishes task n of a --file-each batch. */
+static ci_status submit_file(struct ci_broker *b, const struct ci_config *cfg,
+                             const struct ci_batch_submit *a, uint64_t n, bool *ret_dup, bool *ret_skipped, struct ci_error *err)
+{
+    char id[65], got[65];
+    ci_status s = ci_batch_task_id(a->batch, n, id, err);
+    if (s)
+        return s;
+    if ((s = already_ended(b, id, ret_skipped, err)) || *ret_skipped)
+        return s;
+    struct ci_submit_args sa = {
+        .code = a->code, .code_len = a->code_len, .id = id,
+        .files = (const char *const *)&a->paths[n - 1], .n_files = 1,
+        .labels = a->labels, .n_labels = a->n_labels,
+        .timeout_ms = a->timeout_ms, .memory_mb = a->memory_mb, .wire_json = a->wire_json,
+        .batch = a->batch,
+    };
+    return ci_client_submit(b, cfg, &sa, got, ret_dup, err);
+}
+
+/* Publishes the next request of a JSONL batch. */
+static ci_status submit_line(struct ci_broker *b, const struct ci_config *cfg,
+                             const struct ci_batch_submit *a, struct lines *l,
+                             bool *ret_dup, bool *ret_skipped,
+                             struct ci_error *err)
+{
+    Ci__V1__ExecutionRequest *req = NULL;
+    ci_status s = next_request(l, cfg, a->batch, &req, err);
+    if (s == CI_ERR_NOT_FOUND)
+        return ci_error_set(err, CI_ERR_INVALID, "'%.200s' changed while it was submitted: it "
+                            "has fewer requests than a moment ago", l->path);
+    if (s)
+        return s;
+    s = already_ended(b, req->task_id, ret_skipped, err);
+    enum ci_encoding enc = a->wire_json ? CI_ENC_JSON : CI_ENC_PROTOBUF;
+    uint8_t *wire = NULL;
+    size_t wire_len = 0;
+    if (!s && !*ret_skipped)
+        s = ci_message_encode(enc, &req->base, &wire, &wire_len, err);
+    if (!s && !*ret_skipped)
+        s = ci_broker_submit_batch(b, a->batch, req->task_id, ci_encoding_content_type(enc),
+                                   wire, wire_len, ret_dup, err);
+    free(wire);
+    ci_message_free(&req->base);
+    return s;
+}
+
+ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
+                          const struct ci_batch_submit *a, ci_batch_progress_fn progress,
+                          void *closure, struct ci_batch_submitted *ret, struct ci_error *err)
+{
+    struct ci_batch_submitted out;
+    memset(&out, 0, sizeof(out));
+    struct lines l = {.fd = -1};
+    ci_status s = CI_OK;
+    if (a->jsonl_path) {
+        if (!(s = lines_open(&l, a->jsonl_path, err)) &&
+            !(s = jsonl_check(b, cfg, a, &l, &out.total, err)))
+            s = lines_rewind(&l, err);
+    } else {
+        out.total = a->n_paths;
+        if (out.total == 0 || out.total > CI_BATCH_MAX_TASKS)
+            s = ci_error_set(err, CI_ERR_INVALID, "a batch holds 1 to %d tasks, not %" PRIu64,
+                             CI_BATCH_MAX_TASKS, out.total);
+        else
+            s = ci_batch_id_check(a->batch, out.total, err);
+    }
+    /* The streams exist, and a seal there already agrees. */
+    struct ci_batch_raw raw;
+    if (!s)
+        s = ci_batch_read_raw(b, cfg, a->batch, &raw, err);
+    if (!s && raw.sealed) {
+        if (raw.seal_total != out.total)
+            s = ci_error_set(err, CI_ERR_CONFLICT,
+                             "batch %s was sealed with %" PRIu64 " tasks; this submission has %"
+                             PRIu64 ": a batch cannot change once sealed, submit under another "
+                             "--batch", a->batch, raw.seal_total, out.total);
+        out.seal_was_there = true;
+    }
+    for (uint64_t n = 1; !s && n <= out.total; n++) {
+        bool dup = false, skipped = false;
+        s = a->jsonl_path ? submit_line(b, cfg, a, &l, &dup, &skipped, err)
+                          : submit_file(b, cfg, a, n, &dup, &skipped, err);
+        if (!s) {
+            if (skipped)
+                out.skipped++;
+            else if (dup)
+                out.duplicates++;
+            else
+                out.published++;
+        }
+        if (!s && progress)
+            progress(closure, n, out.total);
+    }
+    if (!s && a->jsonl_path) {
+        Ci__V1__ExecutionRequest *extra = NULL;
+        struct ci_error ignored = {{0}};
+        if (next_request(&l, cfg, a->batch, &extra, &ignored) != CI_ERR_NOT_FOUND) {
+            ci_message_free(extra ? &extra->base : NULL);
+            s = ci_error_set(err, CI_ERR_INVALID, "'%.200s' changed while it was submitted: it "
+                             "has more lines than a moment ago; not sealed", l.path);
+        }
+    }
+    lines_close(&l);
+    if (s) {
+        *ret = out;
+        return s;
+    }
+    if (!out.seal_was_there) {
+        char id[96];
+        snprintf(id, sizeof(id), "%s.sealed", a->batch);
+        CI_AUTOFREE char *body = NULL;
+        size_t len = 0;
+        s = ci_batch_seal_body(out.total, &body, &len, err);
+        if (!s)
+            s = ci_broker_batch_publish(b, a->batch, "sealed", id, "application/json", body, len,
+                                        NULL, err);
+    }
+    /* The last task may have ended before the seal: then no worker saw
+     * the batch complete, and the sealer says so (contract §20). */
+    if (!s)
+        s = ci_batch_read_raw(b, cfg, a->batch, &raw, err);
+    if (!s && !raw.sealed) {
+        /* A replica that lags does not show the seal yet: it is stored,
+         * with this total. */
+        raw.sealed = true;
+        raw.seal_total = out.total;
+        raw.events.sealed = 1;
+    }
+    if (!s) {
+        ci_batch_state_compute(&raw, &out.counts);
+        s = ci_batch_complete_if_done(b, a->batch, &raw, &out.completed, err);
+    }
+    *ret = out;
+    return s;
+}

@@ -1,0 +1,469 @@
+// `ci batch` against a real nats-server whose streams, buckets and batch
+// consumer a real worker made (started, then stopped, so that the settings
+// under test are the worker's), with the test playing the worker
+// (lib/batch.mjs: taken, the terminal record, the end event, complete), so
+// that every count, summary and result line is checked against messages
+// the test chose: states a real worker passes through too fast to see (a
+// batch half taken, an expired result, a submission that died before its
+// seal, no batch lane at all). The same commands against a running worker:
+// batch_cli.test.mjs; the worker's own side: batch_lane.test.mjs.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { startStack } from "./lib/stack.mjs";
+import { CLI_BIN } from "./lib/worker.mjs";
+import { decodeMessage, normalize, proto } from "./lib/client.mjs";
+import {
+  BATCH_CONSUMER, BATCH_STREAM, BATCHES_STREAM, BATCHES_PREFIX, BATCH_PREFIX, batchEvents, batchLeft, batchSubjectCounts, ci,
+  fakeBatchWorker, until,
+} from "./lib/batch.mjs";
+
+// A nats-server set up by a real worker, which is then stopped: the
+// streams, buckets and consumers are the worker's own, and nobody but the
+// test takes a task.
+async function stackWithoutWorker() {
+  const stack = await startStack({ workers: 1 });
+  const x = await stack.workers[0].stop("SIGTERM", 90000);
+  assert.equal(x.code, 0, "the worker drained and exited");
+  return stack;
+}
+
+const COUNT_KEYS = ["total", "queued", "running", "succeeded", "failed", "timed_out", "cancelled"];
+
+describe("ci batch with a stand-in worker", () => {
+  let stack, client, dir, url, worker;
+  before(async () => {
+    assert.ok(existsSync(CLI_BIN), `${CLI_BIN} is built`);
+    stack = await stackWithoutWorker();
+    url = stack.server.url;
+    client = stack.client;
+    await client.jsm.consumers.info(BATCH_STREAM, BATCH_CONSUMER); // the worker made the lane
+    worker = fakeBatchWorker(client);
+    dir = mkdtempSync(join(tmpdir(), "ci-batch-events-"));
+  });
+  after(async () => {
+    await stack?.stop();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  const fresh = (name) => mkdtempSync(join(dir, `${name}-`));
+  const status = async (b) => {
+    const r = await ci(["batch", "status", b, "--json"], { url });
+    assert.equal(r.code, 0, r.stderr);
+    return r;
+  };
+  // Takes every task of batch b waiting in CI_BATCH (n of them), in order.
+  const takeAll = async (n) => {
+    const got = [];
+    while (got.length < n) {
+      const t = await worker.take(5000);
+      assert.ok(t, `task ${got.length + 1} of ${n} taken`);
+      got.push(t);
+    }
+    return got;
+  };
+
+  test("an unknown batch: status, wait and results exit 1 with a sentence; a bad id exits 2", async () => {
+    for (const cmd of [["status", "nope"], ["status", "nope", "--json"], ["wait", "nope"], ["results", "nope", "--jsonl"]]) {
+      const r = await ci(["batch", ...cmd], { url });
+      assert.equal(r.code, 1, `${cmd}: ${r.stderr}`);
+      assert.equal(r.stdout, "");
+      assert.match(r.stderr, /no batch 'nope'/);
+    }
+    const bad = await ci(["batch", "status", "a.b"], { url });
+    assert.equal(bad.code, 2);
+    assert.match(bad.stderr, /not a batch id/);
+  });
+
+  let b1, files, tasks;
+  test("submit --file-each: one task per file in sorted order, ids <b>-<n>, big inputs uploaded, the seal, status counts them queued", async () => {
+    const cwd = fresh("submit");
+    mkdirSync(join(cwd, "in"));
+    files = ["c.csv", "a.csv", "e.csv", "b.csv", "d.csv"];
+    for (const f of files) writeFileSync(join(cwd, "in", f), `name,value\n${f},1\n`);
+    // One over 256 KiB: it goes to the object store, as ci run does.
+    writeFileSync(join(cwd, "in", "e.csv"), "x,y\n" + "1,2\n".repeat(80000));
+    writeFileSync(join(cwd, "in", "notes.txt"), "not matched");
+    writeFileSync(join(cwd, "s.py"), "import glob\nprint(glob.glob('*.csv'))\n");
+    b1 = "b1-" + Date.now().toString(36);
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "in/*.csv", "--batch", b1, "--label", "team=x"], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(r.stdout, `${b1}\n`);
+    assert.match(r.stderr, new RegExp(`batch ${b1}: 5 tasks: 5 submitted; sealed`));
+    assert.equal(await batchLeft(client.jsm, b1), 5);
+
+    const st = await status(b1);
+    assert.equal(st.stdout, '{"total":5,"queued":5,"running":0,"succeeded":0,"failed":0,"timed_out":0,"cancelled":0}\n');
+    const seal = await batchEvents(client, b1, "sealed");
+    assert.equal(seal.length, 1);
+    assert.equal(seal[0].msgId, `${b1}.sealed`);
+    assert.deepEqual(JSON.parse(seal[0].data), { total: "5" });
+
+    tasks = await takeAll(5);
+    const sorted = [...files].sort();
+    tasks.forEach((t, i) => {
+      assert.equal(t.subject, `${BATCH_PREFIX}.${b1}`);
+      assert.equal(t.taskId, `${b1}-${i + 1}`);
+      assert.equal(t.msgId, t.taskId);
+      assert.equal(t.batchId, b1);
+      assert.equal(t.request.sessionId, "");
+      assert.equal(t.request.code, "import glob\nprint(glob.glob('*.csv'))\n");
+      assert.deepEqual(t.request.labels, { team: "x" });
+      assert.equal(t.request.files.length, 1);
+      assert.equal(t.request.files[0].name, sorted[i]);
+    });
+    assert.equal(tasks[0].request.files[0].content.toString(), "name,value\na.csv,1\n");
+    assert.equal(tasks[4].request.files[0].object, `inputs/${b1}-5/e.csv`);
+    const big = await client.getObject(`inputs/${b1}-5/e.csv`);
+    assert.ok(big, "the large input is in the object store");
+    assert.equal(big.length, 4 + 4 * 80000);
+    // Taken by the stand-in but not yet said so: still queued by the counts.
+    assert.equal((await status(b1)).stdout, '{"total":5,"queued":5,"running":0,"succeeded":0,"failed":0,"timed_out":0,"cancelled":0}\n');
+  });
+
+  test("status follows taken and end events; wait past --wait-ms exits 124 and says where the batch is", async () => {
+    await worker.taken(tasks[0]);
+    await worker.taken(tasks[1]);
+    await worker.end(tasks[0], { status: "TASK_STATUS_SUCCEEDED", stdout: "ok\n", exitCode: 0 });
+    await worker.end(tasks[1], { status: "TASK_STATUS_FAILED", error: "the code exited with code 1 (KeyError: 'value')", exitCode: 1 });
+    await worker.taken(tasks[2]);
+    const st = await status(b1);
+    assert.equal(st.stdout, '{"total":5,"queued":2,"running":1,"succeeded":1,"failed":1,"timed_out":0,"cancelled":0}\n');
+    const human = await ci(["batch", "status", b1], { url });
+    assert.equal(human.code, 0, human.stderr);
+    assert.match(human.stdout, /^tasks: +5 \(sealed\)$/m);
+    assert.match(human.stdout, /^running: +1$/m);
+    assert.match(human.stdout, /^complete: +no$/m);
+
+    const w = await ci(["batch", "wait", b1, "--wait-ms", "1200"], { url });
+    assert.equal(w.code, 124, w.stderr);
+    assert.match(w.stderr, /not every task ended within 1200 ms: 2\/5 ended: 1 succeeded, 1 failed, 0 timed out, 0 cancelled; 1 running, 2 queued/);
+    // Not a terminal: plain lines, no bar, no carriage return.
+    assert.doesNotMatch(w.stderr, /\r|\[#/);
+  });
+
+  let records;
+  test("wait ends when the last task ends: exit 1, failures grouped by error with task ids; complete exactly once", async () => {
+    // The wait must be under way (its first progress line out) before the
+    // last tasks end, so that it is the ending it waits for.
+    let progress = "";
+    const waiting = ci(["batch", "wait", b1], { url, timeoutMs: 60000, onStderr: (e) => (progress = e) });
+    records = {};
+    await until("wait printed its first progress line", async () => /2\/5 ended/.test(progress));
+    records[tasks[2].taskId] = await worker.end(tasks[2], { status: "TASK_STATUS_TIMED_OUT", error: "the code ran longer than 1000 ms", exitCode: 137 });
+    for (const i of [3, 4]) await worker.taken(tasks[i]);
+    records[tasks[3].taskId] = await worker.end(tasks[3], { status: "TASK_STATUS_FAILED", error: "the code exited with code 1 (KeyError: 'value')", exitCode: 1 });
+    records[tasks[4].taskId] = await worker.end(tasks[4], { status: "TASK_STATUS_CANCELLED", error: "the task was cancelled" });
+    const w = await waiting;
+    assert.equal(w.code, 1, `${w.stdout}\n${w.stderr}`);
+    const lines = w.stdout.split("\n");
+    assert.equal(lines[0], `batch ${b1}: 1 of 5 tasks succeeded; 2 failed, 1 timed out, 1 cancelled`);
+    // The largest group first, with its tasks.
+    assert.equal(lines[1], "  2 failed: the code exited with code 1 (KeyError: 'value')");
+    assert.equal(lines[2], `    tasks ${b1}-2, ${b1}-4`);
+    assert.match(w.stdout, new RegExp(`^  1 timed_out: the code ran longer than 1000 ms\\n    tasks ${b1}-3$`, "m"));
+    assert.match(w.stdout, new RegExp(`^  1 cancelled: the task was cancelled\\n    tasks ${b1}-5$`, "m"));
+    assert.match(w.stderr, /5\/5 ended: 1 succeeded, 2 failed, 1 timed out, 1 cancelled; 0 running, 0 queued/);
+
+    const st = await status(b1);
+    assert.equal(st.stdout, '{"total":5,"queued":0,"running":0,"succeeded":1,"failed":2,"timed_out":1,"cancelled":1}\n');
+    const complete = await batchEvents(client, b1, "complete");
+    assert.equal(complete.length, 1);
+    assert.deepEqual(JSON.parse(complete[0].data), { batchId: b1, total: "5", succeeded: "1", failed: "2", timedOut: "1", cancelled: "1" });
+    const human = await ci(["batch", "status", b1], { url });
+    assert.match(human.stdout, /^complete: +yes$/m);
+  });
+
+  test("results --jsonl: one line per ended task in the order they ended, equal to the stored results; an expired one says so", async () => {
+    const r = await ci(["batch", "results", b1, "--jsonl"], { url });
+    assert.equal(r.code, 0, r.stderr);
+    const lines = r.stdout.trimEnd().split("\n");
+    assert.equal(lines.length, 5);
+    const ends = (await batchEvents(client, b1)).filter((e) => ["succeeded", "failed", "timed_out", "cancelled"].includes(e.event));
+    const { ExecutionResult } = proto();
+    const kv = await client.kvBucket();
+    for (let i = 0; i < 5; i++) {
+      const line = JSON.parse(lines[i]);
+      assert.equal(line.taskId, JSON.parse(ends[i].data).taskId, "in the order of the end events");
+      const stored = await kv.get(line.taskId);
+      const want = decodeMessage(ExecutionResult, stored.value);
+      assert.deepEqual(normalize(ExecutionResult, line), want.value, `line ${i + 1}`);
+      assert.equal(line.batchId, b1);
+    }
+    // The stored results are protobuf (ci submits protobuf): the lines are
+    // the JSON mapping of them.
+    assert.equal(JSON.parse(lines.find((l) => JSON.parse(l).taskId === `${b1}-3`)).exitCode, 137);
+
+    // Without --jsonl: id, status and error, one line each.
+    const plain = await ci(["batch", "results", b1], { url });
+    assert.equal(plain.code, 0, plain.stderr);
+    assert.match(plain.stdout, new RegExp(`^${b1}-2 failed: the code exited with code 1 \\(KeyError: 'value'\\)$`, "m"));
+    assert.match(plain.stdout, new RegExp(`^${b1}-1 succeeded$`, "m"));
+
+    // A result that expired (deleted here) becomes the end event's line.
+    await kv.delete(`${b1}-4`);
+    const r2 = await ci(["batch", "results", b1, "--jsonl"], { url });
+    assert.equal(r2.code, 0, r2.stderr);
+    const gone = r2.stdout.trimEnd().split("\n").map((l) => JSON.parse(l)).find((l) => l.taskId === `${b1}-4`);
+    assert.deepEqual(Object.keys(gone).sort(), ["batchId", "error", "status", "taskId"]);
+    assert.equal(gone.status, "TASK_STATUS_FAILED");
+    assert.equal(gone.batchId, b1);
+    assert.match(gone.error, /^the result expired from the results bucket; the task's end event said: the code exited with code 1 \(KeyError: 'value'\)$/);
+    assert.match(r2.stderr, /1 results had expired/);
+
+    // A record that is not an ExecutionResult: its line says so, the others stay.
+    const saved = (await kv.get(`${b1}-5`)).value;
+    await kv.put(`${b1}-5`, Buffer.from([0xff, 0xff, 0xff]));
+    const r3 = await ci(["batch", "results", b1, "--jsonl"], { url });
+    assert.equal(r3.code, 0, r3.stderr);
+    const all = r3.stdout.trimEnd().split("\n").map((l) => JSON.parse(l));
+    assert.equal(all.length, 5);
+    const bad = all.find((l) => l.taskId === `${b1}-5`);
+    assert.equal(bad.status, "TASK_STATUS_CANCELLED");
+    assert.equal(bad.error, "the stored result cannot be read; the task's end event said: the task was cancelled");
+    await kv.put(`${b1}-5`, saved);
+  });
+
+  test("the same submit again runs nothing twice: ended tasks skipped, a queued copy dropped by CI_BATCH; a batch sealed with another total refuses", async () => {
+    const cwd = fresh("again");
+    mkdirSync(join(cwd, "in"));
+    for (const f of files) writeFileSync(join(cwd, "in", f), `name,value\n${f},1\n`);
+    writeFileSync(join(cwd, "s.py"), "import glob\nprint(glob.glob('*.csv'))\n");
+    const before = (await client.jsm.streams.info(BATCH_STREAM)).state.last_seq;
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "in/*.csv", "--batch", b1], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    // b1-4's record is gone (the test above): it goes out again, and
+    // CI_BATCH drops it as a duplicate within its window.
+    assert.match(r.stderr, new RegExp(`batch ${b1}: 5 tasks: 0 submitted, 1 queued already \\(not queued again\\), 4 skipped \\(their result is terminal already\\); sealed already`));
+    assert.match(r.stderr, /every task has ended/);
+    assert.equal((await client.jsm.streams.info(BATCH_STREAM)).state.last_seq, before, "nothing new stored in CI_BATCH");
+    assert.equal(await worker.take(1000), null);
+    assert.equal((await batchEvents(client, b1, "complete")).length, 1, "complete stays one message");
+
+    writeFileSync(join(cwd, "in", "f.csv"), "x\n");
+    const more = await ci(["batch", "submit", "s.py", "--file-each", "in/*.csv", "--batch", b1], { cwd, url });
+    assert.equal(more.code, 2, more.stderr);
+    assert.match(more.stderr, new RegExp(`batch ${b1} was sealed with 5 tasks; this submission has 6`));
+    assert.equal((await client.jsm.streams.info(BATCH_STREAM)).state.last_seq, before);
+  });
+
+  test("submit --jsonl: taskId kept or <b>-<line>, batchId checked, blank lines skipped, --wire-json sends JSON", async () => {
+    const cwd = fresh("jsonl");
+    const b = "bj-" + Date.now().toString(36);
+    const lines = [
+      JSON.stringify({ taskId: "own-id-" + b, language: "python", code: "print(1)" }),
+      "",
+      JSON.stringify({ language: "python", code: "print(2)", batchId: b, limits: { timeoutMs: 5000 }, labels: { k: "v" } }),
+      "   ",
+      JSON.stringify({ language: "python", code: "print(3)", files: [{ name: "x.csv", content: Buffer.from("a,b\n").toString("base64") }] }),
+    ];
+    writeFileSync(join(cwd, "r.jsonl"), lines.join("\n") + "\n");
+    const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b, "--wire-json"], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(r.stdout, `${b}\n`);
+    assert.match(r.stderr, /3 tasks: 3 submitted; sealed\n/);
+    const got = await takeAll(3);
+    assert.deepEqual(got.map((t) => t.taskId), ["own-id-" + b, `${b}-3`, `${b}-5`]);
+    for (const t of got) {
+      assert.equal(t.contentType, "application/json");
+      assert.equal(t.subject, `${BATCH_PREFIX}.${b}`);
+      assert.equal(t.batchId, b);
+      assert.equal(t.msgId, t.taskId);
+    }
+    assert.equal(got[0].request.code, "print(1)");
+    assert.equal(got[1].request.limits.timeoutMs, 5000);
+    assert.deepEqual(got[1].request.labels, { k: "v" });
+    assert.equal(got[2].request.files[0].content.toString(), "a,b\n");
+    for (const t of got) {
+      await worker.taken(t);
+      await worker.end(t, { status: "TASK_STATUS_SUCCEEDED" });
+    }
+    // The stand-in published complete after the last end, as a worker does.
+    assert.equal((await batchEvents(client, b, "complete")).length, 1);
+    const w = await ci(["batch", "wait", b], { url });
+    assert.equal(w.code, 0, w.stderr);
+    assert.equal(w.stdout, `batch ${b}: all 3 tasks succeeded\n`);
+    // Results stored as JSON (the requests were): the lines are the records.
+    const res = await ci(["batch", "results", b, "--jsonl"], { url });
+    const kv = await client.kvBucket();
+    for (const l of res.stdout.trimEnd().split("\n")) {
+      const line = JSON.parse(l);
+      assert.deepEqual(line, JSON.parse(Buffer.from((await kv.get(line.taskId)).value).toString()));
+    }
+  });
+
+  test("a submission that died before its seal: run again, it skips the ended tasks, seals, and publishes complete itself", async () => {
+    const cwd = fresh("reseal");
+    const b = "br-" + Date.now().toString(36);
+    const reqs = [1, 2, 3].map((n) => ({ language: "python", code: `print(${n})` }));
+    writeFileSync(join(cwd, "r.jsonl"), reqs.map((r) => JSON.stringify(r)).join("\n") + "\n");
+    // What the first run got out before it died: the tasks, no seal.
+    reqs.forEach((r, i) => (r.taskId = `${b}-${i + 1}`));
+    for (const r of reqs) await client.submit({ ...r, batchId: b }, { subject: `${BATCH_PREFIX}.${b}` });
+    for (const t of await takeAll(3)) {
+      await worker.taken(t);
+      await worker.end(t, { status: "TASK_STATUS_SUCCEEDED" });
+    }
+    assert.equal((await batchSubjectCounts(client.jsm, b)).complete, undefined, "no seal, no complete");
+    assert.equal((await status(b)).stdout, '{"total":3,"queued":0,"running":0,"succeeded":3,"failed":0,"timed_out":0,"cancelled":0}\n');
+    const human = await ci(["batch", "status", b], { url });
+    assert.match(human.stdout, /^tasks: +at least 3 \(not sealed/m);
+
+    const again = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stderr, /3 tasks: 0 submitted, 3 skipped .*; sealed\n/);
+    assert.match(again.stderr, /every task has ended; the complete event is published/);
+    const complete = await batchEvents(client, b, "complete");
+    assert.equal(complete.length, 1);
+    assert.equal(complete[0].msgId, `${b}.complete`);
+    assert.deepEqual(JSON.parse(complete[0].data), { batchId: b, total: "3", succeeded: "3", failed: "0", timedOut: "0", cancelled: "0" });
+    // Once more: the seal and complete stay one message each.
+    const third = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    assert.equal(third.code, 0, third.stderr);
+    assert.match(third.stderr, /sealed already\n.*every task has ended\n/s);
+    const n = await batchSubjectCounts(client.jsm, b);
+    assert.equal(n.sealed, 1);
+    assert.equal(n.complete, 1);
+  });
+
+  test("submit refuses bad input with exit 2 before anything goes out: a bad JSONL line is named, no match, a folder, a long batch id", async () => {
+    const cwd = fresh("bad");
+    const b = "bad-" + Date.now().toString(36);
+    const ok = JSON.stringify({ language: "python", code: "print(1)" });
+    const cases = [
+      [[ok, "{not json"], /r\.jsonl:2: /],
+      [[ok, ok, JSON.stringify({ language: "python", code: "x", batchId: "other" })], /r\.jsonl:3: batchId 'other' is not this batch/],
+      [[JSON.stringify({ language: "python", code: "x", sessionId: "s1" })], /r\.jsonl:1: sessionId is set/],
+      [[JSON.stringify({ language: "python", code: "x", bogus: 1 })], /r\.jsonl:1: .*bogus/],
+      [[JSON.stringify({ language: "ruby", code: "x" })], /r\.jsonl:1: unsupported language 'ruby'/],
+      [[JSON.stringify({ taskId: "t1", language: "python", code: "x" }), ok, JSON.stringify({ taskId: "t1", language: "python", code: "y" })], /lines 1 and 3 both have taskId 't1'/],
+      [["", "  "], /holds no request/],
+    ];
+    for (const [lines, re] of cases) {
+      writeFileSync(join(cwd, "r.jsonl"), lines.join("\n"));
+      const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+      assert.equal(r.code, 2, `${lines}: ${r.stderr}`);
+      assert.match(r.stderr, re);
+    }
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    mkdirSync(join(cwd, "d.csv"));
+    for (const [args, re] of [
+      [["--file-each", "none/*.csv"], /matches no file/],
+      [["--file-each", "*.csv"], /'d\.csv' is not a regular file/],
+      [["--file-each", "s.py", "--batch", "b".repeat(63)], /leave room for 62/],
+      [["--file-each", "s.py", "--file", "s.py"], /does not take --file/],
+    ]) {
+      const r = await ci(["batch", "submit", "s.py", ...args, ...(args.includes("--batch") ? [] : ["--batch", b])], { cwd, url });
+      assert.equal(r.code, 2, `${args}: ${r.stderr}`);
+      assert.match(r.stderr, re);
+    }
+    assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
+    assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});
+  });
+
+  test("submit without --batch makes and prints an id; cancel publishes on ci.batches.<b>.cancel and status says so", async () => {
+    const cwd = fresh("cancel");
+    writeFileSync(join(cwd, "one.csv"), "a\n1\n");
+    writeFileSync(join(cwd, "s.py"), "print(open('one.csv').read())\n");
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    const b = r.stdout.trim();
+    assert.match(b, /^b-[0-9a-f]{16}$/);
+    const c = await ci(["batch", "cancel", b], { url });
+    assert.equal(c.code, 0, c.stderr);
+    assert.equal(c.stdout, `batch ${b}: cancel published on ci.batches.${b}.cancel\n`);
+    assert.match(c.stderr, /its 1 tasks not ended yet end cancelled \(1 queued are never run, 0 running are stopped\)/);
+    const ev = await batchEvents(client, b, "cancel");
+    assert.equal(ev.length, 1);
+    assert.equal(ev[0].msgId, null);
+    const human = await ci(["batch", "status", b], { url });
+    assert.match(human.stdout, /^cancel: +requested/m);
+    // The stand-in worker ends it cancelled, as a worker that finds the cancel does.
+    const t = await worker.take(5000);
+    assert.equal(t.taskId, `${b}-1`);
+    await worker.taken(t);
+    await worker.end(t, { status: "TASK_STATUS_CANCELLED", error: "the batch was cancelled" });
+    assert.equal((await status(b)).stdout, '{"total":1,"queued":0,"running":0,"succeeded":0,"failed":0,"timed_out":0,"cancelled":1}\n');
+  });
+
+  test("ci stats shows the batch lane beside the interactive one", async () => {
+    const cwd = fresh("stats");
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "b.csv"), "b\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    const s = await ci(["stats", "--json"], { url });
+    assert.equal(s.code, 0, s.stderr);
+    const j = JSON.parse(s.stdout);
+    assert.equal(j.queue.stream, "CI_TASKS");
+    assert.equal(j.batchQueue.stream, "CI_BATCH");
+    assert.equal(j.batchQueue.consumer, "ci-workers-batch");
+    assert.equal(j.batchQueue.pending, "2");
+    const text = await ci(["stats"], { url });
+    assert.match(text.stdout, /^batch queue: +2 waiting for a worker \(consumer ci-workers-batch; stream CI_BATCH holds 2\)/m);
+    // Drain it for the tests after this one.
+    for (const t of await takeAll(2)) await t.msg.ackAck();
+  });
+
+  test("wait on a terminal draws a progress bar in place", async () => {
+    const cwd = fresh("tty");
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd, url });
+    const b = r.stdout.trim();
+    const task = await worker.take(5000);
+    await worker.taken(task);
+    await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+    // script(1) gives ci a terminal; -e passes its exit code on.
+    const w = await new Promise((resolve) => {
+      const child = spawn("script", ["-qec", `${CLI_BIN} batch wait ${b}`, "/dev/null"], {
+        env: { ...process.env, CI_NATS_URL: url, COLUMNS: "100" }, stdio: ["ignore", "pipe", "pipe"],
+      });
+      let out = "";
+      child.stdout.on("data", (d) => (out += d));
+      child.on("close", (code) => resolve({ code, out }));
+    });
+    assert.equal(w.code, 0, w.out);
+    assert.match(w.out, /\r\[#{10,40}\] 1\/1 ended \(1 ok, 0 not\), 0 running, 0 queued\x1b\[K/);
+    assert.match(w.out, new RegExp(`batch ${b}: all 1 tasks succeeded`));
+  });
+});
+
+describe("ci batch before any worker made the batch lane", () => {
+  let stack, url;
+  before(async () => {
+    // What a worker that predates batches leaves: its streams and buckets,
+    // without the batch lane's.
+    stack = await stackWithoutWorker();
+    url = stack.server.url;
+    await stack.client.jsm.streams.delete(BATCH_STREAM);
+    await stack.client.jsm.streams.delete(BATCHES_STREAM);
+  });
+  after(async () => {
+    await stack?.stop();
+  });
+
+  test("status, submit and cancel exit 3 naming the missing stream; ci stats says the lane is not there", async () => {
+    const cwd = mkdtempSync(join(tmpdir(), "ci-batch-nolane-"));
+    try {
+      writeFileSync(join(cwd, "a.csv"), "a\n");
+      writeFileSync(join(cwd, "s.py"), "print(1)\n");
+      for (const args of [["batch", "status", "b1"], ["batch", "submit", "s.py", "--file-each", "*.csv"], ["batch", "cancel", "b1"], ["batch", "results", "b1", "--jsonl"]]) {
+        const r = await ci(args, { cwd, url });
+        assert.equal(r.code, 3, `${args}: ${r.stderr}`);
+        assert.match(r.stderr, /stream CI_BATCHES not found: no worker that serves batches has run/);
+      }
+      const s = await ci(["stats", "--json"], { url });
+      assert.equal(s.code, 0, s.stderr);
+      assert.equal(JSON.parse(s.stdout).batchQueue, null);
+      const t = await ci(["stats"], { url });
+      assert.match(t.stdout, /^batch queue: +none \(no consumer ci-workers-batch on stream CI_BATCH/m);
+    } finally {
+      rmSync(cwd, { recursive: true, force: true });
+    }
+  });
+});
