@@ -47,6 +47,10 @@ struct ci_broker {
     ci_cancel_fn batch_cancel_fn;
     void *batch_cancel_closure;
     atomic_bool batch_cancel_done;
+    natsSubscription *batch_sealed_sub; /* <batch_events_prefix>.*.sealed, a queue group */
+    ci_batch_sealed_fn batch_sealed_fn;
+    void *batch_sealed_closure;
+    atomic_bool batch_sealed_done;
     atomic_uint_fast64_t reconnects;
     atomic_uint_fast64_t disconnects;
     atomic_bool closed_cb_done; /* nats.c has run its last callback on this broker */
@@ -732,6 +736,7 @@ void ci_broker_free(struct ci_broker *b)
      * returned for good (at most 2 s). */
     stop_handler(b->cancel_sub, &b->cancel_done);
     stop_handler(b->batch_cancel_sub, &b->batch_cancel_done);
+    stop_handler(b->batch_sealed_sub, &b->batch_sealed_done);
     ci_objstore_free(b->os);
     kvStore_Destroy(b->workers_kv);
     kvStore_Destroy(b->sessions_kv);
@@ -2083,25 +2088,67 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
     }
 }
 
+/* The batch id of <prefix>.<batch_id>.<event>, or false. */
+static bool batch_event_id(const struct ci_broker *b, const char *subj, const char *event,
+                           char batch_id[65])
+{
+    const char *prefix = b->cfg->jetstream.batch_events_prefix;
+    size_t plen = strlen(prefix);
+    if (!subj || strncmp(subj, prefix, plen) != 0 || subj[plen] != '.')
+        return false;
+    const char *id = subj + plen + 1;
+    const char *dot = strchr(id, '.');
+    if (!dot || dot - id <= 0 || dot - id >= 65 || strcmp(dot + 1, event) != 0)
+        return false;
+    snprintf(batch_id, 65, "%.*s", (int)(dot - id), id);
+    return batch_id_ok(batch_id);
+}
+
 static void on_batch_cancel_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
                                 void *closure)
 {
     struct ci_broker *b = closure;
-    const char *subj = natsMsg_GetSubject(msg);
-    const char *prefix = b->cfg->jetstream.batch_events_prefix;
-    size_t plen = strlen(prefix);
-    /* <prefix>.<batch_id>.cancel */
-    if (strncmp(subj, prefix, plen) == 0 && subj[plen] == '.') {
-        const char *id = subj + plen + 1;
-        const char *dot = strchr(id, '.');
-        char batch_id[65];
-        if (dot && strcmp(dot, ".cancel") == 0 && dot - id > 0 && dot - id < 65) {
-            snprintf(batch_id, sizeof(batch_id), "%.*s", (int)(dot - id), id);
-            if (batch_id_ok(batch_id))
-                b->batch_cancel_fn(batch_id, b->batch_cancel_closure);
-        }
-    }
+    char batch_id[65];
+    if (batch_event_id(b, natsMsg_GetSubject(msg), "cancel", batch_id))
+        b->batch_cancel_fn(batch_id, b->batch_cancel_closure);
     natsMsg_Destroy(msg);
+}
+
+static void on_batch_sealed_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
+                                void *closure)
+{
+    struct ci_broker *b = closure;
+    char batch_id[65];
+    if (batch_event_id(b, natsMsg_GetSubject(msg), "sealed", batch_id))
+        b->batch_sealed_fn(batch_id, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
+                           b->batch_sealed_closure);
+    natsMsg_Destroy(msg);
+}
+
+static void on_batch_sealed_done(void *closure)
+{
+    struct ci_broker *b = closure;
+    atomic_store(&b->batch_sealed_done, true);
+}
+
+ci_status ci_broker_on_batch_sealed(struct ci_broker *b, ci_batch_sealed_fn fn, void *closure,
+                                    struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    snprintf(subj, sizeof(subj), "%s.*.sealed", b->cfg->jetstream.batch_events_prefix);
+    b->batch_sealed_fn = fn;
+    b->batch_sealed_closure = closure;
+    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
+    /* One worker of the deployment looks at each seal. */
+    natsStatus s = natsConnection_QueueSubscribe(&sub, b->nc, subj,
+                                                 b->cfg->jetstream.batch_consumer,
+                                                 on_batch_sealed_msg, b);
+    if (s == NATS_OK)
+        s = natsSubscription_SetOnCompleteCB(sub, on_batch_sealed_done, b);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot subscribe to batch seals");
+    b->batch_sealed_sub = CI_STEAL(&sub);
+    return CI_OK;
 }
 
 static void on_batch_cancel_done(void *closure)

@@ -286,6 +286,13 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
  * on <batch_events_prefix>.*.cancel from now on. */
 ci_status ci_broker_on_batch_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,
                                     struct ci_error *err);
+/* Calls fn (on a NATS thread) with the batch id and the body of messages on
+ * <batch_events_prefix>.*.sealed from now on, each in one worker of the
+ * deployment (a queue group named jetstream.batch_consumer). */
+typedef void (*ci_batch_sealed_fn)(const char *batch_id, const void *body, size_t len,
+                                   void *closure);
+ci_status ci_broker_on_batch_sealed(struct ci_broker *b, ci_batch_sealed_fn fn, void *closure,
+                                    struct ci_error *err);
 
 /* --- the runtime manifest (docs/contract.md §18) --- */
 

@@ -530,6 +530,13 @@ static void on_cancel(const char *task_id, void *closure)
     ci_waitroom_cancel(w->room, task_id);
 }
 
+/* A seal (contract §20): the batch may be complete already. */
+static void on_batch_sealed(const char *batch_id, const void *body, size_t len, void *closure)
+{
+    struct worker *w = closure;
+    ci_task_batch_sealed(&w->env, batch_id, body, len);
+}
+
 /* A cancel of a batch (contract §20): every running task of it. Tasks of
  * the batch that come later find the cancel on the stream. */
 static void on_batch_cancel(const char *batch_id, void *closure)
@@ -727,7 +734,8 @@ static int run_worker(const struct ci_config *cfg)
         ci_log(CI_LOG_WARN, "worker.heartbeat_failed", "error", e.msg, NULL);
     publish_manifest(&w);
     if (ci_broker_on_cancel(w.env.broker, on_cancel, &w, &e) ||
-        ci_broker_on_batch_cancel(w.env.broker, on_batch_cancel, &w, &e)) {
+        ci_broker_on_batch_cancel(w.env.broker, on_batch_cancel, &w, &e) ||
+        ci_broker_on_batch_sealed(w.env.broker, on_batch_sealed, &w, &e)) {
         ci_log(CI_LOG_ERROR, "worker.nats_failed", "error", e.msg, NULL);
         goto out;
     }

@@ -1047,9 +1047,32 @@ static bool batch_taken(struct task *t)
     return false;
 }
 
+/* The complete event of batch when its ended tasks (in c) reach total
+ * (Nats-Msg-Id <batch>.complete: one per batch, whoever sees it first). by
+ * names who noticed, for the log. */
+static ci_status batch_complete_if(struct ci_broker *b, const char *batch, uint64_t total,
+                                   const struct ci_batch_counts *c, const char *by,
+                                   struct ci_error *err)
+{
+    if (c->complete || !ci_batch_is_complete(c, total))
+        return CI_OK;
+    CI_AUTOFREE char *body = NULL;
+    size_t len = 0;
+    ci_status s = ci_batch_complete_body(batch, total, c, &body, &len, err);
+    char msg_id[96];
+    snprintf(msg_id, sizeof(msg_id), "%s.complete", batch);
+    /* Retried by the caller's own means: a task's end by its redelivery. */
+    if (!s)
+        s = ci_broker_batch_publish(b, batch, "complete", msg_id, "application/json", body, len,
+                                    NULL, err);
+    if (!s)
+        ci_log_num(CI_LOG_INFO, "batch.complete", "total", (int64_t)total, "batch_id", batch,
+                   "by", by, NULL);
+    return s;
+}
+
 /* The batch is complete when its seal is there and its ended tasks reach
- * the seal's total: the complete event then (Nats-Msg-Id <batch>.complete:
- * one per batch, whoever sees it first). */
+ * the seal's total. */
 static ci_status batch_complete(const struct task *t, struct ci_error *err)
 {
     struct ci_broker *b = t->env->broker;
@@ -1072,18 +1095,24 @@ static ci_status batch_complete(const struct task *t, struct ci_error *err)
         ci_log(CI_LOG_WARN, "batch.bad_seal", "batch_id", t->batch, "error", pe.msg, NULL);
         return CI_OK;
     }
-    if (!ci_batch_is_complete(&c, total))
-        return CI_OK;
-    CI_AUTOFREE char *body = NULL;
-    s = ci_batch_complete_body(t->batch, total, &c, &body, &len, err);
-    char msg_id[96];
-    snprintf(msg_id, sizeof(msg_id), "%s.complete", t->batch);
+    return batch_complete_if(b, t->batch, total, &c, t->id, err);
+}
+
+void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id,
+                          const void *seal, size_t len)
+{
+    uint64_t total = 0;
+    struct ci_error e = {{0}};
+    if (ci_batch_seal_total(seal, len, &total, &e)) {
+        ci_log(CI_LOG_WARN, "batch.bad_seal", "batch_id", batch_id, "error", e.msg, NULL);
+        return;
+    }
+    struct ci_batch_counts c;
+    ci_status s = ci_broker_batch_counts(env->broker, batch_id, &c, &e);
     if (!s)
-        s = batch_publish(t, "complete", msg_id, "application/json", body, len, err);
-    if (!s)
-        ci_log_num(CI_LOG_INFO, "batch.complete", "total", (int64_t)total, "batch_id", t->batch,
-                   "task_id", t->id, NULL);
-    return s;
+        s = batch_complete_if(env->broker, batch_id, total, &c, "seal", &e);
+    if (s)
+        ci_log(CI_LOG_WARN, "batch.complete_failed", "batch_id", batch_id, "error", e.msg, NULL);
 }
 
 /* A task whose terminal result is stored tells its batch, before its

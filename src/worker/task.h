@@ -72,5 +72,10 @@ void ci_slot_cancel(const struct ci_worker_env *env, struct ci_slot *slot, const
  * on ci.batches.<batch_id>.cancel, contract §20). */
 void ci_slot_cancel_batch(const struct ci_worker_env *env, struct ci_slot *slot,
                           const char *batch_id);
+/* A batch was sealed (contract §20): its complete event if every task of
+ * it has ended already (a seal after the last end, which no end can see).
+ * seal is the seal's body. Called on a NATS thread. */
+void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id,
+                          const void *seal, size_t len);
 
 #endif

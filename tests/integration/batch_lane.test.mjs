@@ -126,6 +126,17 @@ describe("batch lane", () => {
     assert.equal(await pending(BATCH_STREAM, "ci-workers-batch"), 0);
   });
 
+  test("a seal that comes after the last task ended still brings one complete event (a worker looks at each seal)", async () => {
+    const b = newTaskId("blate");
+    for (let i = 1; i <= 2; i++) await submitBatch(b, { taskId: `${b}-${i}`, code: "print(1)" });
+    await waitFor(`batch ${b}'s tasks ended`, () => counts(b), (x) => ended(x) === 2);
+    assert.equal((await counts(b)).complete, 0, "no complete before the seal");
+    await seal(b, 2);
+    const n = await waitFor(`batch ${b} complete after a late seal`, () => counts(b), (x) => x.complete >= 1, 30000);
+    assert.equal(n.complete, 1);
+    assert.deepEqual(await lastEvent(b, "complete"), { batchId: b, total: "2", succeeded: "2", failed: "0", timedOut: "0", cancelled: "0" });
+  });
+
   test("subject checks: a batch task on ci.submit, and a task on ci.batch.x without batchId, end FAILED saying where to publish", async () => {
     const b = newTaskId("bsubj");
     const t1 = newTaskId("onsubmit");
