@@ -3,7 +3,7 @@
 //
 //   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
 //                [--soak 0] [--gap 0] [--concurrency 0] [--spares 0] [--bursts 10]
-//                [--sessions 10] [--mcp 30] [--live 30] [--out FILE]
+//                [--sessions 10] [--mcp 30] [--live 30] [--batch 0] [--out FILE]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it also measures the floor of any fork-based warm start on
@@ -34,7 +34,11 @@
 // prints of 64 bytes, and in one write - on a worker that publishes it live,
 // the same with a client subscribed to the task's chunks, and on a worker with
 // jetstream.live_output false; the three run in turn, each on its own server,
-// so that the machine's drift falls on all alike.
+// so that the machine's drift falls on all alike. --batch N (warm mode) runs
+// N print(1) tasks as one batch on the batch lane (§20, §21) three times on
+// one worker: without a progress view, with `ci batch status B --json` run
+// every second (as a person watching would), and without again; each from
+// the first publish to the batch's complete event.
 import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { cpus as osCpus, loadavg, tmpdir } from "node:os";
@@ -63,6 +67,7 @@ const { values: args } = parseArgs({
     sessions: { type: "string", default: "10" },
     mcp: { type: "string", default: "30" },
     live: { type: "string", default: "30" },
+    batch: { type: "string", default: "0" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
 });
@@ -78,6 +83,7 @@ const BURSTS = Number(args.bursts);
 const SESSIONS = Number(args.sessions);
 const MCP_CALLS = Number(args.mcp);
 const LIVE = Number(args.live);
+const BATCH = Number(args.batch);
 const FLOOR_FANOUT = 60; // pandas runs per forking process in the floor's throughput
 
 const csv = ["day,region,units,price"];
@@ -511,6 +517,59 @@ async function liveOutput() {
   return out;
 }
 
+// A batch of BATCH print(1) tasks, from the first publish to its complete
+// event; with poll, `ci batch status B --json` runs every second meanwhile
+// (and must say the batch's true counts at the end).
+async function batchThroughput() {
+  const local = { isolation: "required", mode: "warm", warm_spares: SPARES };
+  const worker = { local, ...(CONCURRENCY > 0 ? { concurrency: CONCURRENCY } : {}) };
+  const st = await startStack({ workers: 1, worker });
+  const c = st.client;
+  const execP = promisify(execFile);
+  const env = { ...process.env, CI_NATS_URL: st.server.url };
+  const one = async (poll, n = BATCH) => {
+    const b = newTaskId(poll ? "bbp" : "bbn");
+    const complete = c.nc.subscribe(`ci.batches.${b}.complete`, { max: 1 });
+    await c.nc.flush();
+    const t0 = performance.now();
+    let polls = 0, stop = false, last = null;
+    const poller = poll ? (async () => {
+      while (!stop) {
+        const next = performance.now() + 1000;
+        const r = await execP(CLI_BIN, ["batch", "status", b, "--json"], { env }).catch((e) => e);
+        if (r.stdout) last = JSON.parse(r.stdout);
+        polls++;
+        const wait = next - performance.now();
+        if (wait > 0) await new Promise((res) => setTimeout(res, wait));
+      }
+    })() : null;
+    for (let i = 0; i < n; i += 200) {
+      const ids = [];
+      for (let k = i + 1; k <= Math.min(i + 200, n); k++) ids.push(`${b}-${k}`);
+      await Promise.all(ids.map((taskId) => c.submit({ language: "python", code: "print(1)", taskId, batchId: b }, { json: true, subject: `ci.batch.${b}` })));
+    }
+    await c.js.publish(`ci.batches.${b}.sealed`, JSON.stringify({ total: String(n) }), { msgID: `${b}.sealed`, timeout: 10000 });
+    for await (const m of complete) break;
+    const seconds = (performance.now() - t0) / 1000;
+    stop = true;
+    await poller;
+    if (poll) {
+      const r = await execP(CLI_BIN, ["batch", "status", b, "--json"], { env });
+      last = JSON.parse(r.stdout);
+      if (last.succeeded !== n || last.total !== n) throw new Error(`batch ${b}: ${r.stdout}`);
+    }
+    return { seconds: round(seconds), tasks_per_s: round(n / seconds), polls };
+  };
+  try {
+    await one(false, Math.min(BATCH, 200)); // warm-up: the spares, the streams
+    const runs = { without: await one(false), with_progress: await one(true), without_again: await one(false) };
+    const mean = (runs.without.tasks_per_s + runs.without_again.tasks_per_s) / 2;
+    return { n: BATCH, slots: SLOTS, ...runs, ratio: runs.with_progress.tasks_per_s / mean };
+  } finally {
+    await st.stop();
+  }
+}
+
 const base = {};
 for (const name of Object.keys(SCENARIOS)) base[name] = baseline(name);
 const { floor, throughput: floorTput } = forkFloor();
@@ -528,6 +587,7 @@ const results = {
 };
 for (const mode of args.modes.split(",")) results.modes.push(await service(mode, base));
 if (LIVE > 0 && args.modes.split(",").includes("warm")) results.live_output = await liveOutput();
+if (BATCH > 0 && args.modes.split(",").includes("warm")) results.batch = await batchThroughput();
 results.loadavg_end = loadavg();
 
 const kib = (k) => `${round(k / 1024)} MiB`;
@@ -571,6 +631,12 @@ if (results.live_output) {
     console.log(line(k, s, s.ratio_p50));
     console.log(line("  the code's own time (usage.durationMs)", s.code, s.code_ratio_p50));
   }
+}
+if (results.batch) {
+  const x = results.batch;
+  const r = (k) => `${x[k].seconds} s = ${x[k].tasks_per_s} tasks/s`;
+  console.log(`\nbatch (warm mode): ${x.n} print(1) tasks on the batch lane, first publish -> complete event (${x.slots} slot${x.slots === 1 ? "" : "s"}):`);
+  console.log(`without a progress view ${r("without")}; with ci batch status every second ${r("with_progress")} (${x.with_progress.polls} polls); without again ${r("without_again")}; with/without ${x.ratio.toFixed(3)}x`);
 }
 console.log(`\nload average: ${results.loadavg_start.map(round).join(" ")} at start, ${results.loadavg_end.map(round).join(" ")} at the end`);
 mkdirSync(join(args.out, ".."), { recursive: true });
