@@ -61,7 +61,8 @@ ci_status ci_batch_complete_if_done(struct ci_broker *b, const char *batch,
                                     struct ci_error *err)
 {
     *ret_stored = false;
-    if (!raw->sealed || !ci_batch_is_complete(&raw->events, raw->seal_total))
+    if (!raw->sealed || raw->events.complete ||
+        !ci_batch_is_complete(&raw->events, raw->seal_total))
         return CI_OK;
     char id[96];
     snprintf(id, sizeof(id), "%s.complete", batch);
@@ -349,6 +350,60 @@ static ci_status jsonl_check(struct ci_broker *b, const struct ci_config *cfg,
 
 /* --- submitting --- */
 
+/* The ids of the batch's tasks that a worker took (its taken events, kept
+ * batches.max_age_s): such a task is never published again, also after
+ * its result and the queue's dedup window (1 h) are gone. Sorted. */
+struct taken {
+    char (*ids)[65];
+    size_t n, cap;
+    bool full;
+};
+
+static bool on_taken_msg(void *closure, const char *subject, const uint8_t *data, size_t len)
+{
+    struct taken *t = closure;
+    if (len == 0 || len > 64)
+        return true;
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 1024;
+        void *p = cap <= 2 * (size_t)CI_BATCH_MAX_TASKS ? realloc(t->ids, cap * sizeof(*t->ids))
+                                                       : NULL;
+        if (!p) {
+            t->full = true;
+            return false;
+        }
+        t->ids = p;
+        t->cap = cap;
+    }
+    memcpy(t->ids[t->n], data, len);
+    t->ids[t->n][len] = '\0';
+    t->n++;
+    return true;
+}
+
+static int cmp_id(const void *a, const void *b) { return strcmp(a, b); }
+
+static ci_status taken_read(struct ci_broker *b, const char *batch, uint64_t count,
+                            struct taken *t, struct ci_error *err)
+{
+    if (count == 0)
+        return CI_OK;
+    size_t read = 0;
+    ci_status s = ci_broker_batch_read(b, batch, "taken", (size_t)count, on_taken_msg, t, &read,
+                                       err);
+    if (!s && t->full)
+        s = ci_error_set(err, CI_ERR_NOMEM, "out of memory reading batch %s's taken tasks",
+                         batch);
+    if (!s)
+        qsort(t->ids, t->n, sizeof(*t->ids), cmp_id);
+    return s;
+}
+
+static bool taken_has(const struct taken *t, const char *id)
+{
+    return t->n && bsearch(id, t->ids, t->n, sizeof(*t->ids), cmp_id);
+}
+
 /* Whether the task has ended already: a terminal record in ci-results. */
 static ci_status already_ended(struct ci_broker *b, const char *id, bool *ret,
                                struct ci_error *err)
@@ -367,12 +422,16 @@ static ci_status already_ended(struct ci_broker *b, const char *id, bool *ret,
 
 /* Publishes task n of a --file-each batch. */
 static ci_status submit_file(struct ci_broker *b, const struct ci_config *cfg,
-                             const struct ci_batch_submit *a, uint64_t n, bool *ret_dup, bool *ret_skipped, struct ci_error *err)
+                             const struct ci_batch_submit *a, const struct taken *taken,
+                             uint64_t n, bool *ret_dup, bool *ret_skipped,
+                             struct ci_error *err)
 {
     char id[65], got[65];
     ci_status s = ci_batch_task_id(a->batch, n, id, err);
     if (s)
         return s;
+    if ((*ret_skipped = taken_has(taken, id)))
+        return CI_OK;
     if ((s = already_ended(b, id, ret_skipped, err)) || *ret_skipped)
         return s;
     struct ci_submit_args sa = {
@@ -387,8 +446,8 @@ static ci_status submit_file(struct ci_broker *b, const struct ci_config *cfg,
 
 /* Publishes the next request of a JSONL batch. */
 static ci_status submit_line(struct ci_broker *b, const struct ci_config *cfg,
-                             const struct ci_batch_submit *a, struct lines *l,
-                             bool *ret_dup, bool *ret_skipped,
+                             const struct ci_batch_submit *a, const struct taken *taken,
+                             struct lines *l, bool *ret_dup, bool *ret_skipped,
                              struct ci_error *err)
 {
     Ci__V1__ExecutionRequest *req = NULL;
@@ -398,7 +457,8 @@ static ci_status submit_line(struct ci_broker *b, const struct ci_config *cfg,
                             "has fewer requests than a moment ago", l->path);
     if (s)
         return s;
-    s = already_ended(b, req->task_id, ret_skipped, err);
+    if (!(*ret_skipped = taken_has(taken, req->task_id)))
+        s = already_ended(b, req->task_id, ret_skipped, err);
     enum ci_encoding enc = a->wire_json ? CI_ENC_JSON : CI_ENC_PROTOBUF;
     uint8_t *wire = NULL;
     size_t wire_len = 0;
@@ -444,10 +504,13 @@ ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
                              "--batch", a->batch, raw.seal_total, out.total);
         out.seal_was_there = true;
     }
+    struct taken taken = {0};
+    if (!s)
+        s = taken_read(b, a->batch, raw.events.taken, &taken, err);
     for (uint64_t n = 1; !s && n <= out.total; n++) {
         bool dup = false, skipped = false;
-        s = a->jsonl_path ? submit_line(b, cfg, a, &l, &dup, &skipped, err)
-                          : submit_file(b, cfg, a, n, &dup, &skipped, err);
+        s = a->jsonl_path ? submit_line(b, cfg, a, &taken, &l, &dup, &skipped, err)
+                          : submit_file(b, cfg, a, &taken, n, &dup, &skipped, err);
         if (!s) {
             if (skipped)
                 out.skipped++;
@@ -469,6 +532,7 @@ ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
         }
     }
     lines_close(&l);
+    free(taken.ids);
     if (s) {
         *ret = out;
         return s;

@@ -1046,8 +1046,9 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
         say(stderr, "ci: %s\n", e.msg);
         if (done)
             say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
-                "it is not sealed: run the same command again to finish it (nothing runs "
-                "twice)\n", batch, done, r.total);
+                "it is not sealed: run the same command%s%s again to finish it (nothing "
+                "runs twice)\n", batch, done, r.total, c->batch ? "" : " with --batch ",
+                c->batch ? "" : batch);
         return s == CI_ERR_INVALID || s == CI_ERR_CONFLICT ? EXIT_USAGE : EXIT_INFRA;
     }
     say(stdout, "%s\n", batch);
@@ -1057,7 +1058,8 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
     if (r.duplicates)
         say(stderr, ", %" PRIu64 " queued already (not queued again)", r.duplicates);
     if (r.skipped)
-        say(stderr, ", %" PRIu64 " skipped (their result is terminal already)", r.skipped);
+        say(stderr, ", %" PRIu64 " skipped (taken by a worker already, or their result is "
+                    "terminal)", r.skipped);
     say(stderr, "; %s\n", r.seal_was_there ? "sealed already" : "sealed");
     if (ci_batch_state_done(&r.counts))
         say(stderr, "ci: batch %s: every task has ended%s\n", batch,

@@ -135,7 +135,7 @@ describe("ci batch against a worker", () => {
     const taken = (await batchSubjectCounts(client.jsm, batch)).taken;
     const r = await ci(submitArgs, { cwd: cwd(), url });
     assert.equal(r.code, 0, r.stderr);
-    assert.match(r.stderr, /20 tasks: 0 submitted, 20 skipped \(their result is terminal already\); sealed already/);
+    assert.match(r.stderr, /20 tasks: 0 submitted, 20 skipped \(taken by a worker already, or their result is terminal\); sealed already/);
     assert.equal((await client.jsm.streams.info(BATCH_STREAM)).state.last_seq, lastSeq, "nothing new in CI_BATCH");
     // A task that went out again would be taken again and rewrite its record.
     const c = await batchSubjectCounts(client.jsm, batch);
@@ -143,6 +143,15 @@ describe("ci batch against a worker", () => {
     assert.equal(c.complete, 1);
     for (let n = 1; n <= 20; n++) assert.equal((await kv.get(`${batch}-${n}`)).revision, revisions[n], `${batch}-${n} untouched`);
     assert.deepEqual(await statusJson(batch), { total: 20, queued: 0, running: 0, succeeded: 18, failed: 2, timed_out: 0, cancelled: 0 });
+    // Later, when the results and the queue's dedup window are gone (1 h),
+    // the batch's taken events (24 h) still say every task went out: the
+    // results are deleted here as their expiry would.
+    for (let n = 1; n <= 20; n++) await kv.purge(`${batch}-${n}`);
+    const late = await ci(submitArgs, { cwd: cwd(), url });
+    assert.equal(late.code, 0, late.stderr);
+    assert.match(late.stderr, /20 tasks: 0 submitted, 20 skipped/);
+    assert.doesNotMatch(late.stderr, /queued already/, "nothing was published (the dedup window would hide it only for 1 h)");
+    assert.equal((await client.jsm.streams.info(BATCH_STREAM)).state.last_seq, lastSeq);
   });
 
   test("cancel: the running tasks are stopped, the queued never run; wait exits 1 saying they were cancelled", async () => {

@@ -227,7 +227,7 @@ describe("ci batch with a stand-in worker", () => {
     await kv.put(`${b1}-5`, saved);
   });
 
-  test("the same submit again runs nothing twice: ended tasks skipped, a queued copy dropped by CI_BATCH; a batch sealed with another total refuses", async () => {
+  test("the same submit again runs nothing twice: taken tasks skipped, also without their result; a batch sealed with another total refuses", async () => {
     const cwd = fresh("again");
     mkdirSync(join(cwd, "in"));
     for (const f of files) writeFileSync(join(cwd, "in", f), `name,value\n${f},1\n`);
@@ -235,9 +235,10 @@ describe("ci batch with a stand-in worker", () => {
     const before = (await client.jsm.streams.info(BATCH_STREAM)).state.last_seq;
     const r = await ci(["batch", "submit", "s.py", "--file-each", "in/*.csv", "--batch", b1], { cwd, url });
     assert.equal(r.code, 0, r.stderr);
-    // b1-4's record is gone (the test above): it goes out again, and
-    // CI_BATCH drops it as a duplicate within its window.
-    assert.match(r.stderr, new RegExp(`batch ${b1}: 5 tasks: 0 submitted, 1 queued already \\(not queued again\\), 4 skipped \\(their result is terminal already\\); sealed already`));
+    // b1-4's record is gone (the test above), but its taken event says a
+    // worker took it: not published again (the queue's dedup window would
+    // hide a copy only for 1 h).
+    assert.match(r.stderr, new RegExp(`batch ${b1}: 5 tasks: 0 submitted, 5 skipped \\(taken by a worker already, or their result is terminal\\); sealed already`));
     assert.match(r.stderr, /every task has ended/);
     assert.equal((await client.jsm.streams.info(BATCH_STREAM)).state.last_seq, before, "nothing new stored in CI_BATCH");
     assert.equal(await worker.take(1000), null);
