@@ -727,6 +727,26 @@ static void stop_handler(natsSubscription *sub, atomic_bool *done)
     natsSubscription_Destroy(sub);
 }
 
+static void on_handler_done(void *closure) { atomic_store((atomic_bool *)closure, true); }
+
+/* A core subscription on subj (in queue group queue, unless NULL) whose
+ * handler cb runs on a NATS thread with b; *done is set once the library
+ * says the handler returned for good (stop_handler waits for that). */
+static ci_status subscribe_handler(struct ci_broker *b, const char *subj, const char *queue,
+                                   natsMsgHandler cb, atomic_bool *done, natsSubscription **ret,
+                                   const char *what, struct ci_error *err)
+{
+    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
+    natsStatus s = queue ? natsConnection_QueueSubscribe(&sub, b->nc, subj, queue, cb, b)
+                         : natsConnection_Subscribe(&sub, b->nc, subj, cb, b);
+    if (s == NATS_OK)
+        s = natsSubscription_SetOnCompleteCB(sub, on_handler_done, done);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot subscribe to %s", what);
+    *ret = CI_STEAL(&sub);
+    return CI_OK;
+}
+
 void ci_broker_free(struct ci_broker *b)
 {
     if (!b)
@@ -1367,12 +1387,6 @@ static void on_cancel_msg(natsConnection *nc, natsSubscription *sub, natsMsg *ms
     natsMsg_Destroy(msg);
 }
 
-static void on_cancel_done(void *closure)
-{
-    struct ci_broker *b = closure;
-    atomic_store(&b->cancel_done, true);
-}
-
 ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,
                               struct ci_error *err)
 {
@@ -1380,14 +1394,8 @@ ci_status ci_broker_on_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closur
     snprintf(subj, sizeof(subj), "%s.*", b->cfg->jetstream.cancel_prefix);
     b->cancel_fn = fn;
     b->cancel_closure = closure;
-    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
-    natsStatus s = natsConnection_Subscribe(&sub, b->nc, subj, on_cancel_msg, b);
-    if (s == NATS_OK)
-        s = natsSubscription_SetOnCompleteCB(sub, on_cancel_done, b);
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot subscribe to cancel requests");
-    b->cancel_sub = CI_STEAL(&sub);
-    return CI_OK;
+    return subscribe_handler(b, subj, NULL, on_cancel_msg, &b->cancel_done, &b->cancel_sub,
+                             "cancel requests", err);
 }
 
 /* --- the fleet --- */
@@ -2125,12 +2133,6 @@ static void on_batch_sealed_msg(natsConnection *nc, natsSubscription *sub, natsM
     natsMsg_Destroy(msg);
 }
 
-static void on_batch_sealed_done(void *closure)
-{
-    struct ci_broker *b = closure;
-    atomic_store(&b->batch_sealed_done, true);
-}
-
 ci_status ci_broker_on_batch_sealed(struct ci_broker *b, ci_batch_sealed_fn fn, void *closure,
                                     struct ci_error *err)
 {
@@ -2138,23 +2140,9 @@ ci_status ci_broker_on_batch_sealed(struct ci_broker *b, ci_batch_sealed_fn fn, 
     snprintf(subj, sizeof(subj), "%s.*.sealed", b->cfg->jetstream.batch_events_prefix);
     b->batch_sealed_fn = fn;
     b->batch_sealed_closure = closure;
-    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
     /* One worker of the deployment looks at each seal. */
-    natsStatus s = natsConnection_QueueSubscribe(&sub, b->nc, subj,
-                                                 b->cfg->jetstream.batch_consumer,
-                                                 on_batch_sealed_msg, b);
-    if (s == NATS_OK)
-        s = natsSubscription_SetOnCompleteCB(sub, on_batch_sealed_done, b);
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot subscribe to batch seals");
-    b->batch_sealed_sub = CI_STEAL(&sub);
-    return CI_OK;
-}
-
-static void on_batch_cancel_done(void *closure)
-{
-    struct ci_broker *b = closure;
-    atomic_store(&b->batch_cancel_done, true);
+    return subscribe_handler(b, subj, b->cfg->jetstream.batch_consumer, on_batch_sealed_msg,
+                             &b->batch_sealed_done, &b->batch_sealed_sub, "batch seals", err);
 }
 
 ci_status ci_broker_on_batch_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,
@@ -2164,14 +2152,8 @@ ci_status ci_broker_on_batch_cancel(struct ci_broker *b, ci_cancel_fn fn, void *
     snprintf(subj, sizeof(subj), "%s.*.cancel", b->cfg->jetstream.batch_events_prefix);
     b->batch_cancel_fn = fn;
     b->batch_cancel_closure = closure;
-    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
-    natsStatus s = natsConnection_Subscribe(&sub, b->nc, subj, on_batch_cancel_msg, b);
-    if (s == NATS_OK)
-        s = natsSubscription_SetOnCompleteCB(sub, on_batch_cancel_done, b);
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot subscribe to batch cancels");
-    b->batch_cancel_sub = CI_STEAL(&sub);
-    return CI_OK;
+    return subscribe_handler(b, subj, NULL, on_batch_cancel_msg, &b->batch_cancel_done,
+                             &b->batch_cancel_sub, "batch cancels", err);
 }
 
 /* --- clients --- */
