@@ -10,9 +10,13 @@ work=$root/.work
 mkdir -p "$work"
 
 stop() {
+  # The worker first, and its exit awaited (it drains: at most
+  # worker.drain_timeout_s, 90 s), while its NATS server is still there.
   for name in worker nats-server; do
     if [ -f "$work/$name.pid" ]; then
-      kill "$(cat "$work/$name.pid")" 2>/dev/null || true
+      pid=$(cat "$work/$name.pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 500); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
       rm -f "$work/$name.pid"
     fi
   done
