@@ -132,6 +132,8 @@ export async function startNatsServer(opts = {}) {
     monitorUrl: monitor && ports.monitoring ? ports.monitoring[0] : undefined,
     dir,
     logs: () => log,
+    // { code, signal } once it exited unasked, else null.
+    died: () => (stopped ? null : exited),
     async stop() {
       if (stopped) return;
       stopped = true;
