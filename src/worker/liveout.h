@@ -33,7 +33,9 @@ struct ci_liveout;
 
 struct ci_liveout_ops {
     /* Publishes one chunk of stream ("stdout" or "stderr") numbered seq
-     * (from 1 per stream). Not CI_OK: the chunk is lost, err says why. */
+     * (from 1 per stream). Not CI_OK: the chunk is lost, err says why.
+     * Called on the thread that waits for the run: it must not wait for
+     * NATS (the worker's hands the chunk to a publisher, publisher.h). */
     ci_status (*publish)(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
                          size_t len, struct ci_error *err);
 };

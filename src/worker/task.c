@@ -4,6 +4,7 @@
 #include "worker/task.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "nats/objstore.h"
 #include "core/session.h"
 #include "worker/liveout.h"
+#include "worker/publisher.h"
 
 /* Room kept in a KV value or event for headers and framing. */
 #define PAYLOAD_SLACK 8192
@@ -60,23 +62,33 @@ struct task {
     uint8_t *state;               /* the state to restore; NULL: none */
     size_t state_len;
     char state_note[400];         /* why the previous state could not be had, or "" */
-    struct ci_liveout *live;      /* the attempt's live output (§19); NULL: none */
-    bool live_dropped;            /* a chunk was lost, and said so */
+    /* The attempt's live output (§19): made into chunks on the thread that
+     * waits for the run (live), published from a thread of its own (pub),
+     * so that a NATS that blocks never holds up the run's time limit or
+     * cancel. Both NULL: none. */
+    struct ci_liveout *live;
+    struct ci_publisher *pub;
+    uint32_t attempt;             /* for pub's thread, which does not touch d */
+    atomic_bool live_dropped;     /* a chunk was lost, and said so (on either thread) */
     /* A batch's task (docs/contract.md §20): the batch whose events count
      * it, or "" (batch_choose). */
     char batch[65];
 };
 
-/* The live output's counts go to the metrics when the task is done. */
+/* The live output's counts go to the metrics when the task is done. Its
+ * publisher stops here at the latest: what it still holds is dropped. */
 static void live_release(struct task *t)
 {
-    if (!t->live)
+    if (!t->pub)
         return;
-    struct ci_liveout_stats st;
-    ci_liveout_stats(t->live, &st);
-    ci_metrics_output_chunks(t->env->metrics, st.chunks, st.dropped);
     ci_liveout_free(t->live);
     t->live = NULL;
+    (void)ci_publisher_drain(t->pub); /* what is still queued is dropped (and told) */
+    struct ci_publisher_stats st;
+    ci_publisher_stats(t->pub, &st);
+    ci_metrics_output_chunks(t->env->metrics, st.published, st.refused + st.failed + st.left);
+    ci_publisher_free(t->pub);
+    t->pub = NULL;
 }
 
 static void task_release(struct task *t)
@@ -301,11 +313,16 @@ static ci_status store_result(struct task *t, struct result *r, struct ci_error 
     if (s)
         return s;
     /* The live output's last chunks: what this result keeps (as encoded,
-     * cuts included) beyond what went out while the code ran. Before the
-     * record, so that a worker that dies after storing it has left none
-     * behind; a redelivery then only repairs the event. */
-    if (t->live && ci_task_status_terminal(r->msg.status))
+     * cuts included) beyond what went out while the code ran. Out before
+     * the record, so that a worker that dies after storing it has left
+     * none behind; a redelivery then only repairs the event. A NATS that
+     * does not take them holds the result CI_PUBLISHER_DRAIN_MS at most
+     * (and the publish under way): what is still queued then is lost. */
+    if (t->live && ci_task_status_terminal(r->msg.status)) {
+        ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
         ci_liveout_finish(t->live, r->msg.stdout, r->msg.stderr);
+        (void)ci_publisher_drain(t->pub); /* the lost ones were told */
+    }
     s = ci_broker_result_swap(t->env->broker, t->id, buf, len, t->rev, &t->rev, err);
     free(buf);
     if (s)
@@ -1506,41 +1523,69 @@ static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
     }
 }
 
-/* The publish of the live output's ops: a chunk of this attempt. The
- * first one lost is logged when it happens (once per task), so that an
- * operator sees it while the task still runs. */
+/* A chunk of the live output was lost: the first one is logged when it
+ * happens (once per task), so that an operator sees it while the task
+ * still runs. On the run's thread (the queue was full) or the publisher's
+ * (NATS refused it). */
+static void live_dropped(void *ctx, const char *stream, uint64_t seq, ci_status s,
+                         const char *why)
+{
+    (void)s;
+    struct task *t = ctx;
+    if (atomic_exchange(&t->live_dropped, true))
+        return;
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("attempt", t->attempt),
+        CI_LOG_S("stream", stream),
+        CI_LOG_N("seq", seq),
+        CI_LOG_S("error", why),
+    };
+    ci_log_fields(CI_LOG_WARN, "task.output_dropped", f, sizeof(f) / sizeof(f[0]));
+}
+
+/* The publisher's publish: a chunk of this attempt, on its own thread. */
 static ci_status live_publish(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
                               size_t len, struct ci_error *err)
 {
     struct task *t = ctx;
-    ci_status s = ci_broker_output_publish(t->env->broker, t->id, stream,
-                                           ci_delivery_attempt(t->d), seq, data, len, err);
-    if (s && !t->live_dropped) {
-        t->live_dropped = true;
-        const struct ci_log_field f[] = {
-            CI_LOG_S("task_id", t->id),
-            CI_LOG_N("attempt", ci_delivery_attempt(t->d)),
-            CI_LOG_S("stream", stream),
-            CI_LOG_N("seq", seq),
-            CI_LOG_S("error", err ? err->msg : ""),
-        };
-        ci_log_fields(CI_LOG_WARN, "task.output_dropped", f, sizeof(f) / sizeof(f[0]));
-    }
-    return s;
+    return ci_broker_output_publish(t->env->broker, t->id, stream, t->attempt, seq, data, len,
+                                    err);
 }
 
-static const struct ci_liveout_ops live_ops = {.publish = live_publish};
+static const struct ci_publisher_ops live_pub_ops = {.publish = live_publish,
+                                                     .dropped = live_dropped};
 
-/* Makes the attempt's live output, when the config wants one and its
- * stream is there. Without memory for it the task runs without: the
- * result has the output. */
+/* The live output's publish: hands the chunk to the publisher, at once
+ * while the code runs (a full queue drops it, and live_dropped tells). */
+static ci_status live_put(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
+                          size_t len, struct ci_error *err)
+{
+    struct task *t = ctx;
+    return ci_publisher_put(t->pub, stream, seq, data, len, err);
+}
+
+static const struct ci_liveout_ops live_ops = {.publish = live_put};
+
+/* Makes the attempt's live output and starts its publisher, when the
+ * config wants one and its stream is there. Without memory or a thread
+ * for it the task runs without: the result has the output. */
 static bool live_start(struct task *t)
 {
     const struct ci_config *cfg = t->env->cfg;
     if (!ci_broker_live_output(t->env->broker, NULL, 0))
         return false;
+    t->attempt = ci_delivery_attempt(t->d);
+    struct ci_publisher_opts po = {.ops = &live_pub_ops, .ctx = t};
+    if (ci_publisher_new(&po, &t->pub, NULL) != CI_OK)
+        return false;
     struct ci_liveout_opts o = {.ops = &live_ops, .ctx = t, .cap = cfg->limits.max_output_bytes};
-    return ci_liveout_new(&o, &t->live, NULL) == CI_OK;
+    if (ci_liveout_new(&o, &t->live, NULL) != CI_OK) {
+        ci_publisher_free(t->pub);
+        t->pub = NULL;
+        return false;
+    }
+    return true;
 }
 
 static enum ci_task_end run_task(struct task *t, struct result *r)
