@@ -861,11 +861,13 @@ static char cg_why[600]; /* the probe's reason when 0 */
                  "cpu delegated, or cgroup v1 as root)", cg_why);                   \
     } while (0)
 
+/* A provider with c's settings, on main's probe: c differs from cfg only in
+ * limits the probe does not try. */
 static struct ci_provider *provider_with(struct ci_config *c)
 {
     struct ci_provider *p = NULL;
     struct ci_error err = {{0}};
-    if (ci_provider_local_new(c, &p, &err) != CI_OK) {
+    if (ci_provider_local_new_probed(c, &probed, &p, &err) != CI_OK) {
         fprintf(stderr, "provider: %s\n", err.msg);
         return NULL;
     }
@@ -1206,7 +1208,7 @@ static void t_require_cgroup(void)
     ci_status ps = ci_sandbox_probe(c, &pr);
     struct ci_provider *p = NULL;
     struct ci_error err = {{0}};
-    ci_status s = ci_provider_local_new(c, &p, &err);
+    ci_status s = ci_provider_local_new_probed(c, &pr, &p, &err);
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -1258,7 +1260,7 @@ static void t_artifact_cap(void)
     c->limits.max_artifact_bytes = 100000;
     struct ci_provider *p = NULL;
     struct ci_error err = {{0}};
-    ci_status ps = ci_provider_local_new(c, &p, &err);
+    ci_status ps = ci_provider_local_new_probed(c, &probed, &p, &err); /* a limit it does not try */
     if (ps)
         fprintf(stderr, "provider: %s\n", err.msg);
     if (ps)
@@ -2644,7 +2646,7 @@ int main(int argc, char **argv)
      * (seconds on a loaded machine). */
     if (!(k == 1 && sel[0].fn == t_warm_spare_cpu)) {
         struct ci_error err = {{0}};
-        if (ci_provider_local_new(cfg, &prov, &err) != CI_OK) {
+        if (ci_provider_local_new_probed(cfg, &probed, &prov, &err) != CI_OK) {
             fprintf(stderr, "provider: %s\n", err.msg);
             return 1;
         }
