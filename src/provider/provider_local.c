@@ -328,8 +328,10 @@ static const struct ci_provider_ops local_ops = {
 ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,
                                 struct ci_error *err)
 {
+    /* The warm try with the pool's first zygote rather than one of the
+     * probe's own: a zygote start less before the first task. */
     struct ci_sandbox_probe probe;
-    ci_status s = ci_sandbox_probe(cfg, &probe);
+    ci_status s = ci_sandbox_probe_deferred(cfg, &probe);
     if (s == CI_ERR_NOMEM)
         return ci_error_set(err, s, "out of memory while probing the sandbox");
     /* Any other failure: ci_sandbox_new() refuses with the probe's reason. */
@@ -356,7 +358,9 @@ ci_status ci_provider_local_new_probed(const struct ci_config *cfg,
     else if (err && cfg->local.mode == CI_MODE_WARM && probe->sandboxed &&
              strcmp(ci_sandbox_mode(sb), "warm") != 0)
         snprintf(err->msg, sizeof(err->msg), "warm mode is unavailable, tasks run cold: %.400s",
-                 probe->warm_failure[0] ? probe->warm_failure : "the zygotes did not start");
+                 probe->warm_failure[0]        ? probe->warm_failure
+                 : ci_sandbox_warm_failure(sb)[0] ? ci_sandbox_warm_failure(sb)
+                                                 : "the zygotes did not start");
     else if (err && probe->task_uids_off)
         snprintf(err->msg, sizeof(err->msg), "every task runs as local.sandbox_uid: the task "
                  "uids (local.task_uid_first, task_uid_count) could not be used: %.380s",

@@ -8,9 +8,12 @@
 
 struct ci_sandbox_probe; /* sandbox/sandbox.h */
 
-/* Probes the machine, then prepares the sandbox. With isolation `auto` on a
- * machine without namespaces this succeeds in the no-sandbox mode and leaves
- * the warning to log in err->msg; on a normal success err->msg is "". */
+/* Probes the machine, then prepares the sandbox (in warm mode the probe's
+ * try of a zygote is made with the pool's first: ci_sandbox_probe_deferred).
+ * With isolation `auto` on a machine without namespaces this succeeds in the
+ * no-sandbox mode and leaves the warning to log in err->msg; when warm mode
+ * is unavailable it succeeds, tasks run cold, and err->msg says why; on a
+ * normal success err->msg is "". */
 ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,
                                 struct ci_error *err);
 

@@ -129,6 +129,29 @@ static ci_status probe_cgroups(const struct ci_config *cfg, struct build_opts op
     return s == CI_ERR_NOMEM ? s : CI_OK;
 }
 
+ci_status warm_try(struct ci_sandbox *sb, struct ci_error *err)
+{
+    static const char code[] = "pass\n";
+    struct ci_job job = {.code = code, .code_len = sizeof(code) - 1, .timeout_ms = 20000,
+                         .memory_mb = 1024};
+    struct ci_sandbox_run *run = NULL;
+    bool fallback = false;
+    ci_status s = run_start(sb, &job, true, &fallback, &run, err);
+    struct ci_sandbox_result r;
+    if (!s && (s = ci_sandbox_wait(run, &r)) == CI_OK) {
+        if (r.end != CI_SANDBOX_EXITED || !r.has_status || r.status != 0) {
+            size_t len = r.outcome.err_len > 200 ? 200 : r.outcome.err_len;
+            s = ci_error_set(err, CI_ERR_UNSUPPORTED,
+                             "a task in the zygote failed: %s (wait status 0x%x, stderr: %.*s)",
+                             r.outcome.error ? r.outcome.error : "it failed", (unsigned)r.status,
+                             (int)len, r.outcome.err ? r.outcome.err : "");
+        }
+        ci_sandbox_result_release(&r);
+    }
+    ci_sandbox_run_free(run);
+    return s;
+}
+
 /* The probe's try: start one zygote and run `pass` in a child of it (not
  * falling back to cold). Fills p's warm fields; fails only for NOMEM. */
 static ci_status probe_warm(const struct ci_config *cfg, struct build_opts opts,
@@ -143,25 +166,7 @@ static ci_status probe_warm(const struct ci_config *cfg, struct build_opts opts,
         s = warm_start(sb, 1, &err);
     if (!s) {
         p->warm_start_ms = ci_mono_ms() - t0;
-        static const char code[] = "pass\n";
-        struct ci_job job = {.code = code, .code_len = sizeof(code) - 1,
-                                     .timeout_ms = 20000, .memory_mb = 1024};
-        struct ci_sandbox_run *run = NULL;
-        bool fallback = false;
-        s = run_start(sb, &job, true, &fallback, &run, &err);
-        struct ci_sandbox_result r;
-        if (!s && (s = ci_sandbox_wait(run, &r)) == CI_OK) {
-            if (r.end != CI_SANDBOX_EXITED || !r.has_status || r.status != 0) {
-                size_t len = r.outcome.err_len > 200 ? 200 : r.outcome.err_len;
-                s = ci_error_set(&err, CI_ERR_UNSUPPORTED,
-                                 "a task in the zygote failed: %s (wait status 0x%x, stderr: "
-                                 "%.*s)", r.outcome.error ? r.outcome.error : "it failed",
-                                 (unsigned)r.status, (int)len,
-                                 r.outcome.err ? r.outcome.err : "");
-            }
-            ci_sandbox_result_release(&r);
-        }
-        ci_sandbox_run_free(run);
+        s = warm_try(sb, &err);
     }
     p->warm_ok = s == CI_OK;
     if (s)
@@ -170,7 +175,8 @@ static ci_status probe_warm(const struct ci_config *cfg, struct build_opts opts,
     return s == CI_ERR_NOMEM ? s : CI_OK;
 }
 
-ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe *ret)
+static ci_status probe(const struct ci_config *cfg, bool defer_warm,
+                       struct ci_sandbox_probe *ret)
 {
     /* ret is the explanation of a failure too: filled whatever happens. */
     struct ci_sandbox_probe p;
@@ -257,7 +263,9 @@ ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe 
     if (p.warm_requested && !p.sandboxed)
         snprintf(p.warm_failure, sizeof(p.warm_failure),
                  "warm mode needs the namespace sandbox, which is not in use");
-    if (p.warm_requested && p.sandboxed && probe_warm(cfg, opts, &p) == CI_ERR_NOMEM) {
+    if (p.warm_requested && p.sandboxed && defer_warm)
+        p.warm_deferred = true;
+    else if (p.warm_requested && p.sandboxed && probe_warm(cfg, opts, &p) == CI_ERR_NOMEM) {
         snprintf(p.failure, sizeof(p.failure), "out of memory");
         *ret = p;
         return CI_ERR_NOMEM;
@@ -297,6 +305,16 @@ ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe 
     if (p.cgroup_required && !p.cgroup_version)
         return CI_ERR_UNSUPPORTED;
     return p.python_ok ? CI_OK : CI_ERR_UNSUPPORTED;
+}
+
+ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe *ret)
+{
+    return probe(cfg, false, ret);
+}
+
+ci_status ci_sandbox_probe_deferred(const struct ci_config *cfg, struct ci_sandbox_probe *ret)
+{
+    return probe(cfg, true, ret);
 }
 
 void ci_sandbox_probe_print(const struct ci_sandbox_probe *p, FILE *out)

@@ -79,6 +79,8 @@ void ci_sandbox_free(struct ci_sandbox *sb)
 
 const char *ci_sandbox_isolation(const struct ci_sandbox *sb) { return sb->isolation; }
 
+const char *ci_sandbox_warm_failure(const struct ci_sandbox *sb) { return sb->warm_failure; }
+
 /* A task's share of an inotify limit the kernel counts per user for the
  * owner of every sandbox's namespace (us, and our uid's other processes):
  * half of it split between the task slots, so that no task can take what
@@ -244,15 +246,23 @@ ci_status ci_sandbox_new(const struct ci_config *cfg, const struct ci_sandbox_pr
     }
     if (sb->ns)
         plan_font_cache(sb);
-    /* Warm when the probe could run a zygote; should that fail now, tasks
-     * run cold (ci_sandbox_mode() says which). */
-    if (sb->ns && cfg->local.mode == CI_MODE_WARM && probe->warm_ok) {
+    /* Warm when the probe could run a zygote, or left that try to us (then
+     * the first zygote of the pool runs `pass` in a child, as the probe's
+     * would have); should that fail now, tasks run cold (ci_sandbox_mode()
+     * says which, ci_sandbox_warm_failure() why). */
+    if (sb->ns && cfg->local.mode == CI_MODE_WARM && (probe->warm_ok || probe->warm_deferred)) {
         struct ci_error werr = {{0}};
-        if (warm_start(sb, cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1, &werr) ==
-            CI_ERR_NOMEM) {
+        s = warm_start(sb, cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1, &werr);
+        if (!s && probe->warm_deferred && (s = warm_try(sb, &werr)) != CI_OK) {
+            ci_zygote_pool_free(sb->warm);
+            sb->warm = NULL;
+        }
+        if (s == CI_ERR_NOMEM) {
             ci_sandbox_free(sb);
             return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
         }
+        if (s)
+            snprintf(sb->warm_failure, sizeof(sb->warm_failure), "%.479s", werr.msg);
     }
     *ret = sb;
     return CI_OK;

@@ -119,6 +119,9 @@ struct ci_sandbox_probe {
      * tasks run cold, with the same isolation. */
     bool warm_requested;
     bool warm_ok;
+    /* ci_sandbox_probe_deferred: no zygote was tried here; ci_sandbox_new
+     * tries the first of its pool instead (warm_ok stays false). */
+    bool warm_deferred;
     int64_t warm_start_ms;  /* from the launch to that task's end */
     char warm_failure[480]; /* why not; "" when it worked or was not asked for */
     /* Task uids (local.task_uid_*, root only) failed where one uid works:
@@ -137,6 +140,13 @@ struct ci_sandbox_probe {
  * failed, or python3 does not run; ret->failure says why); CI_ERR_NOMEM.
  * Takes ~0.2 s. */
 ci_status ci_sandbox_probe(const struct ci_config *cfg, struct ci_sandbox_probe *ret);
+
+/* The same, for a caller that makes its sandbox right after: in warm mode
+ * no zygote of the probe's own is started (seconds: the runtime's imports);
+ * ci_sandbox_new makes the same try with the first zygote of its pool, a
+ * task run in one of its children before any other, and runs tasks cold
+ * when that fails (ci_sandbox_warm_failure says why). */
+ci_status ci_sandbox_probe_deferred(const struct ci_config *cfg, struct ci_sandbox_probe *ret);
 
 /* Prints one line per layer ("user: ok", "net: FAILED (Operation not
  * permitted)", ...) and the mode that will run. For `ci-worker --probe`. */
@@ -162,6 +172,12 @@ const char *ci_sandbox_isolation(const struct ci_sandbox *sb);
  * fails before anything of the task ran (no zygote ready, a zygote died)
  * runs the task cold instead. */
 const char *ci_sandbox_mode(const struct ci_sandbox *sb);
+
+/* Why tasks run cold although warm mode was asked for and the probe allowed
+ * it (or left the try to ci_sandbox_new): the zygotes did not start, or a
+ * task in one failed. "" otherwise (a probe that found warm mode unavailable
+ * says why in its warm_failure). */
+const char *ci_sandbox_warm_failure(const struct ci_sandbox *sb);
 
 /* Warm mode's counters, and how many tasks ran cold because no zygote could
  * take them. Returns false (and leaves ret alone) in cold mode. */

@@ -77,6 +77,7 @@ struct ci_sandbox {
     int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
     size_t n_warm_ops;
     bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
+    char warm_failure[480]; /* ci_sandbox_warm_failure() */
     /* Every string the plan points to, freed with the sandbox. */
     char **strs;
     size_t n_strs, cap_strs;
@@ -188,6 +189,10 @@ ci_status plan_seccomp(struct ci_sandbox *sb);
 /* init.c: the child of a run, namespaced or bare. */
 __attribute__((noreturn)) void init_main(const struct child_args *a);
 __attribute__((noreturn)) void bare_main(const struct child_args *a);
+
+/* probe.c: runs `pass` in a child of one of sb's zygotes (never cold), the
+ * warm try of the probe, or of ci_sandbox_new after a deferred probe. */
+ci_status warm_try(struct ci_sandbox *sb, struct ci_error *err);
 
 /* run.c: a run's start, its processes and channels, its messages, its end. */
 ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
