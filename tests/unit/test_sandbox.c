@@ -2049,6 +2049,45 @@ static void t_warm_unavailable(void)
     free(c);
 }
 
+/* A deferred probe (ci_sandbox_probe_deferred, as ci_provider_local_new
+ * makes) starts no zygote; ci_sandbox_new then makes the probe's try with
+ * the first zygote of its pool - a task in one of its children before any
+ * other - and runs cold, saying why, when that fails. */
+static void t_warm_deferred(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    struct ci_sandbox_probe pr;
+    CHECK(ci_sandbox_probe_deferred(c, &pr) == CI_OK);
+    CHECK(pr.warm_requested && pr.warm_deferred && !pr.warm_ok && pr.warm_start_ms == 0);
+    struct ci_sandbox *sb = NULL;
+    struct ci_error err = {{0}};
+    REQUIRE(ci_sandbox_new(c, &pr, &sb, &err) == CI_OK);
+    CHECK_STR(ci_sandbox_mode(sb), "warm");
+    CHECK_STR(ci_sandbox_warm_failure(sb), "");
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    CHECK(st.started == 1 && st.became_ready == 1);
+    CHECK(st.spawned == 1); /* the try, in the pool's zygote */
+    int status;
+    char *out = sb_output(sb, "import sys\nprint('pandas' in sys.modules)\n", &status);
+    CHECK_STR(out, "True\n");
+    free(out);
+    CHECK(fallbacks_of(sb, &st) == 0);
+    ci_sandbox_free(sb);
+
+    /* A zygote that cannot start: cold, and the reason. */
+    c->local.zygote = "/bin/false";
+    CHECK(ci_sandbox_probe_deferred(c, &pr) == CI_OK);
+    REQUIRE(ci_sandbox_new(c, &pr, &sb, &err) == CI_OK);
+    CHECK_STR(ci_sandbox_mode(sb), "cold");
+    CHECK_CONTAINS(ci_sandbox_warm_failure(sb), "the warm runtime did not start");
+    out = sb_output(sb, "print('cold')\n", &status);
+    CHECK_STR(out, "cold\n");
+    free(out);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
 /* Sessions (docs/contract.md section 16): one step of a session on provider
  * p, restoring state (NULL: a new session), its own state left in o. */
 static ci_status run_step(struct ci_provider *p, const char *code, const struct ci_file *files,
@@ -2616,7 +2655,7 @@ int main(int argc, char **argv)
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
         T(t_warm_spare),    T(t_warm_keeper), T(t_warm_spares),
-        T(t_warm_session_cost),
+        T(t_warm_session_cost), T(t_warm_deferred),
         T_OWN(t_warm_spare_cpu), /* says skipped when it cannot tell (see main's comment) */
     };
     cg_version = pr.cgroup_version;
