@@ -127,7 +127,7 @@ plt.plot([1, 2, 3], [3, 1, 2])
 // worker accepts can be refused at the executor's edge (413).
 const EXECUTOR_LIMITS = { max_input_bytes: MiB };
 // An executor of a test that is not about its sandbox starts cold: a warm
-// one first starts two zygotes (the probe's and the pool's, ~5 s on a loaded
+// one first starts a zygote (the runtime's imports, seconds on a loaded
 // machine). The shared executor, which runs most tasks here, and the one
 // stopped with a task running through a worker stay warm, the default.
 const COLD = { mode: "cold" };

@@ -273,7 +273,7 @@ describe("live output, replay, caps, ends, redelivery", () => {
 });
 
 // A cold worker: one print task does not need the warm runtime, whose start
-// (two zygotes) takes longer than it does.
+// (a zygote's imports) takes longer than it does.
 describe("live output off", () => {
   let stack;
   before(async () => {

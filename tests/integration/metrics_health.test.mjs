@@ -244,7 +244,7 @@ describe("metrics, health and ci stats", () => {
       upstream.on("close", () => client.destroy());
     });
     await new Promise((r) => proxy.listen(0, "127.0.0.1", r));
-    // It runs no task: cold, without the two zygotes of a warm start.
+    // It runs no task: cold, without the zygote of a warm start.
     const w2 = await startWorker({ natsUrl: `nats://127.0.0.1:${proxy.address().port}`, nats: { reconnect_wait_ms: 100 }, worker: { heartbeat_s: 1 }, local: { mode: "cold" } });
     try {
       const metrics = async () => parseMetrics((await getText(`${w2.monitorUrl}/metrics`)).text).samples;

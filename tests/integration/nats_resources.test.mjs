@@ -90,8 +90,8 @@ describe("deleted streams and buckets come back", () => {
 // What no write tells (idle fetches only time out on a deleted CI_TASKS;
 // chunks are core publishes): the worker looks for its streams every
 // jetstream.check_s, 1 s here rather than 15 s. A cold worker: these few
-// print tasks do not need the warm runtime, whose start (two zygotes) takes
-// longer than they do.
+// print tasks do not need the warm runtime, whose start (a zygote's
+// imports) takes longer than they do.
 describe("deleted streams a worker only looks for come back", () => {
   let stack;
   before(async () => {

@@ -271,7 +271,7 @@ describe("worker robustness: several workers on one machine", () => {
       holder.listen(9464, "127.0.0.1", () => resolve());
     });
     const workers = [];
-    // Cold: they run no task, and a warm start is two zygotes each.
+    // Cold: they run no task, and a warm start waits for a zygote's imports.
     const local = { mode: "cold" };
     try {
       for (let i = 0; i < 2; i++)

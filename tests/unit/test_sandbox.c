@@ -2681,7 +2681,7 @@ int main(int argc, char **argv)
         sel[k++] = sel[i];
     }
     /* t_warm_spare_cpu makes a sandbox of its own: run alone, as ctest runs
-     * it, it needs no provider, whose making starts two zygotes in warm mode
+     * it, it needs no provider, whose making starts a zygote in warm mode
      * (seconds on a loaded machine). */
     if (!(k == 1 && sel[0].fn == t_warm_spare_cpu)) {
         struct ci_error err = {{0}};
