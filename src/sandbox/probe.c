@@ -360,6 +360,8 @@ void ci_sandbox_probe_print(const struct ci_sandbox_probe *p, FILE *out)
     if (p->warm_ok)
         fprintf(out, "warm: ok (a zygote was ready and ran a task in %lld ms)\n",
                 (long long)p->warm_start_ms);
+    else if (p->warm_deferred)
+        fprintf(out, "warm: left to the sandbox (its first zygote runs a task before any other)\n");
     else if (p->warm_requested)
         fprintf(out, "warm: FAILED (%s) - tasks run cold\n", p->warm_failure);
     else
