@@ -1204,8 +1204,8 @@ static void t_require_cgroup(void)
 {
     struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
     c->local.require_cgroup = true;
-    struct ci_sandbox_probe pr;
-    ci_status ps = ci_sandbox_probe(c, &pr);
+    struct ci_sandbox_probe pr; /* the warm try left to the provider's pool, as a worker's */
+    ci_status ps = ci_sandbox_probe_deferred(c, &pr);
     struct ci_provider *p = NULL;
     struct ci_error err = {{0}};
     ci_status s = ci_provider_local_new_probed(c, &pr, &p, &err);
@@ -2610,32 +2610,6 @@ int main(int argc, char **argv)
         free(cfg);
         return rc;
     }
-    struct ci_sandbox_probe pr;
-    ci_status ps = ci_sandbox_probe(cfg, &pr);
-    probed = pr;
-    probed_status = ps;
-    if (ps != CI_OK && (ps != CI_ERR_UNSUPPORTED || pr.sandboxed)) {
-        fprintf(stderr, "the probe failed: %s\n", ci_status_str(ps));
-        return 1;
-    }
-    if (!pr.sandboxed) {
-        /* What still works: the no-isolation fallback, and `auto` choosing it. */
-        int rc = argc > 1 ? 0 : t_run(fallback, sizeof(fallback) / sizeof(fallback[0]));
-        fprintf(stderr,
-                "\n*** SKIPPED: this machine cannot build the namespace sandbox: %s\n"
-                "*** The sandbox tests did NOT run (%s). Probe:\n",
-                pr.failure, argc > 1 ? "none of those named" : "only the fallback ones");
-        ci_sandbox_probe_print(&pr, stderr);
-        free(cfg);
-        return rc ? rc : T_SKIP_RC;
-    }
-    if (cfg->local.mode == CI_MODE_WARM && !pr.warm_ok) {
-        /* Only a build without ci-zygote (no libpython3-dev) may skip. */
-        fprintf(stderr, "\n*** %s: warm mode is unavailable: %s\n",
-                CI_ZYGOTE_PATH[0] ? "FAILED" : "SKIPPED", pr.warm_failure);
-        free(cfg);
-        return CI_ZYGOTE_PATH[0] ? 1 : T_SKIP_RC;
-    }
     static const struct t_case cases[] = {
         T(t_print),         T(t_exception),      T(t_hints),
         T(t_code_edges),    T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
@@ -2658,15 +2632,13 @@ int main(int argc, char **argv)
         T(t_warm_session_cost), T(t_warm_deferred),
         T_OWN(t_warm_spare_cpu), /* says skipped when it cannot tell (see main's comment) */
     };
-    cg_version = pr.cgroup_version;
-    snprintf(cg_why, sizeof(cg_why), "%s",
-             pr.cgroup_failure[0] ? pr.cgroup_failure : "no per-task cgroups here");
     size_t n_cases = sizeof(cases) / sizeof(cases[0]), k = 0;
     struct t_case sel[sizeof(cases) / sizeof(cases[0])];
     int n_sel = t_select(argc, argv, cases, n_cases, sel);
     if (n_sel < 0)
         return 1;
     const char *only = getenv("TEST_ONLY");
+    bool own_zygote = false; /* a case needs main's probe to have tried a zygote itself */
     for (int i = 0; i < n_sel; i++) {
         bool warm_test = strncmp(sel[i].name, "t_warm_", 7) == 0;
         if (only && !strstr(sel[i].name, only))
@@ -2678,8 +2650,44 @@ int main(int argc, char **argv)
             }
             continue; /* the warm run of this program has them */
         }
+        own_zygote = own_zygote || warm_test || sel[i].fn == t_probe_print;
         sel[k++] = sel[i];
     }
+    /* The warm cases (warm_sandbox() builds on main's probe, and counts the
+     * tasks of its zygotes) and t_probe_print need a probe that tried a
+     * zygote of its own. Others, such as the cgroup cases that ctest runs
+     * one by one, leave that try to the provider's pool, as a worker does
+     * (ci_sandbox_probe_deferred): a zygote start less. */
+    struct ci_sandbox_probe pr;
+    ci_status ps = own_zygote ? ci_sandbox_probe(cfg, &pr) : ci_sandbox_probe_deferred(cfg, &pr);
+    probed = pr;
+    probed_status = ps;
+    if (ps != CI_OK && (ps != CI_ERR_UNSUPPORTED || pr.sandboxed)) {
+        fprintf(stderr, "the probe failed: %s\n", ci_status_str(ps));
+        return 1;
+    }
+    if (!pr.sandboxed) {
+        /* What still works: the no-isolation fallback, and `auto` choosing it. */
+        int rc = argc > 1 ? 0 : t_run(fallback, sizeof(fallback) / sizeof(fallback[0]));
+        fprintf(stderr,
+                "\n*** SKIPPED: this machine cannot build the namespace sandbox: %s\n"
+                "*** The sandbox tests did NOT run (%s). Probe:\n",
+                pr.failure, argc > 1 ? "none of those named" : "only the fallback ones");
+        ci_sandbox_probe_print(&pr, stderr);
+        free(cfg);
+        return rc ? rc : T_SKIP_RC;
+    }
+    /* Only a build without ci-zygote (no libpython3-dev) may find warm mode
+     * unavailable and skip. */
+    if (cfg->local.mode == CI_MODE_WARM && !pr.warm_ok && !pr.warm_deferred) {
+        fprintf(stderr, "\n*** %s: warm mode is unavailable: %s\n",
+                CI_ZYGOTE_PATH[0] ? "FAILED" : "SKIPPED", pr.warm_failure);
+        free(cfg);
+        return CI_ZYGOTE_PATH[0] ? 1 : T_SKIP_RC;
+    }
+    cg_version = pr.cgroup_version;
+    snprintf(cg_why, sizeof(cg_why), "%s",
+             pr.cgroup_failure[0] ? pr.cgroup_failure : "no per-task cgroups here");
     /* t_warm_spare_cpu makes a sandbox of its own: run alone, as ctest runs
      * it, it needs no provider, whose making starts a zygote in warm mode
      * (seconds on a loaded machine). */
@@ -2688,6 +2696,15 @@ int main(int argc, char **argv)
         if (ci_provider_local_new_probed(cfg, &probed, &prov, &err) != CI_OK) {
             fprintf(stderr, "provider: %s\n", err.msg);
             return 1;
+        }
+        struct ci_warm_stats ws = {0};
+        ci_provider_warm_stats(prov, &ws);
+        if (cfg->local.mode == CI_MODE_WARM && ws.became_ready == 0) { /* its pool's try failed */
+            fprintf(stderr, "\n*** %s: warm mode is unavailable: %s\n",
+                    CI_ZYGOTE_PATH[0] ? "FAILED" : "SKIPPED", err.msg);
+            ci_provider_free(prov);
+            free(cfg);
+            return CI_ZYGOTE_PATH[0] ? 1 : T_SKIP_RC;
         }
     }
     int rc = t_run(sel, k);
