@@ -416,9 +416,10 @@ describe("cloudrun provider", () => {
       taskIds.push(taskId);
       await c.submit({ taskId, language: "python", code: "print('after the restart')", limits: { timeoutMs: 15000 } });
       await c.waitStatus(taskId, "TASK_STATUS_RUNNING", 30000);
-      // A restarted executor takes ~6 s to come back (a chosen duration, not
-      // a wait for something): the worker must still be trying by then.
-      await sleep(6000);
+      // A restarted executor takes ~3 s to come back (a chosen duration, not
+      // a wait for something): the worker, its backoff up to 1 s, must still
+      // be trying by then.
+      await sleep(3000);
       const mid = await c.getResult(taskId);
       assert.ok(!mid || mid.result.status === "TASK_STATUS_RUNNING", `still running while the executor was down: ${show(mid?.result)}`);
       ex2 = await startExecutor({ limits: EXECUTOR_LIMITS, local: COLD, port });
