@@ -138,6 +138,7 @@ struct ci_sandbox_run {
     char *code;         /* our copy: the job is only borrowed during start */
     size_t code_len, code_off;
     int64_t t_go, t_end, deadline;
+    struct ci_run_marks marks; /* its stages, for the outcome (job.h) */
     int64_t kill_at;    /* when init gets SIGKILL if it has not stopped by itself */
     uint32_t timeout_ms;
     struct input_digest *inputs;

@@ -328,6 +328,7 @@ ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
     ci_status s = new_task_cgroup(run, job, err);
     if (s)
         return s;
+    run->marks.cgroup_us = ci_now_us();
     struct zmsg_spawn req;
     memset(&req, 0, sizeof(req));
     req.type = ZMSG_SPAWN;
@@ -344,6 +345,7 @@ ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
     struct msg m;
     int pfd[2]; /* init, and its task process: forked ahead, warm, waiting */
     s = recv_msg_fds(run->sock, READY_TIMEOUT_MS, &m, pfd, 2);
+    run->marks.acquired_us = ci_now_us();
     if (s || m.type != MSG_HELLO || pfd[0] < 0 || pfd[1] < 0) {
         char what[256] = "";
         if (!s && m.type == MSG_FAILED)

@@ -65,6 +65,13 @@ struct task {
     /* A batch's task (docs/contract.md §20): the batch whose events count
      * it, or "" (batch_choose). */
     char batch[65];
+    /* When it passed its stages (ci_now_us(), 0: not reached): the
+     * task.stages line (log_stages). */
+    struct {
+        int64_t taken, checked, running, inputs, started, waited, artifacts, stored, event,
+            acked, released;
+        struct ci_run_marks run; /* the sandbox's, from the outcome */
+    } at;
 };
 
 /* The live output's counts go to the metrics when the task is done. */
@@ -310,10 +317,16 @@ static ci_status store_result(struct task *t, struct result *r, struct ci_error 
     free(buf);
     if (s)
         return s;
-    if (ci_task_status_terminal(r->msg.status))
+    bool terminal = ci_task_status_terminal(r->msg.status);
+    if (terminal) {
         t->final_stored = true;
+        t->at.stored = ci_now_us();
+    }
     const char *msg = r->text.error[0] ? r->text.error : NULL;
-    return publish_event(t, r->msg.status, msg, &r->msg, err);
+    s = publish_event(t, r->msg.status, msg, &r->msg, err);
+    if (!s && terminal)
+        t->at.event = ci_now_us();
+    return s;
 }
 
 /* The task's stored result, if it has one that decodes; t->rev becomes
@@ -925,6 +938,7 @@ static enum ci_task_end finish(struct task *t, struct result *r)
     }
     slot_detach(t->slot);
     ci_delivery_ack(t->d);
+    t->at.acked = ci_now_us();
     task_ended(t, r);
     return CI_TASK_END_DONE;
 }
@@ -1564,6 +1578,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         result_fail(r, "%s", cancelled_before(t->slot));
         return finish(t, r);
     }
+    t->at.checked = ci_now_us();
     if (!subject_fits(t, r) || !batch_subject_fits(t, r))
         return finish(t, r);
     enum ci_task_end batch_end;
@@ -1597,6 +1612,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     if (s)
         return give_up_or_retry(t, r, "record the task as running", &e);
     t->running_stored = true;
+    t->at.running = ci_now_us();
 
     s = fetch_inputs(t, r, &e);
     if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT)
@@ -1608,6 +1624,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         result_fail(r, "%s", cancelled_before(t->slot));
         return finish(t, r);
     }
+    t->at.inputs = ci_now_us();
 
     struct ci_job job = {
         .task_id = t->id,
@@ -1636,6 +1653,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         result_fail(r, "%s", e.msg);
         return finish(t, r);
     }
+    t->at.started = ci_now_us();
     pthread_mutex_lock(&t->slot->lock);
     t->slot->run = run;
     if (t->slot->cancel_requested)
@@ -1645,6 +1663,8 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     struct ci_outcome o;
     memset(&o, 0, sizeof(o));
     s = ci_provider_wait(env->provider, run, &o);
+    t->at.waited = ci_now_us();
+    t->at.run = o.marks;
 
     pthread_mutex_lock(&t->slot->lock);
     t->slot->run = NULL;
@@ -1669,6 +1689,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         fence = still_ours(t);
     if (s == CI_ERR_CONFLICT && fence == FENCE_WRITE_AGAIN)
         fence = FENCE_SUPERSEDED; /* it was not ours a moment ago */
+    t->at.artifacts = ci_now_us();
     if (fence == FENCE_ENDED) {
         end = ended_meanwhile(t, r);
     } else if (fence == FENCE_SUPERSEDED) {
@@ -1684,8 +1705,43 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     /* Only now: freeing a warm run waits for its init to be gone, while the
      * task's memory is torn down (sandbox/warm.c, zygote/main.c). */
     ci_provider_release(env->provider, run);
+    t->at.released = ci_now_us();
     ci_outcome_release(&o);
     return end;
+}
+
+/* The task.stages line (debug level): when a task that ran passed each
+ * stage, in us since it was taken (-1: not reached), and when it was taken
+ * (us of the wall clock, which a client on the same machine can line up
+ * with its own). Timings only, no content. */
+static void log_stages(const struct task *t)
+{
+    if (!t->at.started)
+        return;
+    const int64_t t0 = t->at.taken;
+#define SINCE(x) ((x) ? (x) - t0 : -1)
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("taken_at_us", t0),
+        CI_LOG_N("checked_us", SINCE(t->at.checked)),
+        CI_LOG_N("running_us", SINCE(t->at.running)),
+        CI_LOG_N("inputs_us", SINCE(t->at.inputs)),
+        CI_LOG_N("cgroup_us", SINCE(t->at.run.cgroup_us)),
+        CI_LOG_N("acquired_us", SINCE(t->at.run.acquired_us)),
+        CI_LOG_N("ready_us", SINCE(t->at.run.ready_us)),
+        CI_LOG_N("go_us", SINCE(t->at.run.go_us)),
+        CI_LOG_N("started_us", SINCE(t->at.started)),
+        CI_LOG_N("end_us", SINCE(t->at.run.end_us)),
+        CI_LOG_N("collected_us", SINCE(t->at.run.collected_us)),
+        CI_LOG_N("waited_us", SINCE(t->at.waited)),
+        CI_LOG_N("artifacts_us", SINCE(t->at.artifacts)),
+        CI_LOG_N("stored_us", SINCE(t->at.stored)),
+        CI_LOG_N("event_us", SINCE(t->at.event)),
+        CI_LOG_N("acked_us", SINCE(t->at.acked)),
+        CI_LOG_N("released_us", SINCE(t->at.released)),
+    };
+#undef SINCE
+    ci_log_fields(CI_LOG_DEBUG, "task.stages", f, sizeof(f) / sizeof(f[0]));
 }
 
 enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot *slot,
@@ -1696,6 +1752,7 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
     struct task t = {.env = env, .slot = slot, .d = d, .started_at_ms = ci_now_ms(),
                      .taken_mono_ms = ci_mono_ms(), .queue_wait_ms = -1,
                      .turn_checked = turn_checked, .wait = ret_wait};
+    t.at.taken = ci_now_us();
     enum ci_task_end end;
     struct ci_error e = {{0}};
     const char *msg_id = ci_delivery_header(d, "Nats-Msg-Id");
@@ -1792,6 +1849,7 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
         end = run_task(&t, &r);
     }
     result_release(&r);
+    log_stages(&t);
 out:
     slot_set(slot, NULL, NULL);
     task_release(&t);
