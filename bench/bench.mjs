@@ -372,9 +372,10 @@ function cpuPerTask(a, b, tasks) {
            others_cpus: ((b.machine_busy - a.machine_busy) - ours * tasks) / 1000 / wall,
            cpus_busy: (b.machine_busy - a.machine_busy) / 1000 / wall };
 }
-// perf record of pids (the worker, nats-server, the zygotes: every process
-// they start is followed); FILE.pids says which is which, for
-// bench/perf-roles.py.
+// perf record of the whole machine (a recording of the worker's processes
+// alone misses their exits: the kernel stops a task's events before it
+// tears its memory down); FILE.pids names the worker, nats-server and the
+// zygotes, from which bench/perf-roles.py finds every process they started.
 async function perfStart(file, workerPid, natsPid) {
   const zygotes = (processTree().get(workerPid) ?? []).filter((z) => {
     try {
@@ -384,9 +385,8 @@ async function perfStart(file, workerPid, natsPid) {
     }
   });
   writeFileSync(`${file}.pids`, JSON.stringify({ worker: workerPid, nats: natsPid, zygotes }));
-  const pids = [workerPid, natsPid, ...zygotes];
   const { spawn } = await import("node:child_process");
-  const p = spawn("perf", ["record", "-g", "-F", "499", "-o", file, "-p", pids.join(",")], { stdio: ["ignore", "ignore", "inherit"] });
+  const p = spawn("perf", ["record", "-g", "-F", "499", "-o", file, "-a"], { stdio: ["ignore", "ignore", "inherit"] });
   await sleep(500); // attached
   return {
     stop: () => new Promise((resolve) => {
