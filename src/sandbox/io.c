@@ -402,6 +402,8 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     }
     run->marks.collected_us = ci_now_us();
     r.outcome.marks = run->marks;
+    run->waited = true;
+    run->peak_mb = r.outcome.memory_mb;
     *ret = r;
     return CI_OK;
 }

@@ -311,6 +311,9 @@ ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error 
     };
     s = ci_zygote_pool_new(&zc, &sb->warm, err);
     ci_buf_release(&setup);
+    /* Without the thread, runs are freed by the slots (as they are cold). */
+    if (!s && reaper_start(sb, ci_config_slots(cfg)) == CI_ERR_NOMEM)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     return s;
 }
 

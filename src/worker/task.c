@@ -1702,8 +1702,9 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
             session_end(t, r, &o);
         end = finish(t, r);
     }
-    /* Only now: freeing a warm run waits for its init to be gone, while the
-     * task's memory is torn down (sandbox/warm.c, zygote/main.c). */
+    /* Only now: freeing a run may wait for its init to be gone, while the
+     * task's memory is torn down (zygote/main.c); a small warm run is
+     * usually handed to the sandbox's reaper thread (sandbox/reaper.c). */
     ci_provider_release(env->provider, run);
     t->at.released = ci_now_us();
     ci_outcome_release(&o);
