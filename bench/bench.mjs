@@ -461,16 +461,17 @@ async function warmMemory(client, workerPid, terminal) {
         continue;
       }
       if (!cmd.startsWith("ci-zygote")) continue;
-      let spare = null;
+      let spare = null, here = null;
       for (const init of tree.get(z) ?? []) {
         // A running task's init has the task (a session leader) and its
         // keeper (same memory, same session); a spare's, one child.
         const kids = tree.get(init) ?? [];
         const task = kids.find((k) => sessionOf(k) === k);
-        if (task) found = { zygote: z, init, task };
+        if (task) here = { zygote: z, init, task };
         else if (kids.length === 1) spare = kids[0];
       }
-      if (found) found.spare = spare;
+      // The spare of the task's own zygote (another one may be retiring).
+      if (here) found = { ...here, spare };
     }
   }
   if (!found) throw new Error("no warm child found under the worker");
@@ -659,7 +660,7 @@ async function compareBuilds(dirB) {
     const order = [];
     for (let i = 0; i < out.rounds; i++) order.push(...(i % 2 ? ["B", "A"] : ["A", "B"]));
     const fan = FANOUT.warm;
-    const tput = { A: [], B: [] }, cpu = { A: [], B: [] };
+    const tput = { A: [], B: [] }, cpu = { A: [], B: [] }, slot = { A: [], B: [] };
     for (const k of fan > 0 ? order : []) {
       const st = sides[k], w = st.workers[0];
       const ids = Array.from({ length: fan }, () => newTaskId("bcf"));
@@ -670,11 +671,14 @@ async function compareBuilds(dirB) {
       await sleep(300);
       tput[k].push(fan / secs);
       cpu[k].push(cpuPerTask(c0, cpuSnapshot(w.pid, st.server.pid), fan));
+      // How long a slot was busy with each task: taken -> run freed.
+      const want = new Set(ids);
+      slot[k].push(...w.events("task.stages").filter((l) => want.has(l.task_id) && l.released_us >= 0).map((l) => l.released_us / 1000));
     }
     if (fan > 0) {
       const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
       for (const k of ["A", "B"])
-        out.fanout[k] = { tasks_per_s: tput[k].map(round), mean_tasks_per_s: round(mean(tput[k])),
+        out.fanout[k] = { tasks_per_s: tput[k].map(round), mean_tasks_per_s: round(mean(tput[k])), slot_ms: stats(slot[k]),
                           cpu_ms: { worker: mean(cpu[k].map((c) => c.worker_ms)), sandbox: mean(cpu[k].map((c) => c.sandbox_ms)),
                                     nats: mean(cpu[k].map((c) => c.nats_ms)), client: mean(cpu[k].map((c) => c.client_ms)),
                                     ours: mean(cpu[k].map((c) => c.ours_ms)), others_cpus: mean(cpu[k].map((c) => c.others_cpus)) } };
@@ -703,7 +707,7 @@ function printCompare(c) {
   if (c.fanout.A) {
     for (const k of ["A", "B"]) {
       const f = c.fanout[k];
-      console.log(`fan-out ${k}: ${f.tasks_per_s.join(", ")} tasks/s (mean ${f.mean_tasks_per_s}); CPU per task: worker ${round(f.cpu_ms.worker)} ms, ` +
+      console.log(`fan-out ${k}: ${f.tasks_per_s.join(", ")} tasks/s (mean ${f.mean_tasks_per_s}); a slot busy per task p50 ${round(f.slot_ms.p50)} ms; CPU per task: worker ${round(f.cpu_ms.worker)} ms, ` +
                   `sandbox ${round(f.cpu_ms.sandbox)} ms, nats-server ${round(f.cpu_ms.nats)} ms, client ${round(f.cpu_ms.client)} ms = ${round(f.cpu_ms.ours)} ms; others ${f.cpu_ms.others_cpus.toFixed(2)} CPUs`);
     }
     console.log(`fan-out B/A: ${c.fanout.ratio.toFixed(3)}`);
