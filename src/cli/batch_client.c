@@ -40,7 +40,7 @@ ci_status ci_batch_read_raw(struct ci_broker *b, const struct ci_config *cfg, co
             if (ci_batch_seal_total(data, len, &raw.seal_total, &pe))
                 return ci_error_set(err, CI_ERR_INVALID, "batch %s: %s", batch, pe.msg);
             raw.sealed = true;
-        } else if (s != CI_ERR_NOT_FOUND) { /* not found: a replica that lags, or expired */
+        } else if (s != CI_ERR_NOT_FOUND) { /* not found: expired since the count */
             return s;
         }
     }
@@ -552,8 +552,8 @@ ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
     if (!s)
         s = ci_batch_read_raw(b, cfg, a->batch, &raw, err);
     if (!s && !raw.sealed) {
-        /* A replica that lags does not show the seal yet: it is stored,
-         * with this total. */
+        /* The seal is stored, with this total, should the read not
+         * show it yet. */
         raw.sealed = true;
         raw.seal_total = out.total;
         raw.events.sealed = 1;

@@ -509,7 +509,7 @@ static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
         },
         /* A batch's events (§20): one message per task and event within
          * the window, so that a subject's message count is a task count;
-         * direct gets read the seal and a cancel. */
+         * the seal and a cancel are read from its leader. */
         {
             .name = c->jetstream.batch_events_stream,
             .description = "ci: batch events",
@@ -2008,9 +2008,11 @@ ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint
     return r;
 }
 
-/* A direct get may be answered by any replica: one that lags may not show
- * a message yet. Callers read what can only be late, never wrong (a seal,
- * a cancel). */
+/* From the stream's leader (a stream "get last message" request), not with
+ * a direct get: a direct get may be answered by a replica that lags, which
+ * can say "none" for a cancel stored a moment ago, and a task of a
+ * cancelled batch taken right after it would run (contract §20). The same
+ * read as ci_broker_cancel_requested's for a task's own cancel. */
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err)
 {
@@ -2018,20 +2020,19 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
     ci_status r = batch_event_subject(b, batch_id, event, subj, sizeof(subj), err);
     if (r)
         return r;
-    jsDirectGetMsgOptions o;
-    jsDirectGetMsgOptions_Init(&o);
-    o.LastBySubject = subj;
     CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
     const char *stream = b->cfg->jetstream.batch_events_stream;
-    natsStatus s = js_DirectGetMsg(&m, b->js, stream, NULL, &o);
-    if (s == NATS_NOT_FOUND)
-        return ci_error_set(err, CI_ERR_NOT_FOUND, "no %s event for batch '%s'", event, batch_id);
-    if (s == NATS_NO_RESPONDERS && recover(b, true))
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&m, b->js, stream, subj, NULL, &jerr);
+    if (s != NATS_OK && jerr == JSStreamNotFoundErr && recover(b, true))
         return ci_error_set(err, CI_ERR_NOT_FOUND,
                             "no %s event for batch '%s' (stream %s had been deleted)", event,
                             batch_id, stream);
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no %s event for batch '%s'", event, batch_id);
     if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot read the %s event of batch '%s'", event, batch_id);
+        return ci_nats_fail(err, s, jerr, "cannot read the %s event of batch '%s'", event,
+                            batch_id);
     int n = natsMsg_GetDataLength(m);
     uint8_t *copy = malloc(n > 0 ? (size_t)n + 1 : 1);
     if (!copy)

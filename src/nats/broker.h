@@ -267,8 +267,9 @@ ci_status ci_broker_batch_counts(struct ci_broker *b, const char *batch_id,
 ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint64_t *ret,
                                  struct ci_error *err);
 /* The body of the last message on <batch_events_prefix>.<batch_id>.<event>
- * (a direct get; NUL-terminated copy, the caller's). CI_ERR_NOT_FOUND when
- * there is none. A replica that lags may not show the newest yet. */
+ * (NUL-terminated copy, the caller's), read from the stream's leader, so
+ * that one stored is never missed (a worker reads a batch's cancel so).
+ * CI_ERR_NOT_FOUND when there is none. */
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err);
 /* Calls fn with each message on <batch_events_prefix>.<batch_id>.<event>

@@ -1100,7 +1100,7 @@ static ci_status batch_complete(const struct task *t, struct ci_error *err)
     CI_AUTOFREE uint8_t *seal = NULL;
     size_t len = 0;
     s = ci_broker_batch_last(b, t->batch, "sealed", &seal, &len, err);
-    if (s == CI_ERR_NOT_FOUND) /* a replica that lags: the stream info saw it */
+    if (s == CI_ERR_NOT_FOUND) /* expired between the two reads: tried again */
         return ci_error_set(err, CI_ERR_NATS, "the seal of batch '%s' is counted but not read "
                             "yet", t->batch);
     if (s)
@@ -1168,8 +1168,9 @@ static enum ci_task_end batch_retry(struct task *t)
     return CI_TASK_END_RETRY;
 }
 
-/* Before the task runs: a cancel of its batch on the stream (a direct get
- * of the last message on <prefix>.<b>.cancel) ends it CANCELLED. true
+/* Before the task runs: a cancel of its batch on the stream (the last
+ * message on <prefix>.<b>.cancel, read from the stream's leader: a replica
+ * that lags could say "none" for a cancel just stored) ends it CANCELLED. true
  * when it goes on; false with *ret_end when it ended or is retried. */
 static bool batch_begin(struct task *t, struct result *r, enum ci_task_end *ret_end)
 {
