@@ -668,7 +668,7 @@ static int cmd_get(struct ci_broker *b, const struct ci_config *cfg, const struc
     ci_status s = get_result(b, id, &r, &e);
     if (s) {
         say(stderr, "ci: %s\n", e.msg);
-        return s == CI_ERR_NOT_FOUND ? 1 : EXIT_INFRA;
+        return s == CI_ERR_NOT_FOUND ? EXIT_USAGE : EXIT_INFRA;
     }
     if (o->json)
         print_json(&r->base);
@@ -775,7 +775,8 @@ static int session_ls(struct ci_broker *b, const struct ci_config *cfg, const st
     return 0;
 }
 
-/* The record of id: 0 and *ret filled, 1 when there is none, else EXIT_INFRA. */
+/* The record of id: 0 and *ret filled, EXIT_USAGE when there is none, else
+ * EXIT_INFRA. */
 static int session_read(struct ci_broker *b, const char *id, struct ci_session_record *ret,
                         uint8_t **ret_raw, size_t *ret_len)
 {
@@ -783,7 +784,7 @@ static int session_read(struct ci_broker *b, const char *id, struct ci_session_r
     ci_status s = ci_broker_session_get(b, id, ret_raw, ret_len, NULL, &e);
     if (s == CI_ERR_NOT_FOUND) {
         say(stderr, "ci: no session '%s' (never used, or its record expired)\n", id);
-        return 1;
+        return EXIT_USAGE;
     }
     if (s) {
         say(stderr, "ci: %s\n", e.msg);
@@ -849,7 +850,7 @@ static int session_close(struct ci_broker *b, const struct ci_config *cfg, const
         ci_status s = ci_broker_session_get(b, o->session_id, &raw, &len, &rev, &e);
         if (s == CI_ERR_NOT_FOUND) {
             say(stderr, "ci: no session '%s' (never used, or its record expired)\n", o->session_id);
-            return 1;
+            return EXIT_USAGE;
         }
         if (s) {
             say(stderr, "ci: %s\n", e.msg);
@@ -1067,8 +1068,8 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
     return 0;
 }
 
-/* The counts of the batch: 0, 1 when the streams know nothing of it (said
- * on stderr), EXIT_INFRA. */
+/* The counts of the batch: 0, EXIT_USAGE when the streams know nothing of
+ * it (said on stderr), EXIT_INFRA. */
 static int batch_counts(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
                         struct ci_batch_state *ret)
 {
@@ -1081,7 +1082,7 @@ static int batch_counts(struct ci_broker *b, const struct ci_config *cfg, const 
     if (!ci_batch_raw_known(&raw)) {
         say(stderr, "ci: no batch '%s': no task or event of it is stored (never submitted, a "
             "typo, or older than its streams keep messages)\n", batch);
-        return 1;
+        return EXIT_USAGE;
     }
     ci_batch_state_compute(&raw, ret);
     return 0;
@@ -1437,7 +1438,7 @@ static void usage(FILE *out)
           "                     line without taskId gets B-<line number>\n"
           "  batch status B [--json]\n"
           "                     total, queued, running, succeeded, failed, timed out,\n"
-          "                     cancelled (exit 1: no such batch)\n"
+          "                     cancelled\n"
           "  batch wait B       until every task ended; exit 0 when all succeeded, else 1\n"
           "                     with the failures grouped by error (124: --wait-ms passed,\n"
           "                     default 86400000)\n"
@@ -1470,7 +1471,10 @@ static void usage(FILE *out)
           "                     print JSON lines\n"
           "  --url URL          NATS server (default: $CI_NATS_URL, then the config's)\n"
           "  --config FILE      worker.yaml to take names and credentials from\n"
-          "Use '-' as SCRIPT to read the code from standard input.\n",
+          "Use '-' as SCRIPT to read the code from standard input.\n"
+          "exit codes: 0 done; 1 a task failed (ci run exits with the script's own code)\n"
+          "or a batch's task did not succeed; 2 a usage error, or no such task, session\n"
+          "or batch; 3 NATS or the service failed; 124 timed out; 130 cancelled\n",
           out);
 }
 

@@ -66,10 +66,10 @@ describe("ci batch with a stand-in worker", () => {
     return got;
   };
 
-  test("an unknown batch: status, wait and results exit 1 with a sentence; a bad id exits 2", async () => {
+  test("an unknown batch: status, wait and results exit 2 with a sentence (1 is wait's 'a task did not succeed'), as a bad id does", async () => {
     for (const cmd of [["status", "nope"], ["status", "nope", "--json"], ["wait", "nope"], ["results", "nope", "--jsonl"]]) {
       const r = await ci(["batch", ...cmd], { url });
-      assert.equal(r.code, 1, `${cmd}: ${r.stderr}`);
+      assert.equal(r.code, 2, `${cmd}: ${r.stderr}`);
       assert.equal(r.stdout, "");
       assert.match(r.stderr, /no batch 'nope'/);
     }
