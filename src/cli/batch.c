@@ -302,6 +302,17 @@ bool ci_batch_raw_known(const struct ci_batch_raw *raw)
     return false;
 }
 
+bool ci_batch_raw_submitted(const struct ci_batch_raw *raw)
+{
+    if (raw->sealed || raw->left)
+        return true;
+    struct ci_batch_counts ev = raw->events;
+    for (int i = 0; i < CI_BATCH_EV_COUNT; i++)
+        if (i != CI_BATCH_EV_CANCEL && *ci_batch_counts_of(&ev, (enum ci_batch_event)i))
+            return true;
+    return false;
+}
+
 ci_status ci_batch_state_json(const struct ci_batch_state *c, struct ci_buf *out)
 {
     return ci_buf_appendf(out,

@@ -98,8 +98,11 @@ void ci_batch_state_compute(const struct ci_batch_raw *raw, struct ci_batch_stat
 uint64_t ci_batch_state_ended(const struct ci_batch_state *c);
 /* The batch is complete: ci_batch_is_complete, the worker's test. */
 bool ci_batch_state_done(const struct ci_batch_state *c);
-/* Whether the streams know the batch at all. */
+/* Whether the streams know the batch at all (a cancel of it is enough). */
 bool ci_batch_raw_known(const struct ci_batch_raw *raw);
+/* Whether the batch was submitted: a task of it in the queue, its seal, or
+ * an event of one of its tasks; a cancel alone is not enough. */
+bool ci_batch_raw_submitted(const struct ci_batch_raw *raw);
 
 /* Exactly {"total":N,"queued":N,"running":N,"succeeded":N,"failed":N,
  * "timed_out":N,"cancelled":N} (`ci batch status --json`). */

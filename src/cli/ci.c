@@ -1324,6 +1324,14 @@ static int batch_cancel(struct ci_broker *b, const struct ci_config *cfg, const 
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
+    /* A cancel of a batch nobody submitted would wait there for a day and
+     * cancel a later batch that happens to get the id (a typo, most
+     * likely): refused. */
+    if (!ci_batch_raw_submitted(&raw)) {
+        say(stderr, "ci: no batch '%s': no task of it is stored (never submitted, a typo, or "
+            "older than its streams keep messages); nothing was cancelled\n", batch);
+        return EXIT_USAGE;
+    }
     if (ci_batch_cancel(b, cfg, batch, &e)) {
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
@@ -1332,14 +1340,10 @@ static int batch_cancel(struct ci_broker *b, const struct ci_config *cfg, const 
     ci_batch_state_compute(&raw, &c);
     say(stdout, "batch %s: cancel published on %s.%s.cancel\n", batch,
         cfg->jetstream.batch_events_prefix, batch);
-    if (!ci_batch_raw_known(&raw))
-        say(stderr, "ci: no task of batch %s is stored yet: the tasks it gets will end cancelled "
-            "when a worker takes them\n", batch);
-    else
-        say(stderr, "ci: its %" PRIu64 "%s tasks not ended yet end cancelled (%" PRIu64
-            " queued are never run, %" PRIu64 " running are stopped); the %" PRIu64
-            " ended keep their results\n", c.queued + c.running,
-            c.sealed ? "" : "+", c.queued, c.running, ci_batch_state_ended(&c));
+    say(stderr, "ci: its %" PRIu64 "%s tasks not ended yet end cancelled (%" PRIu64
+        " queued are never run, %" PRIu64 " running are stopped); the %" PRIu64
+        " ended keep their results\n", c.queued + c.running, c.sealed ? "" : "+", c.queued,
+        c.running, ci_batch_state_ended(&c));
     return 0;
 }
 

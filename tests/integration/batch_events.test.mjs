@@ -78,6 +78,19 @@ describe("ci batch with a stand-in worker", () => {
     assert.match(bad.stderr, /not a batch id/);
   });
 
+  test("cancel of an unknown batch is refused (exit 2) and publishes nothing: it would wait a day for a batch that gets the id", async () => {
+    const r = await ci(["batch", "cancel", "nope-cancel"], { url });
+    assert.equal(r.code, 2, r.stderr);
+    assert.equal(r.stdout, "");
+    assert.match(r.stderr, /no batch 'nope-cancel': no task of it is stored .*nothing was cancelled/);
+    assert.deepEqual(await batchSubjectCounts(client.jsm, "nope-cancel"), {}, "no cancel event");
+    // A cancel alone (published by hand) is no batch either.
+    await client.js.publish(`${BATCHES_PREFIX}.nope-cancel.cancel`, new Uint8Array());
+    const again = await ci(["batch", "cancel", "nope-cancel"], { url });
+    assert.equal(again.code, 2, again.stderr);
+    assert.equal((await batchSubjectCounts(client.jsm, "nope-cancel")).cancel, 1);
+  });
+
   let b1, files, tasks;
   test("submit --file-each: one task per file in sorted order, ids <b>-<n>, big inputs uploaded, the seal, status counts them queued", async () => {
     const cwd = fresh("submit");

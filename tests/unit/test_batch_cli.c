@@ -274,6 +274,13 @@ static void t_counts(void)
     struct ci_batch_raw only_cancel = {0};
     only_cancel.events.cancel = 1;
     CHECK(ci_batch_raw_known(&only_cancel));
+    /* ... but a cancel alone is no batch to cancel (ci batch cancel). */
+    CHECK(!ci_batch_raw_submitted(&only_cancel));
+    CHECK(!ci_batch_raw_submitted(&(struct ci_batch_raw){0}));
+    CHECK(ci_batch_raw_submitted(&(struct ci_batch_raw){.left = 1}));
+    CHECK(ci_batch_raw_submitted(&(struct ci_batch_raw){.sealed = true}));
+    CHECK(ci_batch_raw_submitted(&(struct ci_batch_raw){.events.taken = 1}));
+    CHECK(ci_batch_raw_submitted(&(struct ci_batch_raw){.events.failed = 1, .events.cancel = 2}));
     ci_batch_state_compute(&only_cancel, &c);
     CHECK(c.cancel_requested && !c.complete && c.total == 0);
 }
