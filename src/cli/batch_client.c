@@ -104,7 +104,7 @@ static bool on_end_msg(void *closure, const char *subject, const uint8_t *data, 
 
 ci_status ci_batch_read_ends(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
                              unsigned mask, size_t max, ci_batch_end_fn fn, void *closure,
-                             size_t *ret_unreadable, struct ci_error *err)
+                             size_t *ret_unreadable, bool *ret_cut, struct ci_error *err)
 {
     struct ends_read r = {cfg->jetstream.batch_events_prefix, batch, mask, fn, closure, 0};
     /* One event kind: its own subject, so that the others are not read. */
@@ -112,7 +112,7 @@ ci_status ci_batch_read_ends(struct ci_broker *b, const struct ci_config *cfg, c
     for (int ev = 0; ev < CI_BATCH_EV_COUNT; ev++)
         if (mask == 1u << ev)
             only = ci_batch_event_name((enum ci_batch_event)ev);
-    ci_status s = ci_broker_batch_read(b, batch, only, max, on_end_msg, &r, NULL, err);
+    ci_status s = ci_broker_batch_read(b, batch, only, max, on_end_msg, &r, NULL, ret_cut, err);
     if (s == CI_ERR_NOT_FOUND)
         return no_stream(err, cfg->jetstream.batch_events_stream);
     if (ret_unreadable)
@@ -390,7 +390,7 @@ static ci_status taken_read(struct ci_broker *b, const char *batch, uint64_t cou
         return CI_OK;
     size_t read = 0;
     ci_status s = ci_broker_batch_read(b, batch, "taken", (size_t)count, on_taken_msg, t, &read,
-                                       err);
+                                       NULL, err);
     if (!s && t->full)
         s = ci_error_set(err, CI_ERR_NOMEM, "out of memory reading batch %s's taken tasks",
                          batch);

@@ -71,13 +71,17 @@ ci_status ci_batch_complete_if_done(struct ci_broker *b, const char *batch,
                                     struct ci_error *err);
 
 /* Calls fn with each end event of the batch, in the order they were
- * stored; only those of the events in mask (bits 1 << CI_BATCH_EV_...),
- * at most max. fn returns false to stop. An event body that is not the
- * contract's is skipped and counted in *ret_unreadable (may be NULL). */
+ * stored, until none is left (ci_broker_batch_read); only those of the
+ * events in mask (bits 1 << CI_BATCH_EV_...). At most max messages are
+ * read (SIZE_MAX: all; with several kinds in mask, all of the batch's
+ * events count, taken and cancel too); *ret_cut (may be NULL) says that
+ * some were left unread. fn returns false to stop. An event body that is
+ * not the contract's is skipped and counted in *ret_unreadable (may be
+ * NULL). */
 typedef bool (*ci_batch_end_fn)(void *closure, const struct ci_batch_end *end);
 ci_status ci_batch_read_ends(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
                              unsigned mask, size_t max, ci_batch_end_fn fn, void *closure,
-                             size_t *ret_unreadable, struct ci_error *err);
+                             size_t *ret_unreadable, bool *ret_cut, struct ci_error *err);
 
 /* The JSON line of an ended task's result (contract §20): its record in
  * ci-results in the JSON mapping whatever its encoding; when the record

@@ -1160,7 +1160,7 @@ static int print_failures(struct ci_broker *b, const struct ci_config *cfg, cons
     for (size_t i = 0; !s && i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         size_t bad = 0;
         s = ci_batch_read_ends(b, cfg, batch, 1u << kinds[i], WAIT_FAILURES_READ, on_failure, &f,
-                               &bad, &e);
+                               &bad, NULL, &e);
         unreadable += bad;
     }
     if (s) {
@@ -1296,12 +1296,25 @@ static int batch_results(struct ci_broker *b, const struct ci_config *cfg, const
     unsigned ends = 1u << CI_BATCH_EV_SUCCEEDED | 1u << CI_BATCH_EV_FAILED |
                     1u << CI_BATCH_EV_TIMED_OUT | 1u << CI_BATCH_EV_CANCELLED;
     size_t unreadable = 0;
+    bool cut = false;
     struct ci_error e = {{0}};
-    ci_status s = ci_batch_read_ends(b, cfg, batch, ends, 2 * (size_t)CI_BATCH_MAX_TASKS + 16,
-                                     on_result, &r, &unreadable, &e);
+    /* Every event of the batch goes by (one subject filter: taken and
+     * cancel events too, in any number): read until none is pending, not
+     * up to a guess of how many there are. */
+    ci_status s = ci_batch_read_ends(b, cfg, batch, ends, SIZE_MAX, on_result, &r, &unreadable,
+                                     &cut, &e);
     fflush(stdout);
     if (r.failed || s) {
         say(stderr, "ci: %s\n", r.failed ? r.e.msg : e.msg);
+        return EXIT_INFRA;
+    }
+    /* Ended tasks stay ended: fewer end events than were counted a moment
+     * ago means the read missed some. */
+    uint64_t ended = ci_batch_state_ended(&c);
+    if (cut || r.lines + unreadable < ended) {
+        say(stderr, "ci: the results are cut: %" PRIu64 " of the %" PRIu64 " ended tasks' end "
+            "events were read%s\n", r.lines, ended,
+            cut ? " (the read stopped with events left)" : "");
         return EXIT_INFRA;
     }
     if (r.expired)

@@ -2051,10 +2051,12 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
  * timeout. An empty filter would never deliver: it is counted first. */
 ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const char *event,
                                size_t max, ci_batch_msg_fn fn, void *closure, size_t *ret_read,
-                               struct ci_error *err)
+                               bool *ret_cut, struct ci_error *err)
 {
     if (ret_read)
         *ret_read = 0;
+    if (ret_cut)
+        *ret_cut = false;
     char filter[SUBJECT_MAX];
     ci_status r = batch_event_subject(b, batch_id, event, filter, sizeof(filter), err);
     if (r)
@@ -2062,6 +2064,8 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
     const char *stream = b->cfg->jetstream.batch_events_stream;
     uint64_t stored = 0;
     r = subject_counts(b, stream, filter, count_one, &stored, err);
+    if (!r && ret_cut)
+        *ret_cut = stored > 0 && max == 0;
     if (r || stored == 0 || max == 0)
         return r;
     jsSubOptions so;
@@ -2092,8 +2096,13 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
             *ret_read = seen;
         bool go_on = fn(closure, natsMsg_GetSubject(m), (const uint8_t *)natsMsg_GetData(m),
                         (size_t)natsMsg_GetDataLength(m));
-        if (!go_on || left == 0 || seen >= max)
+        if (left == 0)
             return CI_OK;
+        if (!go_on || seen >= max) {
+            if (ret_cut)
+                *ret_cut = true;
+            return CI_OK;
+        }
     }
 }
 

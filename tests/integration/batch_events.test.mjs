@@ -445,6 +445,35 @@ describe("ci batch with a stand-in worker", () => {
     assert.match(w.out, /\r\[#{10,40}\] 1\/1 ended \(1 ok, 0 not\), 0 running, 0 queued\x1b\[K/);
     assert.match(w.out, new RegExp(`batch ${b}: all 1 tasks succeeded`));
   });
+
+  // Last in this stack: it leaves 200,000 messages in CI_BATCHES.
+  test("results reads every end event however many other events come first (200,020 cancels before them)", async () => {
+    const cwd = fresh("many");
+    const b = "bm-" + Date.now().toString(36);
+    writeFileSync(join(cwd, "r.jsonl"), [1, 2].map((n) => JSON.stringify({ language: "python", code: `print(${n})` })).join("\n") + "\n");
+    const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    // More events than the read once stopped at (2 x 100,000 + 16, a
+    // guess of taken + ended): cancels are kept however many come. Core
+    // publishes, which the stream stores; flushed, then counted.
+    const N = 200020;
+    const subj = `${BATCHES_PREFIX}.${b}.cancel`;
+    for (let i = 0; i < N; i++) {
+      client.nc.publish(subj);
+      if (i % 10000 === 9999) await client.nc.flush();
+    }
+    await client.nc.flush();
+    await until("the cancels are stored", async () => (await batchSubjectCounts(client.jsm, b)).cancel === N, 120000);
+    for (const t of await takeAll(2)) {
+      await worker.taken(t);
+      await worker.end(t, { status: "TASK_STATUS_CANCELLED", error: "the batch was cancelled" });
+    }
+    const res = await ci(["batch", "results", b, "--jsonl"], { url, timeoutMs: 300000 });
+    assert.equal(res.code, 0, res.stderr);
+    const lines = res.stdout.split("\n").filter(Boolean).map((l) => JSON.parse(l));
+    assert.deepEqual(lines.map((l) => l.taskId), [`${b}-1`, `${b}-2`]);
+    assert.doesNotMatch(res.stderr, /cut/);
+  });
 });
 
 describe("ci batch before any worker made the batch lane", () => {
