@@ -1068,14 +1068,27 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
     return 0;
 }
 
+/* A failure of NATS that may pass: a request nobody answered in time, a
+ * connection being made again. */
+static bool nats_transient(ci_status s) { return s == CI_ERR_TIMEOUT || s == CI_ERR_NATS; }
+
 /* The counts of the batch: 0, EXIT_USAGE when the streams know nothing of
- * it (said on stderr), EXIT_INFRA. */
+ * it, EXIT_INFRA; said on stderr, except a failure that may pass when
+ * ret_transient is not NULL: then it gets the error, and *ret_transient
+ * is left empty for any other outcome. */
 static int batch_counts(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
-                        struct ci_batch_state *ret)
+                        struct ci_batch_state *ret, struct ci_error *ret_transient)
 {
     struct ci_error e = {{0}};
     struct ci_batch_raw raw;
-    if (ci_batch_read_raw(b, cfg, batch, &raw, &e)) {
+    if (ret_transient)
+        ret_transient->msg[0] = '\0';
+    ci_status s = ci_batch_read_raw(b, cfg, batch, &raw, &e);
+    if (s && ret_transient && nats_transient(s)) {
+        snprintf(ret_transient->msg, sizeof(ret_transient->msg), "%s", e.msg[0] ? e.msg : "?");
+        return EXIT_INFRA;
+    }
+    if (s) {
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
@@ -1092,7 +1105,7 @@ static int batch_status(struct ci_broker *b, const struct ci_config *cfg, const 
 {
     const char *batch = o->batch_cmd.batch;
     struct ci_batch_state c;
-    int rc = batch_counts(b, cfg, batch, &c);
+    int rc = batch_counts(b, cfg, batch, &c, NULL);
     if (rc)
         return rc;
     if (o->batch_cmd.json) {
@@ -1202,25 +1215,53 @@ static void sleep_ms(int64_t ms)
     nanosleep(&ts, NULL);
 }
 
+/* How long `ci batch wait` goes on asking while NATS does not answer
+ * (each request itself waits up to 5 s) before it gives up with exit 3. */
+#define WAIT_NATS_RETRY_MS 30000
+
 static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
 {
     const char *batch = o->batch_cmd.batch;
     /* A batch may take hours: by default wait as long as its streams keep
      * it (batches.max_age_s, 24 h). */
     int64_t wait_ms = o->wait_set ? o->wait_ms : 86400000;
-    int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0;
-    bool tty = isatty(STDERR_FILENO), drawn = false;
+    int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0, last_ok = start;
+    bool tty = isatty(STDERR_FILENO), drawn = false, failing = false;
     char text[256], said[256] = "", brief[160];
     struct ci_batch_state c;
     for (;;) {
-        int rc = batch_counts(b, cfg, batch, &c);
+        struct ci_error hiccup;
+        int rc = batch_counts(b, cfg, batch, &c, &hiccup);
+        int64_t now = ci_mono_ms();
+        /* A request that timed out once, or a reconnect, is no reason to
+         * stop following a batch that runs for hours: asked again, within
+         * a bound. */
+        if (rc && hiccup.msg[0] && now - last_ok < WAIT_NATS_RETRY_MS && now < deadline) {
+            if (!failing) {
+                if (drawn && tty)
+                    fputc('\n', stderr);
+                say(stderr, "ci: batch %s: %s; asking again for up to %d s\n", batch, hiccup.msg,
+                    WAIT_NATS_RETRY_MS / 1000);
+                failing = true;
+                drawn = false;
+            }
+            int64_t left = deadline - now;
+            sleep_ms(left < 500 ? left : 500);
+            continue;
+        }
         if (rc) {
             if (drawn && tty)
                 fputc('\n', stderr);
+            if (hiccup.msg[0])
+                say(stderr, "ci: batch %s: %s (no answer for %" PRId64 " s: giving up)\n", batch,
+                    hiccup.msg, (now - last_ok) / 1000);
             return rc;
         }
+        if (failing)
+            say(stderr, "ci: batch %s: NATS answers again\n", batch);
+        failing = false;
+        last_ok = now;
         bool done = ci_batch_state_done(&c);
-        int64_t now = ci_mono_ms();
         wait_text(text, sizeof(text), &c);
         /* A terminal shows every poll; a log a line when the counts moved,
          * at most every 5 s, and the last. */
@@ -1289,7 +1330,7 @@ static int batch_results(struct ci_broker *b, const struct ci_config *cfg, const
 {
     const char *batch = o->batch_cmd.batch;
     struct ci_batch_state c;
-    int rc = batch_counts(b, cfg, batch, &c);
+    int rc = batch_counts(b, cfg, batch, &c, NULL);
     if (rc)
         return rc;
     struct results_out r = {.b = b, .batch = batch, .jsonl = o->batch_cmd.jsonl};

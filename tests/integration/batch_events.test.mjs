@@ -446,6 +446,38 @@ describe("ci batch with a stand-in worker", () => {
     assert.match(w.out, new RegExp(`batch ${b}: all 1 tasks succeeded`));
   });
 
+  test("wait rides out NATS not answering for a while (its request timed out): it asks again, then ends as usual", async () => {
+    const cwd = fresh("hiccup");
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    const b = r.stdout.trim();
+    let err = "";
+    let exited = false;
+    const waiting = ci(["batch", "wait", b], { url, timeoutMs: 120000, onStderr: (e) => (err = e) }).then((x) => {
+      exited = true;
+      return x;
+    });
+    await until("wait printed its first progress line", async () => /0\/1 ended/.test(err));
+    // The server stops answering until wait's request (5 s) times out.
+    assert.ok(stack.server.signal("SIGSTOP"));
+    try {
+      await until("wait saw a request time out", async () => exited || /asking again/.test(err), 60000);
+    } finally {
+      stack.server.signal("SIGCONT");
+    }
+    assert.ok(!exited, `wait gave up at the first timeout: ${err}`);
+    assert.match(err, new RegExp(`batch ${b}: .*; asking again for up to 30 s`));
+    const task = await worker.take(5000);
+    await worker.taken(task);
+    await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+    const w = await waiting;
+    assert.equal(w.code, 0, w.stderr);
+    assert.match(w.stderr, /NATS answers again/);
+    assert.equal(w.stdout, `batch ${b}: all 1 tasks succeeded\n`);
+  });
+
   // Last in this stack: it leaves 200,000 messages in CI_BATCHES.
   test("results reads every end event however many other events come first (200,020 cancels before them)", async () => {
     const cwd = fresh("many");
