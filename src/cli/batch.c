@@ -414,7 +414,7 @@ static ci_status set_string(char **field, const char *value)
     return CI_OK;
 }
 
-ci_status ci_batch_jsonl_request(const struct ci_config *cfg, const char *batch, size_t line_no,
+ci_status ci_batch_jsonl_request(const struct ci_config *cfg, const char *batch, size_t n,
                                  const uint8_t *line, size_t len,
                                  Ci__V1__ExecutionRequest **ret, struct ci_error *err)
 {
@@ -437,7 +437,7 @@ ci_status ci_batch_jsonl_request(const struct ci_config *cfg, const char *batch,
     }
     char id[65];
     if (!req->task_id[0]) {
-        s = ci_batch_task_id(batch, line_no, id, err);
+        s = ci_batch_task_id(batch, n, id, err);
         if (!s && (s = set_string(&req->task_id, id)))
             ci_error_set(err, s, "out of memory");
         if (s)

@@ -140,12 +140,13 @@ void ci_batch_failures_sort(struct ci_batch_failures *f);
 
 /* Whether a line holds only white space (it is skipped). */
 bool ci_batch_line_blank(const uint8_t *line, size_t len);
-/* Decodes line line_no (from 1) as an ExecutionRequest of batch (the JSON
- * mapping, contract §10) and makes it one: its taskId kept, else
- * "<batch>-<line_no>"; its batchId absent or batch; no sessionId. Checked
- * against the limits of cfg. CI_ERR_INVALID (CI_ERR_LIMIT) with err
- * saying what (the caller names the line). Free with ci_message_free. */
-ci_status ci_batch_jsonl_request(const struct ci_config *cfg, const char *batch, size_t line_no,
+/* Decodes a line as the n-th request of the file (from 1, blank lines not
+ * counted), an ExecutionRequest of batch (the JSON mapping, contract §10),
+ * and makes it one: its taskId kept, else "<batch>-<n>"; its batchId
+ * absent or batch; no sessionId. Checked against the limits of cfg.
+ * CI_ERR_INVALID (CI_ERR_LIMIT) with err saying what (the caller names the
+ * line). Free with ci_message_free. */
+ci_status ci_batch_jsonl_request(const struct ci_config *cfg, const char *batch, size_t n,
                                  const uint8_t *line, size_t len,
                                  Ci__V1__ExecutionRequest **ret, struct ci_error *err);
 

@@ -172,7 +172,8 @@ struct lines {
     uint8_t *buf;
     size_t cap, start, end;
     bool eof;
-    size_t line_no; /* of the line returned last */
+    size_t line_no;  /* of the line returned last */
+    size_t requests; /* lines that were not blank, so far */
 };
 
 static ci_status lines_open(struct lines *l, const char *path, struct ci_error *err)
@@ -205,6 +206,7 @@ static ci_status lines_rewind(struct lines *l, struct ci_error *err)
     l->start = l->end = 0;
     l->eof = false;
     l->line_no = 0;
+    l->requests = 0;
     return CI_OK;
 }
 
@@ -256,8 +258,10 @@ static ci_status lines_next(struct lines *l, const uint8_t **ret, size_t *ret_le
     }
 }
 
-/* The request of the next non-blank line; CI_ERR_NOT_FOUND at the end. An
- * error names the file and the line. */
+/* The request of the next non-blank line, the file's l->requests-th (its
+ * default task id <batch>-<n> counts requests, not lines: a blank line
+ * added or removed changes no id); CI_ERR_NOT_FOUND at the end. An error
+ * names the file and the line. */
 static ci_status next_request(struct lines *l, const struct ci_config *cfg, const char *batch,
                               Ci__V1__ExecutionRequest **ret, struct ci_error *err)
 {
@@ -269,8 +273,9 @@ static ci_status next_request(struct lines *l, const struct ci_config *cfg, cons
             return s;
         if (ci_batch_line_blank(line, len))
             continue;
+        l->requests++;
         struct ci_error e = {{0}};
-        s = ci_batch_jsonl_request(cfg, batch, l->line_no, line, len, ret, &e);
+        s = ci_batch_jsonl_request(cfg, batch, l->requests, line, len, ret, &e);
         if (s)
             return ci_error_set(err, s == CI_ERR_NOMEM ? s : CI_ERR_INVALID, "%.200s:%zu: %s",
                                 l->path, l->line_no, e.msg);

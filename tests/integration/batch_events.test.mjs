@@ -264,7 +264,7 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal((await client.jsm.streams.info(BATCH_STREAM)).state.last_seq, before);
   });
 
-  test("submit --jsonl: taskId kept or <b>-<line>, batchId checked, blank lines skipped, --wire-json sends JSON", async () => {
+  test("submit --jsonl: taskId kept or <b>-<n> for the n-th request (blank lines are not counted), batchId checked, --wire-json sends JSON", async () => {
     const cwd = fresh("jsonl");
     const b = "bj-" + Date.now().toString(36);
     const lines = [
@@ -280,7 +280,8 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal(r.stdout, `${b}\n`);
     assert.match(r.stderr, /3 tasks: 3 submitted; sealed\n/);
     const got = await takeAll(3);
-    assert.deepEqual(got.map((t) => t.taskId), ["own-id-" + b, `${b}-3`, `${b}-5`]);
+    // Requests 2 and 3 (on lines 3 and 5): a blank line changes no id.
+    assert.deepEqual(got.map((t) => t.taskId), ["own-id-" + b, `${b}-2`, `${b}-3`]);
     for (const t of got) {
       assert.equal(t.contentType, "application/json");
       assert.equal(t.subject, `${BATCH_PREFIX}.${b}`);

@@ -389,7 +389,7 @@ static void t_jsonl(void)
         ci_message_free(&r->base);
         r = NULL;
     }
-    /* The request keeps its taskId whatever the line. */
+    /* The request keeps its taskId whatever its number. */
     CHECK(line(cfg, 99, "{\"task_id\":\"snake\",\"language\":\"python\",\"code\":\"x\"}", &r,
                &e) == CI_OK);
     if (r) {
