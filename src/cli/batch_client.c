@@ -11,6 +11,10 @@
 #include "cli/client.h"
 #include "nats/broker.h"
 
+/* What a task's headers (Nats-Msg-Id, Content-Type) add to its message,
+ * which the server's max_payload counts too. */
+#define HEADER_ROOM 256
+
 /* --- reading --- */
 
 /* A batch stream missing: no worker that serves batches has made it. */
@@ -314,11 +318,11 @@ static ci_status jsonl_check(struct ci_broker *b, const struct ci_config *cfg,
         size_t wire_len = 0;
         s = ci_message_encode(enc, &req->base, &wire, &wire_len, err);
         free(wire);
-        if (!s && max_payload > 0 && wire_len > (uint64_t)max_payload)
+        if (!s && max_payload > 0 && wire_len + HEADER_ROOM > (uint64_t)max_payload)
             s = ci_error_set(err, CI_ERR_INVALID,
                              "%.200s:%zu: the request is %zu bytes; the server takes messages "
-                             "of at most %" PRId64 " bytes: put large inputs in the object "
-                             "store and name them (\"object\")",
+                             "of at most %" PRId64 " bytes (headers included): put large "
+                             "inputs in the object store and name them (\"object\")",
                              l->path, l->line_no, wire_len, max_payload);
         if (!s && n == cap) {
             size_t c = cap ? cap * 2 : 256;
@@ -354,6 +358,52 @@ static ci_status jsonl_check(struct ci_broker *b, const struct ci_config *cfg,
 }
 
 /* --- submitting --- */
+
+/* Every input of a --file-each batch before the first task goes out: the
+ * files (names, sizes, readable: ci_batch_files_check), then the largest
+ * messages the tasks make, built as they will be (the largest file sent
+ * inline, the uploaded one with the longest name, under the longest task
+ * id) against the server's max_payload; the labels are checked with them. */
+static ci_status files_check(struct ci_broker *b, const struct ci_config *cfg,
+                             const struct ci_batch_submit *a, struct ci_error *err)
+{
+    struct ci_batch_files_extremes x;
+    ci_status s = ci_batch_files_check(a->paths, a->n_paths, cfg->limits.max_input_bytes,
+                                       CI_CLIENT_INLINE_MAX, &x, err);
+    if (s)
+        return s;
+    char id[65];
+    if ((s = ci_batch_task_id(a->batch, a->n_paths, id, err)))
+        return s;
+    int64_t max_payload = ci_broker_max_payload(b);
+    size_t which[2] = {x.largest_inline, x.longest_uploaded};
+    for (size_t i = 0; i < 2; i++) {
+        if (which[i] == SIZE_MAX)
+            continue;
+        const char *path = a->paths[which[i]];
+        char got[65];
+        size_t wire_len = 0;
+        struct ci_submit_args sa = {
+            .code = a->code, .code_len = a->code_len, .id = id,
+            .files = &path, .n_files = 1, .labels = a->labels, .n_labels = a->n_labels,
+            .timeout_ms = a->timeout_ms, .memory_mb = a->memory_mb, .wire_json = a->wire_json,
+            .batch = a->batch, .measure = &wire_len,
+        };
+        struct ci_error e = {{0}};
+        s = ci_client_submit(b, cfg, &sa, got, NULL, &e);
+        if (s)
+            return ci_error_set(err, s == CI_ERR_NOMEM ? s : CI_ERR_INVALID,
+                                "--file-each: '%.200s': %s; nothing was submitted", path, e.msg);
+        if (max_payload > 0 && wire_len + HEADER_ROOM > (uint64_t)max_payload)
+            return ci_error_set(err, CI_ERR_INVALID,
+                                "--file-each: the task for '%.200s' would be a message of %zu "
+                                "bytes; the server takes messages of at most %" PRId64 " bytes "
+                                "(headers included): make the script or the inputs sent inline "
+                                "(up to %d KiB each) smaller; nothing was submitted",
+                                path, wire_len, max_payload, CI_CLIENT_INLINE_MAX / 1024);
+    }
+    return CI_OK;
+}
 
 /* The ids of the batch's tasks that a worker took (its taken events, kept
  * batches.max_age_s): such a task is never published again, also after
@@ -494,8 +544,8 @@ ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
         if (out.total == 0 || out.total > CI_BATCH_MAX_TASKS)
             s = ci_error_set(err, CI_ERR_INVALID, "a batch holds 1 to %d tasks, not %" PRIu64,
                              CI_BATCH_MAX_TASKS, out.total);
-        else
-            s = ci_batch_id_check(a->batch, out.total, err);
+        else if (!(s = ci_batch_id_check(a->batch, out.total, err)))
+            s = files_check(b, cfg, a, err);
     }
     /* The streams exist, and a seal there already agrees. */
     struct ci_batch_raw raw;

@@ -10,7 +10,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { startStack } from "./lib/stack.mjs";
@@ -365,15 +365,28 @@ describe("ci batch with a stand-in worker", () => {
     }
     writeFileSync(join(cwd, "s.py"), "print(1)\n");
     mkdirSync(join(cwd, "d.csv"));
+    // Every input is checked before the first task goes out: a bad one
+    // sorted after good ones left those published and the batch unsealed.
+    mkdirSync(join(cwd, "names"));
+    mkdirSync(join(cwd, "sizes"));
+    for (const d of ["names", "sizes"]) for (const f of ["a.csv", "b.csv"]) writeFileSync(join(cwd, d, f), "x\n");
+    writeFileSync(join(cwd, "names", "c;d.csv"), "x\n");
+    writeFileSync(join(cwd, "sizes", "z.csv"), "");
+    truncateSync(join(cwd, "sizes", "z.csv"), 21 * 1024 * 1024); // sparse: over the 20 MiB limit
     for (const [args, re] of [
       [["--file-each", "none/*.csv"], /matches no file/],
       [["--file-each", "*.csv"], /'d\.csv' is not a regular file/],
       [["--file-each", "s.py", "--batch", "b".repeat(63)], /leave room for 62/],
       [["--file-each", "s.py", "--file", "s.py"], /does not take --file/],
+      [["--file-each", "names/*.csv"], /--file-each: 'names\/c;d\.csv' cannot be an input: its name 'c;d\.csv' is not allowed \(use only letters.*nothing was submitted/],
+      [["--file-each", "sizes/*.csv"], /--file-each: 'sizes\/z\.csv' is 22020096 bytes; an input may be at most 20971520 bytes .*nothing was submitted/],
+      [["--file-each", "names/a.csv", "--label", "novalue"], /label 'novalue' is not KEY=VALUE; nothing was submitted/],
     ]) {
       const r = await ci(["batch", "submit", "s.py", ...args, ...(args.includes("--batch") ? [] : ["--batch", b])], { cwd, url });
       assert.equal(r.code, 2, `${args}: ${r.stderr}`);
       assert.match(r.stderr, re);
+      assert.doesNotMatch(r.stderr, /went out before this/, `${args}`);
+      assert.equal(await batchLeft(client.jsm, b), 0, `${args}: nothing was published`);
     }
     assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
     assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});

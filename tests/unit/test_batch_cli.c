@@ -514,6 +514,49 @@ static void t_glob(void)
     CHECK(rmdir(dir) == 0);
 }
 
+/* Every input of --file-each is checked before anything goes out: its
+ * name, its size, that it opens; and which make the largest messages. */
+static void t_files_check(void)
+{
+    char dir[] = "/tmp/ci-test-batch-XXXXXX";
+    REQUIRE(mkdtemp(dir));
+    touch(dir, "a.csv", "12345");
+    touch(dir, "b.csv", "123");
+    touch(dir, "big-with-long-name.csv", "123456789012");
+    touch(dir, "big.csv", "1234567890123");
+    touch(dir, "c;d.csv", "x");
+    touch(dir, ".hidden.csv", "x");
+    char p[6][512];
+    const char *names[] = {"a.csv", "b.csv", "big-with-long-name.csv", "big.csv", "c;d.csv",
+                           ".hidden.csv"};
+    char *paths[6];
+    for (int i = 0; i < 6; i++) {
+        snprintf(p[i], sizeof(p[i]), "%s/%s", dir, names[i]);
+        paths[i] = p[i];
+    }
+    struct ci_batch_files_extremes x;
+    struct ci_error e = {{0}};
+    /* Inline up to 10 bytes, at most 20 bytes an input. */
+    REQUIRE(ci_batch_files_check(paths, 4, 20, 10, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 0);   /* a.csv, 5 bytes */
+    CHECK(x.longest_uploaded == 2); /* the longer name of the two above 10 */
+    REQUIRE(ci_batch_files_check(paths, 2, 20, 10, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 0 && x.longest_uploaded == SIZE_MAX);
+    CHECK(ci_batch_files_check(paths, 4, 12, 10, &x, &e) == CI_ERR_INVALID);
+    CHECK_CONTAINS(e.msg, "big.csv' is 13 bytes; an input may be at most 12 bytes");
+    CHECK_CONTAINS(e.msg, "nothing was submitted");
+    CHECK(ci_batch_files_check(paths, 5, 20, 10, &x, &e) == CI_ERR_INVALID);
+    CHECK_CONTAINS(e.msg, "c;d.csv' cannot be an input: its name 'c;d.csv' is not allowed");
+    CHECK(ci_batch_files_check(paths + 5, 1, 20, 10, &x, &e) == CI_ERR_INVALID);
+    CHECK_CONTAINS(e.msg, "must not start with '.'");
+    for (int i = 0; i < 6; i++)
+        unlink(p[i]);
+    char *gone[] = {p[0]};
+    CHECK(ci_batch_files_check(gone, 1, 20, 10, &x, &e) == CI_ERR_INVALID);
+    CHECK_CONTAINS(e.msg, "a.csv' cannot be read");
+    CHECK(rmdir(dir) == 0);
+}
+
 /* --- the progress bar --- */
 
 static void t_progress(void)
@@ -563,5 +606,5 @@ static void t_progress(void)
 }
 
 TEST_MAIN(T(t_cmdline_verbs), T(t_cmdline_submit), T(t_ids), T(t_event_status), T(t_counts),
-          T(t_status_json), T(t_failures), T(t_jsonl), T(t_ids_unique), T(t_glob),
+          T(t_status_json), T(t_failures), T(t_jsonl), T(t_ids_unique), T(t_glob), T(t_files_check),
           T(t_progress))
