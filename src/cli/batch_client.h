@@ -38,17 +38,22 @@ struct ci_batch_submitted {
     uint64_t total;     /* tasks of the batch */
     uint64_t published; /* stored in CI_BATCH now */
     uint64_t duplicates; /* dropped by CI_BATCH: queued already (within its window) */
-    uint64_t skipped;    /* not published: their result in ci-results is terminal */
+    uint64_t skipped;    /* not published: a worker took them, or their result is terminal */
     bool seal_was_there; /* sealed by an earlier submission (with the same total) */
     bool completed;      /* this submission stored the complete event */
     struct ci_batch_state counts; /* read after sealing */
 };
 
-/* Called after each task, with how many are done of total. */
-typedef void (*ci_batch_progress_fn)(void *closure, uint64_t done, uint64_t total);
+/* Called after each task, with how many are done of total: first as they
+ * are "checked" (before anything goes out), then "submitted". */
+typedef void (*ci_batch_progress_fn)(void *closure, const char *stage, uint64_t done,
+                                     uint64_t total);
 
-/* Publishes every task of the batch on <batch_subject>.<b> with Nats-Msg-Id = its
- * id, skipping those whose result is terminal already, then the seal, and
+/* Checks every input (and that no task id is in use outside the batch: a
+ * record in ci-results of another batch's task, or of one outside any),
+ * then publishes every task of the batch on <batch_subject>.<b> with
+ * Nats-Msg-Id = its id, skipping those a worker took or whose result is
+ * terminal already, then the seal, and
  * the complete event when every task has ended (contract §20). A JSONL file
  * is read twice: every line is checked before the first task goes out.
  * CI_ERR_INVALID when the caller's input is at fault (err names the file,

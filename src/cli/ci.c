@@ -984,7 +984,7 @@ struct submit_progress {
     bool drawn;
 };
 
-static void on_submit_progress(void *closure, uint64_t done, uint64_t total)
+static void on_submit_progress(void *closure, const char *stage, uint64_t done, uint64_t total)
 {
     struct submit_progress *p = closure;
     int64_t now = ci_mono_ms();
@@ -997,7 +997,7 @@ static void on_submit_progress(void *closure, uint64_t done, uint64_t total)
     p->last_ms = now;
     p->drawn = true;
     char text[96];
-    snprintf(text, sizeof(text), "%" PRIu64 "/%" PRIu64 " tasks submitted", done, total);
+    snprintf(text, sizeof(text), "%" PRIu64 "/%" PRIu64 " tasks %s", done, total, stage);
     progress_line(p->tty, &done, 1, total, text, text);
 }
 

@@ -392,6 +392,37 @@ describe("ci batch with a stand-in worker", () => {
     assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});
   });
 
+  test("submit refuses a task id in use outside the batch (its record says another batch, or none) before anything goes out", async () => {
+    const cwd = fresh("used");
+    const b = "bu-" + Date.now().toString(36);
+    const kv = await client.kvBucket();
+    const rec = (id, status, batchId) => Buffer.from(JSON.stringify({ taskId: id, status, ...(batchId ? { batchId } : {}) }));
+    await kv.put(`solo-${b}`, rec(`solo-${b}`, "TASK_STATUS_SUCCEEDED"));
+    await kv.put(`other-${b}`, rec(`other-${b}`, "TASK_STATUS_RUNNING", "another-batch"));
+    const fresh1 = JSON.stringify({ taskId: `new-${b}`, language: "python", code: "print(1)" });
+    for (const [id, re] of [
+      [`solo-${b}`, new RegExp(`r\\.jsonl:3: task id 'solo-${b}' is in use: a task outside any batch has it \\(succeeded in the results bucket\\); task ids must be unique .*give the line another taskId; nothing was submitted`)],
+      [`other-${b}`, new RegExp(`r\\.jsonl:3: task id 'other-${b}' is in use: a task of batch 'another-batch' has it \\(running`)],
+    ]) {
+      writeFileSync(join(cwd, "r.jsonl"), [fresh1, "", JSON.stringify({ taskId: id, language: "python", code: "print(2)" })].join("\n") + "\n");
+      const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+      assert.equal(r.code, 2, r.stderr);
+      assert.match(r.stderr, re);
+      assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
+    }
+    // --file-each: <b>-<n> of another batch's task (or a task submitted
+    // alone under that id).
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "b.csv"), "b\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    await kv.put(`${b}-2`, rec(`${b}-2`, "TASK_STATUS_FAILED"));
+    const f = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", b], { cwd, url });
+    assert.equal(f.code, 2, f.stderr);
+    assert.match(f.stderr, new RegExp(`--file-each: the task of 'b\\.csv': task id '${b}-2' is in use: a task outside any batch has it \\(failed .*submit under another --batch; nothing was submitted`));
+    assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
+    assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});
+  });
+
   test("submit without --batch makes and prints an id; cancel publishes on ci.batches.<b>.cancel and status says so", async () => {
     const cwd = fresh("cancel");
     writeFileSync(join(cwd, "one.csv"), "a\n1\n");
