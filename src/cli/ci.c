@@ -949,6 +949,8 @@ static int cmd_tools(struct ci_broker *b, const struct ci_config *cfg, const str
 #define WAIT_GROUPS_MAX 100
 #define WAIT_FAILURES_READ 10000
 
+/* The terminal's width, asked each time (it may be resized): the
+ * terminal's own (TIOCGWINSZ), else $COLUMNS, else 80. */
 static int terminal_columns(void)
 {
     struct winsize ws;
@@ -960,8 +962,9 @@ static int terminal_columns(void)
 }
 
 /* One line of progress on stderr: on a terminal, text (short) after a
- * bar, redrawn in place ("\r", then erase to the end of the line); a
- * plain line of long_text otherwise. */
+ * bar, fitted to the terminal's width (a line that wraps cannot be redrawn
+ * in place) and redrawn in place ("\r", then erase to the end of the
+ * line); a plain line of long_text otherwise. */
 static void progress_line(bool tty, const uint64_t *segments, size_t n_segments, uint64_t total,
                           const char *text, const char *long_text)
 {
@@ -969,12 +972,11 @@ static void progress_line(bool tty, const uint64_t *segments, size_t n_segments,
         say(stderr, "ci: %s\n", long_text);
         return;
     }
-    char bar[64] = "";
-    int width = ci_progress_width(terminal_columns(), strlen(text));
-    if (width)
-        ci_progress_bar(bar, sizeof(bar), width, segments, "#x>", n_segments, total);
+    char line[512];
+    ci_progress_line(line, sizeof(line), terminal_columns(), segments, "#x>", n_segments, total,
+                     text);
     /* The controls are ours: written as they are, not through say(). */
-    fprintf(stderr, "\r%s%s%s\x1b[K", bar, width ? " " : "", text);
+    fprintf(stderr, "\r%s\x1b[K", line);
     fflush(stderr);
 }
 

@@ -468,7 +468,7 @@ describe("ci batch with a stand-in worker", () => {
     for (const t of await takeAll(2)) await t.msg.ackAck();
   });
 
-  test("wait on a terminal draws a progress bar in place", async () => {
+  test("wait on a terminal draws a progress bar in place, never wider than the terminal", async () => {
     const cwd = fresh("tty");
     writeFileSync(join(cwd, "a.csv"), "a\n");
     writeFileSync(join(cwd, "s.py"), "print(1)\n");
@@ -477,18 +477,31 @@ describe("ci batch with a stand-in worker", () => {
     const task = await worker.take(5000);
     await worker.taken(task);
     await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
-    // script(1) gives ci a terminal; -e passes its exit code on.
-    const w = await new Promise((resolve) => {
+    // script(1) gives ci a terminal (-e passes its exit code on) whose
+    // size it does not know (stdin is no terminal): ci takes $COLUMNS.
+    const onTerminal = (columns) => new Promise((resolve) => {
       const child = spawn("script", ["-qec", `${CLI_BIN} batch wait ${b}`, "/dev/null"], {
-        env: { ...process.env, CI_NATS_URL: url, COLUMNS: "100" }, stdio: ["ignore", "pipe", "pipe"],
+        env: { ...process.env, CI_NATS_URL: url, COLUMNS: String(columns) }, stdio: ["ignore", "pipe", "pipe"],
       });
       let out = "";
       child.stdout.on("data", (d) => (out += d));
       child.on("close", (code) => resolve({ code, out }));
     });
+    const w = await onTerminal(100);
     assert.equal(w.code, 0, w.out);
     assert.match(w.out, /\r\[#{10,40}\] 1\/1 ended \(1 ok, 0 not\), 0 running, 0 queued\x1b\[K/);
     assert.match(w.out, new RegExp(`batch ${b}: all 1 tasks succeeded`));
+    // A narrow terminal: a line that wrapped could not be redrawn in place.
+    // Each redraw ("\r" ... erase) fits in 29 columns: the bar goes first,
+    // then the text is cut.
+    for (const columns of [30, 57, 58]) {
+      const n = await onTerminal(columns);
+      assert.equal(n.code, 0, n.out);
+      const redraws = [...n.out.matchAll(/\r([^\r\n]*)\x1b\[K/g)].map((m) => m[1]);
+      assert.ok(redraws.length > 0, n.out);
+      for (const line of redraws) assert.ok(line.length <= columns - 1, `${columns} columns: ${JSON.stringify(line)} is ${line.length} wide`);
+      assert.equal(redraws.at(-1).startsWith("["), columns >= 58, `${columns}: ${redraws.at(-1)}`);
+    }
   });
 
   test("wait rides out NATS not answering for a while (its request timed out): it asks again, then ends as usual", async () => {

@@ -599,10 +599,34 @@ static void t_progress(void)
     CHECK_STR(small, "[###x");
     CHECK(ci_progress_bar(small, 0, 10, mix, "#x>", 3, 10) == 0);
 
-    CHECK(ci_progress_width(80, 40) == 37);
+    /* The last column stays free. */
+    CHECK(ci_progress_width(80, 40) == 36);
     CHECK(ci_progress_width(200, 40) == 40);
     CHECK(ci_progress_width(50, 40) == 0); /* no room for 10 cells */
-    CHECK(ci_progress_width(53, 40) == 10);
+    CHECK(ci_progress_width(53, 40) == 0);
+    CHECK(ci_progress_width(54, 40) == 10);
+
+    /* A whole line never wider than the terminal less one column: the
+     * bar when it fits, else the text alone, cut. */
+    const char *text = "3/10 ended (2 ok, 1 not), 1 running, 6 queued"; /* 45 */
+    char line[256];
+    CHECK(ci_progress_line(line, sizeof(line), 100, mix, "#x>", 3, 10, text) == 40 + 3 + 45);
+    CHECK_STR(line, "[############xxxx>>>>>>>>................] 3/10 ended (2 ok, 1 not), 1 "
+                    "running, 6 queued");
+    CHECK(ci_progress_line(line, sizeof(line), 60, mix, "#x>", 3, 10, text) == 59);
+    CHECK_STR(line, "[###x>>.....] 3/10 ended (2 ok, 1 not), 1 running, 6 queued");
+    for (int cols = 1; cols <= 120; cols++) {
+        size_t len = ci_progress_line(line, sizeof(line), cols, mix, "#x>", 3, 10, text);
+        CHECK(len == strlen(line));
+        CHECK(len <= (size_t)(cols - 1));
+        if (cols >= 47) /* the text whole, a bar only from 59 columns */
+            CHECK(strstr(line, text) != NULL);
+        CHECK((line[0] == '[') == (cols >= 59));
+    }
+    CHECK(ci_progress_line(line, sizeof(line), 30, mix, "#x>", 3, 10, text) == 29);
+    CHECK_STR(line, "3/10 ended (2 ok, 1 not), 1 r");
+    CHECK(ci_progress_line(line, sizeof(line), 0, mix, "#x>", 3, 10, text) == 79); /* 80 */
+    CHECK(ci_progress_line(small, sizeof(small), 80, mix, "#x>", 3, 10, text) == 5);
 }
 
 TEST_MAIN(T(t_cmdline_verbs), T(t_cmdline_submit), T(t_ids), T(t_event_status), T(t_counts),
