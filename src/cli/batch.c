@@ -271,7 +271,10 @@ void ci_batch_state_compute(const struct ci_batch_raw *raw, struct ci_batch_stat
         c.total = raw->seal_total;
     } else {
         /* The messages left in the batch stream are the tasks not acked
-         * yet: those queued and those running. */
+         * yet: those queued, those running, and for a moment one that
+         * ended and whose worker has not acked it yet, which counts
+         * twice then (contract §20: message counts cannot tell it from a
+         * queued one). */
         c.total = taken + sub0(raw->left, c.running);
     }
     c.queued = sub0(c.total, taken);

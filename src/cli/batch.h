@@ -86,7 +86,9 @@ struct ci_batch_raw {
     uint64_t left;                 /* messages still on <batch_subject>.<b> */
 };
 
-/* The counts of contract §20 "Counting", as `ci batch` shows them. */
+/* The counts of contract §20 "Counting", as `ci batch` shows them. Before
+ * the seal, total is taken + (left - running): the tasks submitted so far,
+ * a task that has ended but is not acked yet counted twice. */
 struct ci_batch_state {
     uint64_t total, queued, running, succeeded, failed, timed_out, cancelled;
     bool sealed, complete, cancel_requested;

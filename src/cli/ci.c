@@ -1124,7 +1124,7 @@ static int batch_status(struct ci_broker *b, const struct ci_config *cfg, const 
     if (c.sealed)
         say(stdout, "tasks:      %" PRIu64 " (sealed)\n", c.total);
     else
-        say(stdout, "tasks:      at least %" PRIu64 " (not sealed: its submission has not "
+        say(stdout, "tasks:      %" PRIu64 " so far (not sealed: its submission has not "
             "finished)\n", c.total);
     say(stdout, "queued:     %" PRIu64 "\nrunning:    %" PRIu64 "\nsucceeded:  %" PRIu64
         "\nfailed:     %" PRIu64 "\ntimed out:  %" PRIu64 "\ncancelled:  %" PRIu64 "\n",

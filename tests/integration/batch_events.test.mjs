@@ -325,7 +325,7 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal((await batchSubjectCounts(client.jsm, b)).complete, undefined, "no seal, no complete");
     assert.equal((await status(b)).stdout, '{"total":3,"queued":0,"running":0,"succeeded":3,"failed":0,"timed_out":0,"cancelled":0}\n');
     const human = await ci(["batch", "status", b], { url });
-    assert.match(human.stdout, /^tasks: +at least 3 \(not sealed/m);
+    assert.match(human.stdout, /^tasks: +3 so far \(not sealed/m);
 
     const again = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
     assert.equal(again.code, 0, again.stderr);
@@ -342,6 +342,30 @@ describe("ci batch with a stand-in worker", () => {
     const n = await batchSubjectCounts(client.jsm, b);
     assert.equal(n.sealed, 1);
     assert.equal(n.complete, 1);
+  });
+
+  test("before the seal, total is taken + the batch's tasks left in the queue not running: a task that ended and is not acked yet counts twice for that moment", async () => {
+    const b = "bs-" + Date.now().toString(36);
+    // What a submission got out so far: two tasks, no seal.
+    for (const n of [1, 2]) await client.submit({ taskId: `${b}-${n}`, batchId: b, language: "python", code: `print(${n})` }, { subject: `${BATCH_PREFIX}.${b}` });
+    const json = async () => JSON.parse((await status(b)).stdout);
+    assert.deepEqual(await json(), { total: 2, queued: 2, running: 0, succeeded: 0, failed: 0, timed_out: 0, cancelled: 0 });
+    const t1 = await worker.take(5000);
+    assert.equal(t1.taskId, `${b}-1`);
+    await worker.taken(t1);
+    assert.deepEqual(await json(), { total: 2, queued: 1, running: 1, succeeded: 0, failed: 0, timed_out: 0, cancelled: 0 });
+    // Its end event is stored; its worker has not acked it yet: in taken
+    // and in the queue both (contract §20, "Before the seal").
+    await worker.end(t1, { ack: false });
+    assert.deepEqual(await json(), { total: 3, queued: 2, running: 0, succeeded: 1, failed: 0, timed_out: 0, cancelled: 0 });
+    const human = await ci(["batch", "status", b], { url });
+    assert.match(human.stdout, /^tasks: +3 so far \(not sealed: its submission has not finished\)$/m);
+    await t1.msg.ackAck();
+    await until("the ack removed it from the queue", async () => (await batchLeft(client.jsm, b)) === 1);
+    assert.deepEqual(await json(), { total: 2, queued: 1, running: 0, succeeded: 1, failed: 0, timed_out: 0, cancelled: 0 });
+    const t2 = await worker.take(5000);
+    await worker.taken(t2);
+    await worker.end(t2);
   });
 
   test("submit refuses bad input with exit 2 before anything goes out: a bad JSONL line is named, no match, a folder, a long batch id", async () => {
