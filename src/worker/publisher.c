@@ -120,6 +120,19 @@ ci_status ci_publisher_new(const struct ci_publisher_opts *o, struct ci_publishe
     return CI_OK;
 }
 
+void ci_publisher_size(struct ci_publisher_opts *o, uint64_t bytes, size_t min_chunk)
+{
+    if (bytes < CI_PUBLISHER_MAX_BYTES)
+        bytes = CI_PUBLISHER_MAX_BYTES;
+    if (bytes > CI_PUBLISHER_HARD_MAX_BYTES)
+        bytes = CI_PUBLISHER_HARD_MAX_BYTES;
+    uint64_t chunks = bytes / (min_chunk ? min_chunk : 1) + CI_PUBLISHER_MAX_CHUNKS;
+    if (chunks > CI_PUBLISHER_HARD_MAX_CHUNKS)
+        chunks = CI_PUBLISHER_HARD_MAX_CHUNKS;
+    o->max_bytes = (size_t)bytes;
+    o->max_chunks = (size_t)chunks;
+}
+
 /* Takes everything queued off the queue, under the lock; the caller tells
  * and frees it outside. */
 static struct chunk *take_all(struct ci_publisher *p)

@@ -4,8 +4,9 @@
  * (a server that stopped reading, a half-open connection, a full buffer),
  * and the run's time limit and cancel must still be enforced on time.
  *
- * put() copies a chunk into a queue bounded in chunks and in bytes and
- * returns at once; the thread publishes the queue in order, one chunk at a
+ * put() copies a chunk into a queue bounded in chunks and in bytes (the
+ * worker's holds all the output an attempt may publish, ci_publisher_size)
+ * and returns at once; the thread publishes the queue in order, one chunk at a
  * time. A chunk that finds the queue full is dropped (its number stays
  * used: a subscriber sees a gap), never one already queued, so chunks go
  * out in the order they were put, with gaps. When the run has ended, end()
@@ -27,9 +28,12 @@
 
 #include "core/status.h"
 
-#define CI_PUBLISHER_MAX_CHUNKS 256          /* chunks queued at most */
-#define CI_PUBLISHER_MAX_BYTES (1024 * 1024) /* their bytes at most */
+#define CI_PUBLISHER_MAX_CHUNKS 256          /* chunks queued at most, by default */
+#define CI_PUBLISHER_MAX_BYTES (1024 * 1024) /* their bytes at most, by default */
 #define CI_PUBLISHER_DRAIN_MS 2000           /* the end's wait for the queue */
+/* What ci_publisher_size never goes past, whatever it is asked for. */
+#define CI_PUBLISHER_HARD_MAX_CHUNKS 8192
+#define CI_PUBLISHER_HARD_MAX_BYTES (64 * 1024 * 1024)
 
 struct ci_publisher;
 
@@ -54,6 +58,14 @@ struct ci_publisher_opts {
     size_t max_chunks;
     size_t max_bytes;
 };
+
+/* Sizes o's queue to hold bytes of chunks at once, when they come in
+ * chunks of min_chunk bytes or more but for a few smaller ones: max_bytes
+ * is bytes (at least CI_PUBLISHER_MAX_BYTES), max_chunks bytes / min_chunk
+ * plus CI_PUBLISHER_MAX_CHUNKS for the smaller ones; neither past the hard
+ * bounds above. A queue that holds all an attempt can put drops nothing
+ * while NATS takes the chunks, however much faster the code writes them. */
+void ci_publisher_size(struct ci_publisher_opts *o, uint64_t bytes, size_t min_chunk);
 
 struct ci_publisher_stats {
     uint64_t published; /* chunks publish() took */

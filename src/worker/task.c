@@ -1578,6 +1578,11 @@ static bool live_start(struct task *t)
         return false;
     t->attempt = ci_delivery_attempt(t->d);
     struct ci_publisher_opts po = {.ops = &live_pub_ops, .ctx = t};
+    /* Room for all the output the attempt may publish, both streams up to
+     * the cap: a NATS that takes the chunks loses none, however much
+     * faster than it the code writes (the queue drops only what a NATS
+     * that stopped taking them leaves behind). */
+    ci_publisher_size(&po, 2 * (uint64_t)cfg->limits.max_output_bytes, CI_LIVEOUT_FLUSH_BYTES);
     if (ci_publisher_new(&po, &t->pub, NULL) != CI_OK)
         return false;
     struct ci_liveout_opts o = {.ops = &live_ops, .ctx = t, .cap = cfg->limits.max_output_bytes};

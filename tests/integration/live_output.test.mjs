@@ -436,6 +436,21 @@ describe("live output, the NATS server frozen mid-task", () => {
     await stack?.stop();
   });
 
+  // The queue between the run and NATS holds all an attempt may publish
+  // (both streams up to the cap): a server that takes the chunks loses none,
+  // however much faster than it the code writes. It held 1 MiB once, and
+  // 16 MiB written at once lost a third to half of its chunks.
+  test("16 MiB written at once (cap 16 MiB) into a server that takes it: every chunk, no gap in Ci-Seq", async () => {
+    const code = "import sys\nsys.stdout.write('x' * (1 << 24)); sys.stdout.flush()\n";
+    const r = await watched(stack.client, { code, limits: { timeoutMs: 30000 } });
+    assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+    // The result is cut to fit max_payload (8 MB): the chunks are the whole text.
+    const out = joined(r.w.chunks, { taskId: r.taskId, stream: "stdout" }); // Ci-Seq 1..n
+    assert.equal(out.length, 1 << 24, `${r.w.chunks.length} chunks, ${out.length} bytes`);
+    assert.ok(out.equals(Buffer.alloc(1 << 24, "x")));
+    assert.equal(r.end.chunksBefore, r.w.chunks.length, "every chunk arrived before the terminal event");
+  });
+
   test("a task printing 32 MiB into a frozen server is still killed at its time limit; its chunks stay in Ci-Seq order", async () => {
     const c = stack.client;
     const [w] = stack.workers;

@@ -32,6 +32,7 @@ static struct fake {
     size_t n;            /* published */
     bool closed;         /* the gate: publish waits while closed */
     int64_t give_up_ms;  /* ... at most this long, then fails (0: until it opens) */
+    unsigned delay_us;   /* every publish takes this long: a slow NATS that works */
     int entered;         /* publish calls so far */
     /* what ops->dropped was told */
     uint64_t dropped_seq[MAX_CHUNKS];
@@ -46,6 +47,7 @@ static void fake_reset(bool closed, int64_t give_up_ms)
     F.entered = 0;
     F.closed = closed;
     F.give_up_ms = give_up_ms;
+    F.delay_us = 0;
     pthread_mutex_unlock(&F.lock);
 }
 
@@ -91,6 +93,11 @@ static ci_status fake_publish(void *ctx, const char *stream, uint64_t seq, const
     while (F.closed && (!until || ci_mono_ms() < until)) {
         pthread_mutex_unlock(&F.lock);
         usleep(1000);
+        pthread_mutex_lock(&F.lock);
+    }
+    if (F.delay_us) {
+        pthread_mutex_unlock(&F.lock);
+        usleep(F.delay_us);
         pthread_mutex_lock(&F.lock);
     }
     ci_status s = CI_OK;
@@ -351,6 +358,52 @@ static void test_bytes_bound(void)
     ci_publisher_free(p);
 }
 
+/* The queue sized for an output cap (ci_publisher_size, as the worker
+ * sizes it: both streams up to the cap) holds all an attempt may put: a
+ * publish far slower than the writer, but working, loses none of 16 MiB
+ * written at once with the cap at 16 MiB. The 1 MiB queue every attempt
+ * once had dropped most of them. */
+static void test_sized_for_the_cap(void)
+{
+    struct ci_publisher_opts o = {.ops = &fake_ops};
+    ci_publisher_size(&o, 2 * (uint64_t)(16 << 20), CI_LIVEOUT_FLUSH_BYTES);
+    CHECK(o.max_bytes == 32 << 20 && o.max_chunks == 2048 + CI_PUBLISHER_MAX_CHUNKS);
+    struct ci_publisher_opts small = {0}, huge = {0};
+    ci_publisher_size(&small, 2 * 1024, CI_LIVEOUT_FLUSH_BYTES);
+    CHECK(small.max_bytes == CI_PUBLISHER_MAX_BYTES);
+    CHECK(small.max_chunks == 64 + CI_PUBLISHER_MAX_CHUNKS);
+    ci_publisher_size(&huge, (uint64_t)1 << 40, 1);
+    CHECK(huge.max_bytes == CI_PUBLISHER_HARD_MAX_BYTES);
+    CHECK(huge.max_chunks == CI_PUBLISHER_HARD_MAX_CHUNKS);
+
+    fake_reset(false, 0);
+    F.delay_us = 300;
+    gap_pub = NULL;
+    REQUIRE(ci_publisher_new(&o, &gap_pub, NULL) == CI_OK);
+    struct ci_liveout_opts lo_o = {.ops = &to_publisher_ops, .cap = 16 << 20};
+    struct ci_liveout *lo = NULL;
+    REQUIRE(ci_liveout_new(&lo_o, &lo, NULL) == CI_OK);
+    static uint8_t block[64 * 1024];
+    memset(block, 'x', sizeof(block));
+    int64_t t0 = ci_mono_ms();
+    for (int i = 0; i < 256; i++) /* 16 MiB, in 256 chunks of 64 KiB */
+        ci_liveout_write(lo, CI_OUTPUT_STDOUT, block, sizeof(block), 0);
+    ci_liveout_flush(lo);
+    CHECK(ci_mono_ms() - t0 < 2000); /* the writer never waited for the publishes */
+    ci_publisher_end(gap_pub, ci_mono_ms() + 30000);
+    CHECK(ci_publisher_drain(gap_pub) == CI_OK);
+    REQUIRE(published() == 256);
+    for (size_t i = 0; i < 256; i++)
+        CHECK(F.c[i].seq == i + 1 && F.c[i].len == sizeof(block));
+    CHECK(F.n_dropped == 0);
+    struct ci_publisher_stats st;
+    ci_publisher_stats(gap_pub, &st);
+    CHECK(st.published == 256 && st.bytes == 16 << 20 && st.refused == 0 && st.left == 0);
+    ci_liveout_free(lo);
+    ci_publisher_free(gap_pub);
+    gap_pub = NULL;
+}
+
 static void test_null(void)
 {
     ci_publisher_free(NULL);
@@ -376,4 +429,5 @@ static void test_null(void)
 }
 
 TEST_MAIN(T(test_order), T(test_full_leaves_gap), T(test_end_waits_for_room),
-          T(test_drain_bounded), T(test_free_drops), T(test_bytes_bound), T(test_null))
+          T(test_drain_bounded), T(test_free_drops), T(test_bytes_bound),
+          T(test_sized_for_the_cap), T(test_null))
