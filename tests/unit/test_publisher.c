@@ -7,6 +7,7 @@
  * the publish under way), then drops the rest, and nothing put before it
  * goes out after it; free() drops what is queued; NULL. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -266,6 +267,57 @@ static void test_end_waits_for_room(void)
     ci_publisher_free(p);
 }
 
+/* After end(), a put that finds the queue full waits for room only until
+ * the deadline: with NATS stuck, the third chunk (the first is being
+ * published, the second fills the queue) is refused with CI_ERR_TIMEOUT
+ * about when the deadline passes, counted and told. Run on a thread of its
+ * own, so that a put that waits for good fails the test, not hangs it. */
+struct one_put {
+    struct ci_publisher *p;
+    ci_status s;
+    int64_t done_at_ms;
+    atomic_bool done;
+};
+
+static void *put_third(void *arg)
+{
+    struct one_put *op = arg;
+    op->s = put(op->p, 0, 3, "three");
+    op->done_at_ms = ci_mono_ms();
+    atomic_store(&op->done, true);
+    return NULL;
+}
+
+static void test_put_waits_until_deadline(void)
+{
+    fake_reset(true, 0); /* NATS blocks until the test opens the gate */
+    struct ci_publisher *p = make(1, 1 << 20);
+    REQUIRE(p);
+    CHECK(put(p, 0, 1, "one") == CI_OK); /* taken by the thread, which blocks */
+    CHECK(wait_entered(1));
+    CHECK(put(p, 0, 2, "two") == CI_OK); /* the queue is full */
+    int64_t t0 = ci_mono_ms();
+    ci_publisher_end(p, t0 + 200);
+    struct one_put op = {.p = p};
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, put_third, &op) == 0);
+    int64_t until = ci_mono_ms() + 3000;
+    while (!atomic_load(&op.done) && ci_mono_ms() < until)
+        usleep(5000);
+    CHECK(atomic_load(&op.done)); /* not: it waited past the deadline */
+    gate_open(); /* a put still waiting finds room now */
+    pthread_join(t, NULL);
+    CHECK(op.s == CI_ERR_TIMEOUT);
+    CHECK(op.done_at_ms - t0 >= 200 && op.done_at_ms - t0 < 1000);
+    struct ci_publisher_stats st;
+    ci_publisher_stats(p, &st);
+    CHECK(st.refused == 1);
+    pthread_mutex_lock(&F.lock);
+    CHECK(F.n_dropped == 1 && F.dropped_seq[0] == 3 && F.dropped_why[0] == CI_ERR_TIMEOUT);
+    pthread_mutex_unlock(&F.lock);
+    ci_publisher_free(p);
+}
+
 /* A NATS that stays stuck: drain() waits until the deadline, drops what is
  * queued, and returns when the publish under way gives up (nats.c's call
  * returns); nothing put before drain() goes out after it. */
@@ -429,5 +481,5 @@ static void test_null(void)
 }
 
 TEST_MAIN(T(test_order), T(test_full_leaves_gap), T(test_end_waits_for_room),
-          T(test_drain_bounded), T(test_free_drops), T(test_bytes_bound),
+          T(test_put_waits_until_deadline), T(test_drain_bounded), T(test_free_drops), T(test_bytes_bound),
           T(test_sized_for_the_cap), T(test_null))
