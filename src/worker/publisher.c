@@ -240,20 +240,43 @@ void ci_publisher_end(struct ci_publisher *p, int64_t deadline_ms)
     pthread_mutex_unlock(&p->lock);
 }
 
-ci_status ci_publisher_drain(struct ci_publisher *p)
+/* Under the lock: waits until the thread is not publishing. */
+static void wait_idle(struct ci_publisher *p)
 {
-    pthread_mutex_lock(&p->lock);
-    while (p->head && p->deadline_ms && ci_mono_ms() < p->deadline_ms)
-        wait_until(p, &p->less, p->deadline_ms);
-    struct chunk *left = p->head ? take_all(p) : NULL;
     /* The chunk under way: a NATS call, whatever it waits for. */
     while (p->busy)
         pthread_cond_wait(&p->less, &p->lock);
+}
+
+#define STOPPED "the live output was stopped before the chunk could be published"
+
+ci_status ci_publisher_drain(struct ci_publisher *p)
+{
+    pthread_mutex_lock(&p->lock);
+    bool ended = p->deadline_ms != 0;
+    while (ended && p->head && ci_mono_ms() < p->deadline_ms)
+        wait_until(p, &p->less, p->deadline_ms);
+    struct chunk *left = p->head ? take_all(p) : NULL;
+    wait_idle(p);
     pthread_mutex_unlock(&p->lock);
     if (!left)
         return CI_OK;
-    drop_all(p, left, CI_ERR_TIMEOUT, "the chunk was still waiting for NATS when the run's end could wait no more");
+    if (!ended) {
+        drop_all(p, left, CI_ERR_CANCELLED, STOPPED);
+        return CI_ERR_CANCELLED;
+    }
+    drop_all(p, left, CI_ERR_TIMEOUT,
+             "the chunk was still waiting for NATS when the run's end could wait no more");
     return CI_ERR_TIMEOUT;
+}
+
+void ci_publisher_stop(struct ci_publisher *p, const char *why)
+{
+    pthread_mutex_lock(&p->lock);
+    struct chunk *left = p->head ? take_all(p) : NULL;
+    wait_idle(p);
+    pthread_mutex_unlock(&p->lock);
+    drop_all(p, left, CI_ERR_CANCELLED, why ? why : STOPPED);
 }
 
 void ci_publisher_stats(const struct ci_publisher *p, struct ci_publisher_stats *ret)

@@ -45,8 +45,8 @@ struct ci_publisher_ops {
     /* Optional: a chunk did not go out, and why: CI_ERR_LIMIT the queue
      * was full, CI_ERR_NOMEM no memory for its copy, CI_ERR_TIMEOUT it was
      * still queued (or waiting for room) at the end's deadline,
-     * CI_ERR_CANCELLED still queued when the publisher was freed, else
-     * what publish returned. Called on the thread that found out, never
+     * CI_ERR_CANCELLED still queued when the publisher was stopped or
+     * freed, else what publish returned. Called on the thread that found out, never
      * under the publisher's lock. */
     void (*dropped)(void *ctx, const char *stream, uint64_t seq, ci_status s, const char *why);
 };
@@ -73,7 +73,7 @@ struct ci_publisher_stats {
     uint64_t refused;   /* dropped by put(): the queue was full (till the end's
                            deadline, after end()), or no memory for the copy */
     uint64_t failed;    /* publish() failed */
-    uint64_t left;      /* still queued at the end's deadline, or at free() */
+    uint64_t left;      /* still queued at the end's deadline, at stop() or at free() */
 };
 
 /* Starts the thread. */
@@ -96,11 +96,18 @@ ci_status ci_publisher_put(struct ci_publisher *p, const char *stream, uint64_t 
  * deadline. */
 void ci_publisher_end(struct ci_publisher *p, int64_t deadline_ms);
 /* Waits until every chunk queued was published, or the deadline end() set
- * passed (without end(): does not wait); drops what is still queued then,
- * and returns once no publish is under way: nothing put before drain() is
- * published after it. CI_OK: all went out (or failed in publish());
- * CI_ERR_TIMEOUT: some were dropped. The publisher stays usable. */
+ * passed; drops what is still queued then, and returns once no publish is
+ * under way: nothing put before drain() is published after it. CI_OK: all
+ * went out (or failed in publish()); CI_ERR_TIMEOUT: some were dropped.
+ * Without end() it does not wait: stop(p, NULL), and CI_ERR_CANCELLED when
+ * it dropped some. The publisher stays usable. */
 ci_status ci_publisher_drain(struct ci_publisher *p);
+/* Drops what is queued at once (told CI_ERR_CANCELLED, with why, or a
+ * reason of its own when NULL), and returns once no publish is under way:
+ * nothing put before stop() is published after it. For an attempt whose
+ * result will not be stored: its last chunks are worth nothing, and must
+ * not follow what it publishes next. The publisher stays usable. */
+void ci_publisher_stop(struct ci_publisher *p, const char *why);
 
 void ci_publisher_stats(const struct ci_publisher *p, struct ci_publisher_stats *ret);
 

@@ -75,15 +75,17 @@ struct task {
     char batch[65];
 };
 
-/* The live output's counts go to the metrics when the task is done. Its
- * publisher stops here at the latest: what it still holds is dropped. */
-static void live_release(struct task *t)
+/* The live output's counts go to the metrics when the attempt is done
+ * with it. Its publisher stops here: what it still holds is dropped, and
+ * told why (the first one lost is logged), and the publish under way ends
+ * first. An attempt that stored its result has drained it already. */
+static void live_release(struct task *t, const char *why)
 {
     if (!t->pub)
         return;
     ci_liveout_free(t->live);
     t->live = NULL;
-    (void)ci_publisher_drain(t->pub); /* what is still queued is dropped (and told) */
+    ci_publisher_stop(t->pub, why);
     struct ci_publisher_stats st;
     ci_publisher_stats(t->pub, &st);
     ci_metrics_output_chunks(t->env->metrics, st.published, st.refused + st.failed + st.left);
@@ -93,7 +95,7 @@ static void live_release(struct task *t)
 
 static void task_release(struct task *t)
 {
-    live_release(t);
+    live_release(t, "the attempt ended without storing its result: its last chunks are dropped");
     free(t->state);
     ci_message_free(t->req ? &t->req->base : NULL);
     for (size_t i = 0; i < t->n_files; i++) {
@@ -851,6 +853,9 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
          * event failed): the redelivery must find it and not run again. */
         if (t->running_stored && !t->final_started)
             note_retry(t, r, what, e);
+        /* No chunk of this attempt after the message is given back. */
+        live_release(t, "the attempt gave up and the task will be tried again: its last chunks "
+                        "are dropped");
         slot_detach(t->slot);
         ci_delivery_nak(t->d, 2000);
         return CI_TASK_END_RETRY;

@@ -8,6 +8,7 @@
  * goes out after it; free() drops what is queued; NULL. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,7 @@ static struct fake {
     /* what ops->dropped was told */
     uint64_t dropped_seq[MAX_CHUNKS];
     ci_status dropped_why[MAX_CHUNKS];
+    char last_why[256];
     size_t n_dropped;
 } F = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
@@ -125,6 +127,7 @@ static void fake_dropped(void *ctx, const char *stream, uint64_t seq, ci_status 
         F.dropped_seq[F.n_dropped] = seq;
         F.dropped_why[F.n_dropped] = s;
         F.n_dropped++;
+        snprintf(F.last_why, sizeof(F.last_why), "%s", why);
     }
     pthread_mutex_unlock(&F.lock);
 }
@@ -469,17 +472,59 @@ static void test_null(void)
     struct ci_error e = {{0}};
     CHECK(ci_publisher_new(&o, &p, &e) == CI_ERR_INVALID);
     CHECK(p == (struct ci_publisher *)&o); /* untouched on failure */
-    /* Without end(), drain() does not wait: what is queued is dropped. */
+    /* Without end(), drain() does not wait: it stops the publisher, what
+     * is queued is dropped as stopped, not as past the end's deadline. */
     fake_reset(true, 200);
     p = make(0, 0);
     REQUIRE(p);
     CHECK(put(p, 0, 1, "a") == CI_OK);
     CHECK(wait_entered(1));
     CHECK(put(p, 0, 2, "b") == CI_OK);
-    CHECK(ci_publisher_drain(p) == CI_ERR_TIMEOUT);
+    CHECK(ci_publisher_drain(p) == CI_ERR_CANCELLED);
+    pthread_mutex_lock(&F.lock);
+    CHECK(F.n_dropped == 2 && F.dropped_seq[1] == 2 && F.dropped_why[1] == CI_ERR_CANCELLED);
+    CHECK(strstr(F.last_why, "stopped") != NULL);
+    pthread_mutex_unlock(&F.lock);
+    ci_publisher_free(p);
+}
+
+/* stop(): what is queued is dropped at once, told CI_ERR_CANCELLED with the
+ * caller's reason, and it returns only once the publish under way ended:
+ * nothing put before it goes out after it. It stays usable. */
+static void test_stop(void)
+{
+    fake_reset(true, 300); /* a blocked publish fails after 300 ms */
+    struct ci_publisher *p = make(0, 0);
+    REQUIRE(p);
+    CHECK(put(p, 0, 1, "one") == CI_OK);
+    CHECK(wait_entered(1));
+    CHECK(put(p, 0, 2, "two") == CI_OK);
+    CHECK(put(p, 1, 1, "err") == CI_OK);
+    int64_t t0 = ci_mono_ms();
+    ci_publisher_stop(p, "another attempt ended the task");
+    CHECK(ci_mono_ms() - t0 >= 250); /* it waited for the publish under way */
+    gate_open();
+    usleep(50 * 1000);
+    CHECK(published() == 0);
+    struct ci_publisher_stats st;
+    ci_publisher_stats(p, &st);
+    CHECK(st.published == 0 && st.failed == 1 && st.left == 2);
+    pthread_mutex_lock(&F.lock);
+    CHECK(F.entered == 1);
+    CHECK(F.n_dropped == 3);
+    CHECK(F.dropped_why[0] == CI_ERR_NATS); /* the one under way */
+    CHECK(F.dropped_why[1] == CI_ERR_CANCELLED && F.dropped_why[2] == CI_ERR_CANCELLED);
+    CHECK(strcmp(F.last_why, "another attempt ended the task") == 0);
+    pthread_mutex_unlock(&F.lock);
+    ci_publisher_stop(p, NULL); /* nothing queued: nothing told */
+    CHECK(F.n_dropped == 3);
+    CHECK(put(p, 0, 3, "three") == CI_OK);
+    ci_publisher_end(p, ci_mono_ms() + 10000);
+    CHECK(ci_publisher_drain(p) == CI_OK);
+    CHECK(published() == 1 && F.c[0].seq == 3);
     ci_publisher_free(p);
 }
 
 TEST_MAIN(T(test_order), T(test_full_leaves_gap), T(test_end_waits_for_room),
           T(test_put_waits_until_deadline), T(test_drain_bounded), T(test_free_drops), T(test_bytes_bound),
-          T(test_sized_for_the_cap), T(test_null))
+          T(test_stop), T(test_sized_for_the_cap), T(test_null))
