@@ -1725,6 +1725,16 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         fence = still_ours(t);
     if (s == CI_ERR_CONFLICT && fence == FENCE_WRITE_AGAIN)
         fence = FENCE_SUPERSEDED; /* it was not ours a moment ago */
+    /* This attempt's result will not be stored: its chunks still queued
+     * are worth nothing, and must not follow the terminal event that
+     * ended_meanwhile may publish (or repair). The publish under way ends
+     * first. */
+    if (fence == FENCE_ENDED)
+        live_release(t, "the task ended meanwhile (another attempt stored its result): this "
+                        "attempt's last chunks are dropped");
+    else if (fence == FENCE_SUPERSEDED)
+        live_release(t, "a later attempt took the task over: this attempt's last chunks are "
+                        "dropped");
     if (fence == FENCE_ENDED) {
         end = ended_meanwhile(t, r);
     } else if (fence == FENCE_SUPERSEDED) {
