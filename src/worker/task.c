@@ -319,7 +319,8 @@ static ci_status store_result(struct task *t, struct result *r, struct ci_error 
      * the record, so that a worker that dies after storing it has left
      * none behind; a redelivery then only repairs the event. A NATS that
      * does not take them holds the result CI_PUBLISHER_DRAIN_MS at most
-     * (and the publish under way): what is still queued then is lost. */
+     * (and the publish under way): what is still queued then is lost. The
+     * run's own last chunks waited as long for room (live_run_ended). */
     if (t->live && ci_task_status_terminal(r->msg.status)) {
         ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
         ci_liveout_finish(t->live, r->msg.stdout, r->msg.stderr);
@@ -1571,7 +1572,16 @@ static ci_status live_put(void *ctx, const char *stream, uint64_t seq, const uin
     return ci_publisher_put(t->pub, stream, seq, data, len, err);
 }
 
-static const struct ci_liveout_ops live_ops = {.publish = live_put};
+/* The run ended: its last chunks (what was pending) may wait for room in
+ * the queue now, as the result's tail will (store_result), rather than be
+ * dropped by a queue full for a moment. */
+static void live_run_ended(void *ctx)
+{
+    struct task *t = ctx;
+    ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
+}
+
+static const struct ci_liveout_ops live_ops = {.publish = live_put, .run_ended = live_run_ended};
 
 /* Makes the attempt's live output and starts its publisher, when the
  * config wants one and its stream is there. Without memory or a thread

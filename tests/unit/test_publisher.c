@@ -233,6 +233,51 @@ static void test_full_leaves_gap(void)
     gap_pub = NULL;
 }
 
+/* The run's end (ci_liveout_flush) tells run_ended before it publishes
+ * what is pending: the worker's sets the publisher's end deadline there, so
+ * that the run's last chunks wait for room as the result's tail does,
+ * rather than find the queue full for a moment and be dropped. */
+static void *open_gate_later(void *arg)
+{
+    (void)arg;
+    usleep(200 * 1000);
+    gate_open();
+    return NULL;
+}
+
+static void publisher_end_soon(void *ctx)
+{
+    (void)ctx;
+    ci_publisher_end(gap_pub, ci_mono_ms() + 10000);
+}
+
+static void test_run_end_waits_for_room(void)
+{
+    fake_reset(true, 0);
+    gap_pub = make(1, 1 << 20);
+    REQUIRE(gap_pub);
+    const struct ci_liveout_ops ops = {.publish = to_publisher, .run_ended = publisher_end_soon};
+    struct ci_liveout_opts lo_o = {.ops = &ops, .cap = 1 << 20, .flush_bytes = 4,
+                                   .max_chunk = 4, .delay_ms = 50};
+    struct ci_liveout *lo = NULL;
+    REQUIRE(ci_liveout_new(&lo_o, &lo, NULL) == CI_OK);
+    ci_liveout_write(lo, CI_OUTPUT_STDOUT, (const uint8_t *)"aaaa", 4, 0); /* 1: being published */
+    CHECK(wait_entered(1));
+    ci_liveout_write(lo, CI_OUTPUT_STDOUT, (const uint8_t *)"bbbb", 4, 0); /* 2: the queue is full */
+    ci_liveout_write(lo, CI_OUTPUT_STDOUT, (const uint8_t *)"cc", 2, 0);   /* pending */
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, open_gate_later, NULL) == 0);
+    ci_liveout_flush(lo); /* 3 waits for room, NATS moves */
+    pthread_join(t, NULL);
+    CHECK(ci_publisher_drain(gap_pub) == CI_OK);
+    REQUIRE(published() == 3);
+    CHECK(F.c[2].seq == 3 && F.c[2].len == 2 && memcmp(F.c[2].data, "cc", 2) == 0);
+    CHECK(F.n_dropped == 0);
+    ci_liveout_free(lo);
+    ci_publisher_free(gap_pub);
+    gap_pub = NULL;
+}
+
 /* After end(), a put waits for room (the tail finish() publishes is not
  * dropped because the live chunks before it are still going out). */
 struct producer {
@@ -526,5 +571,6 @@ static void test_stop(void)
 }
 
 TEST_MAIN(T(test_order), T(test_full_leaves_gap), T(test_end_waits_for_room),
-          T(test_put_waits_until_deadline), T(test_drain_bounded), T(test_free_drops), T(test_bytes_bound),
-          T(test_stop), T(test_sized_for_the_cap), T(test_null))
+          T(test_run_end_waits_for_room), T(test_put_waits_until_deadline), T(test_drain_bounded),
+          T(test_free_drops), T(test_bytes_bound), T(test_stop), T(test_sized_for_the_cap),
+          T(test_null))
