@@ -35,7 +35,8 @@ struct ci_liveout_ops {
     /* Publishes one chunk of stream ("stdout" or "stderr") numbered seq
      * (from 1 per stream). Not CI_OK: the chunk is lost, err says why.
      * Called on the thread that waits for the run: it must not wait for
-     * NATS (the worker's hands the chunk to a publisher, publisher.h). */
+     * NATS while the run goes on (the worker's hands the chunk to a
+     * publisher, publisher.h; after run_ended it may wait a little). */
     ci_status (*publish)(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
                          size_t len, struct ci_error *err);
     /* Optional: the run ended (ci_liveout_flush), and its last chunks are
