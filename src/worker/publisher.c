@@ -111,9 +111,11 @@ ci_status ci_publisher_new(const struct ci_publisher_opts *o, struct ci_publishe
     pthread_cond_init(&p->more, &ca);
     pthread_cond_init(&p->less, &ca);
     pthread_condattr_destroy(&ca);
-    if (pthread_create(&p->thread, NULL, publisher_main, p) != 0) {
+    int rc = pthread_create(&p->thread, NULL, publisher_main, p);
+    if (rc != 0) {
         ci_publisher_free(p);
-        return ci_error_set(err, CI_ERR_SYS, "cannot start the live output's publisher thread");
+        return ci_error_errno(err, CI_ERR_SYS, rc,
+                              "cannot start the live output's publisher thread");
     }
     p->started = true;
     *ret = p;

@@ -1583,12 +1583,25 @@ static void live_run_ended(void *ctx)
 
 static const struct ci_liveout_ops live_ops = {.publish = live_put, .run_ended = live_run_ended};
 
+/* The attempt runs without live output: said once, as a lost chunk is. */
+static void live_off(struct task *t, const struct ci_error *e)
+{
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("attempt", t->attempt),
+        CI_LOG_S("error", e->msg),
+    };
+    ci_log_fields(CI_LOG_WARN, "task.output_off", f, sizeof(f) / sizeof(f[0]));
+}
+
 /* Makes the attempt's live output and starts its publisher, when the
  * config wants one and its stream is there. Without memory or a thread
- * for it the task runs without: the result has the output. */
+ * for it the task runs without (task.output_off): the result has the
+ * output. */
 static bool live_start(struct task *t)
 {
     const struct ci_config *cfg = t->env->cfg;
+    struct ci_error e = {{0}};
     if (!ci_broker_live_output(t->env->broker, NULL, 0))
         return false;
     t->attempt = ci_delivery_attempt(t->d);
@@ -1598,12 +1611,15 @@ static bool live_start(struct task *t)
      * faster than it the code writes (the queue drops only what a NATS
      * that stopped taking them leaves behind). */
     ci_publisher_size(&po, 2 * (uint64_t)cfg->limits.max_output_bytes, CI_LIVEOUT_FLUSH_BYTES);
-    if (ci_publisher_new(&po, &t->pub, NULL) != CI_OK)
+    if (ci_publisher_new(&po, &t->pub, &e) != CI_OK) {
+        live_off(t, &e);
         return false;
+    }
     struct ci_liveout_opts o = {.ops = &live_ops, .ctx = t, .cap = cfg->limits.max_output_bytes};
-    if (ci_liveout_new(&o, &t->live, NULL) != CI_OK) {
+    if (ci_liveout_new(&o, &t->live, &e) != CI_OK) {
         ci_publisher_free(t->pub);
         t->pub = NULL;
+        live_off(t, &e);
         return false;
     }
     return true;
