@@ -189,6 +189,15 @@ static ci_status open_connection(struct ci_broker *b, struct ci_error *err)
         s = natsOptions_SetMaxReconnect(o, cfg->nats.max_reconnects);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectWait(o, cfg->nats.reconnect_wait_ms);
+    /* Every write to the server within the deadline, or the publish fails
+     * (NATS_TIMEOUT) and nats.c shuts the socket down and reconnects:
+     * without it a server that stopped reading, or a connection gone
+     * silently, blocks a publish - and every other call on the connection,
+     * which waits for its lock - until TCP gives up. nats.c arms it once
+     * per call, for all of that call's bytes: a whole result must go
+     * within it. */
+    if (s == NATS_OK)
+        s = natsOptions_SetWriteDeadline(o, cfg->nats.write_deadline_ms);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectedCB(o, on_reconnected, b);
     if (s == NATS_OK)

@@ -245,7 +245,8 @@ void ci_publisher_end(struct ci_publisher *p, int64_t deadline_ms)
 /* Under the lock: waits until the thread is not publishing. */
 static void wait_idle(struct ci_publisher *p)
 {
-    /* The chunk under way: a NATS call, whatever it waits for. */
+    /* The chunk under way: a NATS call, which the connection's write
+     * deadline bounds (nats.write_deadline_ms). */
     while (p->busy)
         pthread_cond_wait(&p->less, &p->lock);
 }

@@ -14,7 +14,8 @@
  * publishes), and drain() waits for the queue to empty; what is still
  * queued at the deadline is dropped. A stuck NATS therefore holds the end
  * of a task for at most the deadline, plus the one publish under way then
- * (a NATS call, which the result's own write would wait behind anyway).
+ * (a NATS call, which the result's own write would wait behind anyway, and
+ * which the connection's write deadline bounds: nats.write_deadline_ms).
  *
  * One publisher per attempt: it lives and dies with its task, which it
  * refers to through ops; a chatty task's full queue drops no other task's

@@ -8,8 +8,10 @@
 // 3 MiB of output publishes the cap and no more; a timed-out task's kept
 // output is published; a redelivered attempt publishes its own chunks from
 // Ci-Seq 1 with Ci-Attempt 2; cold and warm sandboxes and a session step
-// stream; with jetstream.live_output false nothing is published; a task that
-// prints while the server is frozen (SIGSTOP) is still killed at its limit.
+// stream; with jetstream.live_output false nothing is published; 16 MiB
+// written at once (cap 16 MiB) arrive whole; a task that prints while the
+// server is frozen (SIGSTOP) is still killed at its limit, and the publish
+// that blocks gives up at the connection's write deadline.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer, connect as tcpConnect } from "node:net";
@@ -422,13 +424,19 @@ describe("live output, NATS down mid-task", () => {
 // it: the time limit is enforced on time (issue 15: a 3 s limit took ~24 s).
 // The output cap is 16 MiB here: 32 MiB of chunks are more than the kernel's
 // socket buffers take (4 MiB and a few), so that the old code blocked for sure.
+// And the publish that blocks is bounded: the connection's write deadline
+// (1 s here) makes it fail, and the worker reconnects once the server is
+// back, where it once waited for the server as long as it was frozen.
 describe("live output, the NATS server frozen mid-task", () => {
   let stack;
   let frozen = false;
   const markers = [];
   const LIMIT_MS = 4000;
   before(async () => {
-    stack = await startStack({ workers: 1, worker: { limits: { max_output_bytes: 16 << 20 } } });
+    stack = await startStack({
+      workers: 1,
+      worker: { limits: { max_output_bytes: 16 << 20 }, nats: { write_deadline_ms: 1000, reconnect_wait_ms: 100 } },
+    });
   });
   after(async () => {
     if (frozen) stack?.server.signal("SIGCONT");
@@ -451,7 +459,7 @@ describe("live output, the NATS server frozen mid-task", () => {
     assert.equal(r.end.chunksBefore, r.w.chunks.length, "every chunk arrived before the terminal event");
   });
 
-  test("a task printing 32 MiB into a frozen server is still killed at its time limit; its chunks stay in Ci-Seq order", async () => {
+  test("a task printing 32 MiB into a frozen server is still killed at its time limit, the blocked publish gives up (the worker reconnects); its chunks stay in Ci-Seq order", async () => {
     const c = stack.client;
     const [w] = stack.workers;
     const base = `ci-itest-livefrozen-${process.pid}-${Date.now()}`;
@@ -474,6 +482,7 @@ describe("live output, the NATS server frozen mid-task", () => {
       await watch_.until((cs) => cs.some((x) => x.data.toString() === "start\n"), "the first chunk");
       await waitProcessWith(go);
       await waitProcessWith(alive);
+      const frozenAt = Date.now();
       assert.ok(stack.server.signal("SIGSTOP"), "the server was frozen");
       frozen = true;
       releaseMarker(go); // 32 MiB of output now, none of which can reach NATS
@@ -483,12 +492,17 @@ describe("live output, the NATS server frozen mid-task", () => {
       while (processesWith(alive).length && Date.now() - t0 < 20000) await sleep(50);
       const killedWhileFrozen = processesWith(alive).length === 0;
       const frozenMs = Date.now() - t0;
+      // The publish that blocked gave up within the write deadline, and the
+      // worker dropped the connection, while the server was still frozen.
+      let gaveUp = true;
+      await w.waitLog((l) => l.event === "worker.nats_disconnected" && l.ts >= frozenAt, 5000).catch(() => (gaveUp = false));
       assert.ok(stack.server.signal("SIGCONT"));
       frozen = false;
       const { result } = await c.waitResult(taskId, 60000);
       const end = await watch_.terminal();
       assert.equal(result.status, "TASK_STATUS_TIMED_OUT", show(result));
       assert.ok(killedWhileFrozen, `the run was still alive ${frozenMs} ms after the server froze (limit ${LIMIT_MS} ms; result duration ${result.usage.durationMs} ms)`);
+      assert.ok(gaveUp, "the worker was still connected to the frozen server: a publish blocked with no deadline");
       assert.ok(result.usage.durationMs >= LIMIT_MS - 100 && result.usage.durationMs < LIMIT_MS + 6000, `duration ${result.usage.durationMs} ms is about the ${LIMIT_MS} ms limit`);
       assert.ok(result.stdout.startsWith("start\n"), show(result));
       // Chunks may have been dropped (a gap), never reordered, and none came
