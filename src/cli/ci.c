@@ -668,7 +668,7 @@ static int cmd_get(struct ci_broker *b, const struct ci_config *cfg, const struc
     ci_status s = get_result(b, id, &r, &e);
     if (s) {
         say(stderr, "ci: %s\n", e.msg);
-        return s == CI_ERR_NOT_FOUND ? 1 : EXIT_INFRA;
+        return s == CI_ERR_NOT_FOUND ? EXIT_USAGE : EXIT_INFRA;
     }
     if (o->json)
         print_json(&r->base);
@@ -775,7 +775,8 @@ static int session_ls(struct ci_broker *b, const struct ci_config *cfg, const st
     return 0;
 }
 
-/* The record of id: 0 and *ret filled, 1 when there is none, else EXIT_INFRA. */
+/* The record of id: 0 and *ret filled, EXIT_USAGE when there is none, else
+ * EXIT_INFRA. */
 static int session_read(struct ci_broker *b, const char *id, struct ci_session_record *ret,
                         uint8_t **ret_raw, size_t *ret_len)
 {
@@ -783,7 +784,7 @@ static int session_read(struct ci_broker *b, const char *id, struct ci_session_r
     ci_status s = ci_broker_session_get(b, id, ret_raw, ret_len, NULL, &e);
     if (s == CI_ERR_NOT_FOUND) {
         say(stderr, "ci: no session '%s' (never used, or its record expired)\n", id);
-        return 1;
+        return EXIT_USAGE;
     }
     if (s) {
         say(stderr, "ci: %s\n", e.msg);
@@ -849,7 +850,7 @@ static int session_close(struct ci_broker *b, const struct ci_config *cfg, const
         ci_status s = ci_broker_session_get(b, o->session_id, &raw, &len, &rev, &e);
         if (s == CI_ERR_NOT_FOUND) {
             say(stderr, "ci: no session '%s' (never used, or its record expired)\n", o->session_id);
-            return 1;
+            return EXIT_USAGE;
         }
         if (s) {
             say(stderr, "ci: %s\n", e.msg);
@@ -948,6 +949,8 @@ static int cmd_tools(struct ci_broker *b, const struct ci_config *cfg, const str
 #define WAIT_GROUPS_MAX 100
 #define WAIT_FAILURES_READ 10000
 
+/* The terminal's width, asked each time (it may be resized): the
+ * terminal's own (TIOCGWINSZ), else $COLUMNS, else 80. */
 static int terminal_columns(void)
 {
     struct winsize ws;
@@ -959,8 +962,9 @@ static int terminal_columns(void)
 }
 
 /* One line of progress on stderr: on a terminal, text (short) after a
- * bar, redrawn in place ("\r", then erase to the end of the line); a
- * plain line of long_text otherwise. */
+ * bar, fitted to the terminal's width (a line that wraps cannot be redrawn
+ * in place) and redrawn in place ("\r", then erase to the end of the
+ * line); a plain line of long_text otherwise. */
 static void progress_line(bool tty, const uint64_t *segments, size_t n_segments, uint64_t total,
                           const char *text, const char *long_text)
 {
@@ -968,12 +972,11 @@ static void progress_line(bool tty, const uint64_t *segments, size_t n_segments,
         say(stderr, "ci: %s\n", long_text);
         return;
     }
-    char bar[64] = "";
-    int width = ci_progress_width(terminal_columns(), strlen(text));
-    if (width)
-        ci_progress_bar(bar, sizeof(bar), width, segments, "#x>", n_segments, total);
+    char line[512];
+    ci_progress_line(line, sizeof(line), terminal_columns(), segments, "#x>", n_segments, total,
+                     text);
     /* The controls are ours: written as they are, not through say(). */
-    fprintf(stderr, "\r%s%s%s\x1b[K", bar, width ? " " : "", text);
+    fprintf(stderr, "\r%s\x1b[K", line);
     fflush(stderr);
 }
 
@@ -983,7 +986,7 @@ struct submit_progress {
     bool drawn;
 };
 
-static void on_submit_progress(void *closure, uint64_t done, uint64_t total)
+static void on_submit_progress(void *closure, const char *stage, uint64_t done, uint64_t total)
 {
     struct submit_progress *p = closure;
     int64_t now = ci_mono_ms();
@@ -996,7 +999,7 @@ static void on_submit_progress(void *closure, uint64_t done, uint64_t total)
     p->last_ms = now;
     p->drawn = true;
     char text[96];
-    snprintf(text, sizeof(text), "%" PRIu64 "/%" PRIu64 " tasks submitted", done, total);
+    snprintf(text, sizeof(text), "%" PRIu64 "/%" PRIu64 " tasks %s", done, total, stage);
     progress_line(p->tty, &done, 1, total, text, text);
 }
 
@@ -1067,21 +1070,34 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
     return 0;
 }
 
-/* The counts of the batch: 0, 1 when the streams know nothing of it (said
- * on stderr), EXIT_INFRA. */
+/* A failure of NATS that may pass: a request nobody answered in time, a
+ * connection being made again. */
+static bool nats_transient(ci_status s) { return s == CI_ERR_TIMEOUT || s == CI_ERR_NATS; }
+
+/* The counts of the batch: 0, EXIT_USAGE when the streams know nothing of
+ * it, EXIT_INFRA; said on stderr, except a failure that may pass when
+ * ret_transient is not NULL: then it gets the error, and *ret_transient
+ * is left empty for any other outcome. */
 static int batch_counts(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
-                        struct ci_batch_state *ret)
+                        struct ci_batch_state *ret, struct ci_error *ret_transient)
 {
     struct ci_error e = {{0}};
     struct ci_batch_raw raw;
-    if (ci_batch_read_raw(b, cfg, batch, &raw, &e)) {
+    if (ret_transient)
+        ret_transient->msg[0] = '\0';
+    ci_status s = ci_batch_read_raw(b, cfg, batch, &raw, &e);
+    if (s && ret_transient && nats_transient(s)) {
+        snprintf(ret_transient->msg, sizeof(ret_transient->msg), "%s", e.msg[0] ? e.msg : "?");
+        return EXIT_INFRA;
+    }
+    if (s) {
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
     if (!ci_batch_raw_known(&raw)) {
         say(stderr, "ci: no batch '%s': no task or event of it is stored (never submitted, a "
             "typo, or older than its streams keep messages)\n", batch);
-        return 1;
+        return EXIT_USAGE;
     }
     ci_batch_state_compute(&raw, ret);
     return 0;
@@ -1091,7 +1107,7 @@ static int batch_status(struct ci_broker *b, const struct ci_config *cfg, const 
 {
     const char *batch = o->batch_cmd.batch;
     struct ci_batch_state c;
-    int rc = batch_counts(b, cfg, batch, &c);
+    int rc = batch_counts(b, cfg, batch, &c, NULL);
     if (rc)
         return rc;
     if (o->batch_cmd.json) {
@@ -1108,7 +1124,7 @@ static int batch_status(struct ci_broker *b, const struct ci_config *cfg, const 
     if (c.sealed)
         say(stdout, "tasks:      %" PRIu64 " (sealed)\n", c.total);
     else
-        say(stdout, "tasks:      at least %" PRIu64 " (not sealed: its submission has not "
+        say(stdout, "tasks:      %" PRIu64 " so far (not sealed: its submission has not "
             "finished)\n", c.total);
     say(stdout, "queued:     %" PRIu64 "\nrunning:    %" PRIu64 "\nsucceeded:  %" PRIu64
         "\nfailed:     %" PRIu64 "\ntimed out:  %" PRIu64 "\ncancelled:  %" PRIu64 "\n",
@@ -1159,7 +1175,7 @@ static int print_failures(struct ci_broker *b, const struct ci_config *cfg, cons
     for (size_t i = 0; !s && i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         size_t bad = 0;
         s = ci_batch_read_ends(b, cfg, batch, 1u << kinds[i], WAIT_FAILURES_READ, on_failure, &f,
-                               &bad, &e);
+                               &bad, NULL, &e);
         unreadable += bad;
     }
     if (s) {
@@ -1201,25 +1217,53 @@ static void sleep_ms(int64_t ms)
     nanosleep(&ts, NULL);
 }
 
+/* How long `ci batch wait` goes on asking while NATS does not answer
+ * (each request itself waits up to 5 s) before it gives up with exit 3. */
+#define WAIT_NATS_RETRY_MS 30000
+
 static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
 {
     const char *batch = o->batch_cmd.batch;
     /* A batch may take hours: by default wait as long as its streams keep
      * it (batches.max_age_s, 24 h). */
     int64_t wait_ms = o->wait_set ? o->wait_ms : 86400000;
-    int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0;
-    bool tty = isatty(STDERR_FILENO), drawn = false;
+    int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0, last_ok = start;
+    bool tty = isatty(STDERR_FILENO), drawn = false, failing = false;
     char text[256], said[256] = "", brief[160];
     struct ci_batch_state c;
     for (;;) {
-        int rc = batch_counts(b, cfg, batch, &c);
+        struct ci_error hiccup;
+        int rc = batch_counts(b, cfg, batch, &c, &hiccup);
+        int64_t now = ci_mono_ms();
+        /* A request that timed out once, or a reconnect, is no reason to
+         * stop following a batch that runs for hours: asked again, within
+         * a bound. */
+        if (rc && hiccup.msg[0] && now - last_ok < WAIT_NATS_RETRY_MS && now < deadline) {
+            if (!failing) {
+                if (drawn && tty)
+                    fputc('\n', stderr);
+                say(stderr, "ci: batch %s: %s; asking again for up to %d s\n", batch, hiccup.msg,
+                    WAIT_NATS_RETRY_MS / 1000);
+                failing = true;
+                drawn = false;
+            }
+            int64_t left = deadline - now;
+            sleep_ms(left < 500 ? left : 500);
+            continue;
+        }
         if (rc) {
             if (drawn && tty)
                 fputc('\n', stderr);
+            if (hiccup.msg[0])
+                say(stderr, "ci: batch %s: %s (no answer for %" PRId64 " s: giving up)\n", batch,
+                    hiccup.msg, (now - last_ok) / 1000);
             return rc;
         }
+        if (failing)
+            say(stderr, "ci: batch %s: NATS answers again\n", batch);
+        failing = false;
+        last_ok = now;
         bool done = ci_batch_state_done(&c);
-        int64_t now = ci_mono_ms();
         wait_text(text, sizeof(text), &c);
         /* A terminal shows every poll; a log a line when the counts moved,
          * at most every 5 s, and the last. */
@@ -1288,19 +1332,32 @@ static int batch_results(struct ci_broker *b, const struct ci_config *cfg, const
 {
     const char *batch = o->batch_cmd.batch;
     struct ci_batch_state c;
-    int rc = batch_counts(b, cfg, batch, &c);
+    int rc = batch_counts(b, cfg, batch, &c, NULL);
     if (rc)
         return rc;
     struct results_out r = {.b = b, .batch = batch, .jsonl = o->batch_cmd.jsonl};
     unsigned ends = 1u << CI_BATCH_EV_SUCCEEDED | 1u << CI_BATCH_EV_FAILED |
                     1u << CI_BATCH_EV_TIMED_OUT | 1u << CI_BATCH_EV_CANCELLED;
     size_t unreadable = 0;
+    bool cut = false;
     struct ci_error e = {{0}};
-    ci_status s = ci_batch_read_ends(b, cfg, batch, ends, 2 * (size_t)CI_BATCH_MAX_TASKS + 16,
-                                     on_result, &r, &unreadable, &e);
+    /* Every event of the batch goes by (one subject filter: taken and
+     * cancel events too, in any number): read until none is pending, not
+     * up to a guess of how many there are. */
+    ci_status s = ci_batch_read_ends(b, cfg, batch, ends, SIZE_MAX, on_result, &r, &unreadable,
+                                     &cut, &e);
     fflush(stdout);
     if (r.failed || s) {
         say(stderr, "ci: %s\n", r.failed ? r.e.msg : e.msg);
+        return EXIT_INFRA;
+    }
+    /* Ended tasks stay ended: fewer end events than were counted a moment
+     * ago means the read missed some. */
+    uint64_t ended = ci_batch_state_ended(&c);
+    if (cut || r.lines + unreadable < ended) {
+        say(stderr, "ci: the results are cut: %" PRIu64 " of the %" PRIu64 " ended tasks' end "
+            "events were read%s\n", r.lines, ended,
+            cut ? " (the read stopped with events left)" : "");
         return EXIT_INFRA;
     }
     if (r.expired)
@@ -1323,6 +1380,14 @@ static int batch_cancel(struct ci_broker *b, const struct ci_config *cfg, const 
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
+    /* A cancel of a batch nobody submitted would wait there for a day and
+     * cancel a later batch that happens to get the id (a typo, most
+     * likely): refused. */
+    if (!ci_batch_raw_submitted(&raw)) {
+        say(stderr, "ci: no batch '%s': no task of it is stored (never submitted, a typo, or "
+            "older than its streams keep messages); nothing was cancelled\n", batch);
+        return EXIT_USAGE;
+    }
     if (ci_batch_cancel(b, cfg, batch, &e)) {
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
@@ -1331,14 +1396,10 @@ static int batch_cancel(struct ci_broker *b, const struct ci_config *cfg, const 
     ci_batch_state_compute(&raw, &c);
     say(stdout, "batch %s: cancel published on %s.%s.cancel\n", batch,
         cfg->jetstream.batch_events_prefix, batch);
-    if (!ci_batch_raw_known(&raw))
-        say(stderr, "ci: no task of batch %s is stored yet: the tasks it gets will end cancelled "
-            "when a worker takes them\n", batch);
-    else
-        say(stderr, "ci: its %" PRIu64 "%s tasks not ended yet end cancelled (%" PRIu64
-            " queued are never run, %" PRIu64 " running are stopped); the %" PRIu64
-            " ended keep their results\n", c.queued + c.running,
-            c.sealed ? "" : "+", c.queued, c.running, ci_batch_state_ended(&c));
+    say(stderr, "ci: its %" PRIu64 "%s tasks not ended yet end cancelled (%" PRIu64
+        " queued are never run, %" PRIu64 " running are stopped); the %" PRIu64
+        " ended keep their results\n", c.queued + c.running, c.sealed ? "" : "+", c.queued,
+        c.running, ci_batch_state_ended(&c));
     return 0;
 }
 
@@ -1433,11 +1494,12 @@ static void usage(FILE *out)
           "                     the files' sorted order, so the same command again runs\n"
           "                     nothing twice; prints B (default: b- and 16 hex digits)\n"
           "  batch submit --jsonl FILE [--batch B]\n"
-          "                     one ExecutionRequest per line, JSON (contract §10); a\n"
-          "                     line without taskId gets B-<line number>\n"
+          "                     one ExecutionRequest per line, JSON (contract §10); the\n"
+          "                     n-th request (blank lines not counted) without taskId\n"
+          "                     gets B-<n>\n"
           "  batch status B [--json]\n"
           "                     total, queued, running, succeeded, failed, timed out,\n"
-          "                     cancelled (exit 1: no such batch)\n"
+          "                     cancelled\n"
           "  batch wait B       until every task ended; exit 0 when all succeeded, else 1\n"
           "                     with the failures grouped by error (124: --wait-ms passed,\n"
           "                     default 86400000)\n"
@@ -1470,7 +1532,10 @@ static void usage(FILE *out)
           "                     print JSON lines\n"
           "  --url URL          NATS server (default: $CI_NATS_URL, then the config's)\n"
           "  --config FILE      worker.yaml to take names and credentials from\n"
-          "Use '-' as SCRIPT to read the code from standard input.\n",
+          "Use '-' as SCRIPT to read the code from standard input.\n"
+          "exit codes: 0 done; 1 a task failed (ci run exits with the script's own code)\n"
+          "or a batch's task did not succeed; 2 a usage error, or no such task, session\n"
+          "or batch; 3 NATS or the service failed; 124 timed out; 130 cancelled\n",
           out);
 }
 

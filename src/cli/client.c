@@ -145,7 +145,9 @@ ci_status ci_client_submit(struct ci_broker *b, const struct ci_config *cfg,
                 goto out;
             }
             snprintf(object_names[i], n, "inputs/%s/%s", task_id, name);
-            s = ci_objstore_put(ci_broker_objstore(b), object_names[i], file_data[i], len, err);
+            s = a->measure ? CI_OK
+                           : ci_objstore_put(ci_broker_objstore(b), object_names[i],
+                                             file_data[i], len, err);
             if (s)
                 goto out;
             files[i].source_case = CI__V1__INPUT_FILE__SOURCE_OBJECT;
@@ -183,6 +185,10 @@ ci_status ci_client_submit(struct ci_broker *b, const struct ci_config *cfg,
     s = ci_message_encode(enc, &req.base, &wire, &wire_len, err);
     if (s)
         goto out;
+    if (a->measure) {
+        *a->measure = wire_len;
+        goto out;
+    }
 
     if (a->batch) {
         s = ci_broker_submit_batch(b, a->batch, task_id, ci_encoding_content_type(enc), wire,

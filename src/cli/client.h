@@ -37,6 +37,10 @@ struct ci_submit_args {
      * <batch_subject>.<batch>, and no QUEUED record (a batch's counts say
      * what is queued, for longer than a record lives). */
     const char *batch;
+    /* When set, the request is only built (its inputs read, checked and
+     * encoded) and its encoded length stored here: nothing is uploaded,
+     * written or published. */
+    size_t *measure;
 };
 
 /* Builds the request, uploads large inputs, writes the QUEUED record and

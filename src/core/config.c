@@ -124,6 +124,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("nats.connect_timeout_ms", nats.connect_timeout_ms, 5000, 100, 600000),
     KEY_I32("nats.max_reconnects", nats.max_reconnects, -1, -1, 1000000),
     KEY_U32("nats.reconnect_wait_ms", nats.reconnect_wait_ms, 1000, 10, 600000),
+    KEY_U32("nats.write_deadline_ms", nats.write_deadline_ms, 10000, 0, 600000),
 
     KEY_STR("jetstream.tasks_stream", jetstream.tasks_stream, "CI_TASKS", CS_NAME),
     KEY_STR("jetstream.submit_subject", jetstream.submit_subject, "ci.submit", CS_SUBJECT),

@@ -189,6 +189,15 @@ static ci_status open_connection(struct ci_broker *b, struct ci_error *err)
         s = natsOptions_SetMaxReconnect(o, cfg->nats.max_reconnects);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectWait(o, cfg->nats.reconnect_wait_ms);
+    /* Every write to the server within the deadline, or the publish fails
+     * (NATS_TIMEOUT) and nats.c shuts the socket down and reconnects:
+     * without it a server that stopped reading, or a connection gone
+     * silently, blocks a publish - and every other call on the connection,
+     * which waits for its lock - until TCP gives up. nats.c arms it once
+     * per call, for all of that call's bytes: a whole result must go
+     * within it. */
+    if (s == NATS_OK)
+        s = natsOptions_SetWriteDeadline(o, cfg->nats.write_deadline_ms);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectedCB(o, on_reconnected, b);
     if (s == NATS_OK)
@@ -509,7 +518,7 @@ static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
         },
         /* A batch's events (§20): one message per task and event within
          * the window, so that a subject's message count is a task count;
-         * direct gets read the seal and a cancel. */
+         * the seal and a cancel are read from its leader. */
         {
             .name = c->jetstream.batch_events_stream,
             .description = "ci: batch events",
@@ -2008,9 +2017,11 @@ ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint
     return r;
 }
 
-/* A direct get may be answered by any replica: one that lags may not show
- * a message yet. Callers read what can only be late, never wrong (a seal,
- * a cancel). */
+/* From the stream's leader (a stream "get last message" request), not with
+ * a direct get: a direct get may be answered by a replica that lags, which
+ * can say "none" for a cancel stored a moment ago, and a task of a
+ * cancelled batch taken right after it would run (contract §20). The same
+ * read as ci_broker_cancel_requested's for a task's own cancel. */
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err)
 {
@@ -2018,20 +2029,19 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
     ci_status r = batch_event_subject(b, batch_id, event, subj, sizeof(subj), err);
     if (r)
         return r;
-    jsDirectGetMsgOptions o;
-    jsDirectGetMsgOptions_Init(&o);
-    o.LastBySubject = subj;
     CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
     const char *stream = b->cfg->jetstream.batch_events_stream;
-    natsStatus s = js_DirectGetMsg(&m, b->js, stream, NULL, &o);
-    if (s == NATS_NOT_FOUND)
-        return ci_error_set(err, CI_ERR_NOT_FOUND, "no %s event for batch '%s'", event, batch_id);
-    if (s == NATS_NO_RESPONDERS && recover(b, true))
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&m, b->js, stream, subj, NULL, &jerr);
+    if (s != NATS_OK && jerr == JSStreamNotFoundErr && recover(b, true))
         return ci_error_set(err, CI_ERR_NOT_FOUND,
                             "no %s event for batch '%s' (stream %s had been deleted)", event,
                             batch_id, stream);
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no %s event for batch '%s'", event, batch_id);
     if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot read the %s event of batch '%s'", event, batch_id);
+        return ci_nats_fail(err, s, jerr, "cannot read the %s event of batch '%s'", event,
+                            batch_id);
     int n = natsMsg_GetDataLength(m);
     uint8_t *copy = malloc(n > 0 ? (size_t)n + 1 : 1);
     if (!copy)
@@ -2050,10 +2060,12 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
  * timeout. An empty filter would never deliver: it is counted first. */
 ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const char *event,
                                size_t max, ci_batch_msg_fn fn, void *closure, size_t *ret_read,
-                               struct ci_error *err)
+                               bool *ret_cut, struct ci_error *err)
 {
     if (ret_read)
         *ret_read = 0;
+    if (ret_cut)
+        *ret_cut = false;
     char filter[SUBJECT_MAX];
     ci_status r = batch_event_subject(b, batch_id, event, filter, sizeof(filter), err);
     if (r)
@@ -2061,6 +2073,8 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
     const char *stream = b->cfg->jetstream.batch_events_stream;
     uint64_t stored = 0;
     r = subject_counts(b, stream, filter, count_one, &stored, err);
+    if (!r && ret_cut)
+        *ret_cut = stored > 0 && max == 0;
     if (r || stored == 0 || max == 0)
         return r;
     jsSubOptions so;
@@ -2091,8 +2105,13 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
             *ret_read = seen;
         bool go_on = fn(closure, natsMsg_GetSubject(m), (const uint8_t *)natsMsg_GetData(m),
                         (size_t)natsMsg_GetDataLength(m));
-        if (!go_on || left == 0 || seen >= max)
+        if (left == 0)
             return CI_OK;
+        if (!go_on || seen >= max) {
+            if (ret_cut)
+                *ret_cut = true;
+            return CI_OK;
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 #include "worker/task.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "nats/objstore.h"
 #include "core/session.h"
 #include "worker/liveout.h"
+#include "worker/publisher.h"
 
 /* Room kept in a KV value or event for headers and framing. */
 #define PAYLOAD_SLACK 8192
@@ -60,8 +62,14 @@ struct task {
     uint8_t *state;               /* the state to restore; NULL: none */
     size_t state_len;
     char state_note[400];         /* why the previous state could not be had, or "" */
-    struct ci_liveout *live;      /* the attempt's live output (§19); NULL: none */
-    bool live_dropped;            /* a chunk was lost, and said so */
+    /* The attempt's live output (§19): made into chunks on the thread that
+     * waits for the run (live), published from a thread of its own (pub),
+     * so that a NATS that blocks never holds up the run's time limit or
+     * cancel. Both NULL: none. */
+    struct ci_liveout *live;
+    struct ci_publisher *pub;
+    uint32_t attempt;             /* for pub's thread, which does not touch d */
+    atomic_bool live_dropped;     /* a chunk was lost, and said so (on either thread) */
     /* A batch's task (docs/contract.md §20): the batch whose events count
      * it, or "" (batch_choose). */
     char batch[65];
@@ -74,21 +82,27 @@ struct task {
     } at;
 };
 
-/* The live output's counts go to the metrics when the task is done. */
-static void live_release(struct task *t)
+/* The live output's counts go to the metrics when the attempt is done
+ * with it. Its publisher stops here: what it still holds is dropped, and
+ * told why (the first one lost is logged), and the publish under way ends
+ * first. An attempt that stored its result has drained it already. */
+static void live_release(struct task *t, const char *why)
 {
-    if (!t->live)
+    if (!t->pub)
         return;
-    struct ci_liveout_stats st;
-    ci_liveout_stats(t->live, &st);
-    ci_metrics_output_chunks(t->env->metrics, st.chunks, st.dropped);
     ci_liveout_free(t->live);
     t->live = NULL;
+    ci_publisher_stop(t->pub, why);
+    struct ci_publisher_stats st;
+    ci_publisher_stats(t->pub, &st);
+    ci_metrics_output_chunks(t->env->metrics, st.published, st.refused + st.failed + st.left);
+    ci_publisher_free(t->pub);
+    t->pub = NULL;
 }
 
 static void task_release(struct task *t)
 {
-    live_release(t);
+    live_release(t, "the attempt ended without storing its result: its last chunks are dropped");
     free(t->state);
     ci_message_free(t->req ? &t->req->base : NULL);
     for (size_t i = 0; i < t->n_files; i++) {
@@ -308,11 +322,17 @@ static ci_status store_result(struct task *t, struct result *r, struct ci_error 
     if (s)
         return s;
     /* The live output's last chunks: what this result keeps (as encoded,
-     * cuts included) beyond what went out while the code ran. Before the
-     * record, so that a worker that dies after storing it has left none
-     * behind; a redelivery then only repairs the event. */
-    if (t->live && ci_task_status_terminal(r->msg.status))
+     * cuts included) beyond what went out while the code ran. Out before
+     * the record, so that a worker that dies after storing it has left
+     * none behind; a redelivery then only repairs the event. A NATS that
+     * does not take them holds the result CI_PUBLISHER_DRAIN_MS at most
+     * (and the publish under way): what is still queued then is lost. The
+     * run's own last chunks waited as long for room (live_run_ended). */
+    if (t->live && ci_task_status_terminal(r->msg.status)) {
+        ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
         ci_liveout_finish(t->live, r->msg.stdout, r->msg.stderr);
+        (void)ci_publisher_drain(t->pub); /* the lost ones were told */
+    }
     s = ci_broker_result_swap(t->env->broker, t->id, buf, len, t->rev, &t->rev, err);
     free(buf);
     if (s)
@@ -847,6 +867,9 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
          * event failed): the redelivery must find it and not run again. */
         if (t->running_stored && !t->final_started)
             note_retry(t, r, what, e);
+        /* No chunk of this attempt after the message is given back. */
+        live_release(t, "the attempt gave up and the task will be tried again: its last chunks "
+                        "are dropped");
         slot_detach(t->slot);
         ci_delivery_nak(t->d, 2000);
         return CI_TASK_END_RETRY;
@@ -1097,7 +1120,7 @@ static ci_status batch_complete(const struct task *t, struct ci_error *err)
     CI_AUTOFREE uint8_t *seal = NULL;
     size_t len = 0;
     s = ci_broker_batch_last(b, t->batch, "sealed", &seal, &len, err);
-    if (s == CI_ERR_NOT_FOUND) /* a replica that lags: the stream info saw it */
+    if (s == CI_ERR_NOT_FOUND) /* expired between the two reads: tried again */
         return ci_error_set(err, CI_ERR_NATS, "the seal of batch '%s' is counted but not read "
                             "yet", t->batch);
     if (s)
@@ -1165,8 +1188,9 @@ static enum ci_task_end batch_retry(struct task *t)
     return CI_TASK_END_RETRY;
 }
 
-/* Before the task runs: a cancel of its batch on the stream (a direct get
- * of the last message on <prefix>.<b>.cancel) ends it CANCELLED. true
+/* Before the task runs: a cancel of its batch on the stream (the last
+ * message on <prefix>.<b>.cancel, read from the stream's leader: a replica
+ * that lags could say "none" for a cancel just stored) ends it CANCELLED. true
  * when it goes on; false with *ret_end when it ended or is retried. */
 static bool batch_begin(struct task *t, struct result *r, enum ci_task_end *ret_end)
 {
@@ -1520,41 +1544,99 @@ static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
     }
 }
 
-/* The publish of the live output's ops: a chunk of this attempt. The
- * first one lost is logged when it happens (once per task), so that an
- * operator sees it while the task still runs. */
+/* A chunk of the live output was lost: the first one is logged when it
+ * happens (once per task), so that an operator sees it while the task
+ * still runs. On the run's thread (the queue was full) or the publisher's
+ * (NATS refused it). */
+static void live_dropped(void *ctx, const char *stream, uint64_t seq, ci_status s,
+                         const char *why)
+{
+    (void)s;
+    struct task *t = ctx;
+    if (atomic_exchange(&t->live_dropped, true))
+        return;
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("attempt", t->attempt),
+        CI_LOG_S("stream", stream),
+        CI_LOG_N("seq", seq),
+        CI_LOG_S("error", why),
+    };
+    ci_log_fields(CI_LOG_WARN, "task.output_dropped", f, sizeof(f) / sizeof(f[0]));
+}
+
+/* The publisher's publish: a chunk of this attempt, on its own thread. */
 static ci_status live_publish(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
                               size_t len, struct ci_error *err)
 {
     struct task *t = ctx;
-    ci_status s = ci_broker_output_publish(t->env->broker, t->id, stream,
-                                           ci_delivery_attempt(t->d), seq, data, len, err);
-    if (s && !t->live_dropped) {
-        t->live_dropped = true;
-        const struct ci_log_field f[] = {
-            CI_LOG_S("task_id", t->id),
-            CI_LOG_N("attempt", ci_delivery_attempt(t->d)),
-            CI_LOG_S("stream", stream),
-            CI_LOG_N("seq", seq),
-            CI_LOG_S("error", err ? err->msg : ""),
-        };
-        ci_log_fields(CI_LOG_WARN, "task.output_dropped", f, sizeof(f) / sizeof(f[0]));
-    }
-    return s;
+    return ci_broker_output_publish(t->env->broker, t->id, stream, t->attempt, seq, data, len,
+                                    err);
 }
 
-static const struct ci_liveout_ops live_ops = {.publish = live_publish};
+static const struct ci_publisher_ops live_pub_ops = {.publish = live_publish,
+                                                     .dropped = live_dropped};
 
-/* Makes the attempt's live output, when the config wants one and its
- * stream is there. Without memory for it the task runs without: the
- * result has the output. */
+/* The live output's publish: hands the chunk to the publisher, at once
+ * while the code runs (a full queue drops it, and live_dropped tells). */
+static ci_status live_put(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
+                          size_t len, struct ci_error *err)
+{
+    struct task *t = ctx;
+    return ci_publisher_put(t->pub, stream, seq, data, len, err);
+}
+
+/* The run ended: its last chunks (what was pending) may wait for room in
+ * the queue now, as the result's tail will (store_result), rather than be
+ * dropped by a queue full for a moment. */
+static void live_run_ended(void *ctx)
+{
+    struct task *t = ctx;
+    ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
+}
+
+static const struct ci_liveout_ops live_ops = {.publish = live_put, .run_ended = live_run_ended};
+
+/* The attempt runs without live output: said once, as a lost chunk is. */
+static void live_off(struct task *t, const struct ci_error *e)
+{
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("attempt", t->attempt),
+        CI_LOG_S("error", e->msg),
+    };
+    ci_log_fields(CI_LOG_WARN, "task.output_off", f, sizeof(f) / sizeof(f[0]));
+}
+
+/* Makes the attempt's live output and starts its publisher, when the
+ * config wants one and its stream is there. Without memory or a thread
+ * for it the task runs without (task.output_off): the result has the
+ * output. */
 static bool live_start(struct task *t)
 {
     const struct ci_config *cfg = t->env->cfg;
+    struct ci_error e = {{0}};
     if (!ci_broker_live_output(t->env->broker, NULL, 0))
         return false;
+    t->attempt = ci_delivery_attempt(t->d);
+    struct ci_publisher_opts po = {.ops = &live_pub_ops, .ctx = t};
+    /* Room for all the output the attempt may publish, both streams up to
+     * the cap: a NATS that takes the chunks loses none, however much
+     * faster than it the code writes (the queue drops only what a NATS
+     * that stopped taking them leaves behind). */
+    ci_publisher_size(&po, 2 * (uint64_t)cfg->limits.max_output_bytes, CI_LIVEOUT_FLUSH_BYTES);
+    if (ci_publisher_new(&po, &t->pub, &e) != CI_OK) {
+        live_off(t, &e);
+        return false;
+    }
     struct ci_liveout_opts o = {.ops = &live_ops, .ctx = t, .cap = cfg->limits.max_output_bytes};
-    return ci_liveout_new(&o, &t->live, NULL) == CI_OK;
+    if (ci_liveout_new(&o, &t->live, &e) != CI_OK) {
+        ci_publisher_free(t->pub);
+        t->pub = NULL;
+        live_off(t, &e);
+        return false;
+    }
+    return true;
 }
 
 static enum ci_task_end run_task(struct task *t, struct result *r)
@@ -1690,6 +1772,16 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     if (s == CI_ERR_CONFLICT && fence == FENCE_WRITE_AGAIN)
         fence = FENCE_SUPERSEDED; /* it was not ours a moment ago */
     t->at.artifacts = ci_now_us();
+    /* This attempt's result will not be stored: its chunks still queued
+     * are worth nothing, and must not follow the terminal event that
+     * ended_meanwhile may publish (or repair). The publish under way ends
+     * first. */
+    if (fence == FENCE_ENDED)
+        live_release(t, "the task ended meanwhile (another attempt stored its result): this "
+                        "attempt's last chunks are dropped");
+    else if (fence == FENCE_SUPERSEDED)
+        live_release(t, "a later attempt took the task over: this attempt's last chunks are "
+                        "dropped");
     if (fence == FENCE_ENDED) {
         end = ended_meanwhile(t, r);
     } else if (fence == FENCE_SUPERSEDED) {

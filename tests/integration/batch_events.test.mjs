@@ -10,7 +10,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { startStack } from "./lib/stack.mjs";
@@ -66,16 +66,29 @@ describe("ci batch with a stand-in worker", () => {
     return got;
   };
 
-  test("an unknown batch: status, wait and results exit 1 with a sentence; a bad id exits 2", async () => {
+  test("an unknown batch: status, wait and results exit 2 with a sentence (1 is wait's 'a task did not succeed'), as a bad id does", async () => {
     for (const cmd of [["status", "nope"], ["status", "nope", "--json"], ["wait", "nope"], ["results", "nope", "--jsonl"]]) {
       const r = await ci(["batch", ...cmd], { url });
-      assert.equal(r.code, 1, `${cmd}: ${r.stderr}`);
+      assert.equal(r.code, 2, `${cmd}: ${r.stderr}`);
       assert.equal(r.stdout, "");
       assert.match(r.stderr, /no batch 'nope'/);
     }
     const bad = await ci(["batch", "status", "a.b"], { url });
     assert.equal(bad.code, 2);
     assert.match(bad.stderr, /not a batch id/);
+  });
+
+  test("cancel of an unknown batch is refused (exit 2) and publishes nothing: it would wait a day for a batch that gets the id", async () => {
+    const r = await ci(["batch", "cancel", "nope-cancel"], { url });
+    assert.equal(r.code, 2, r.stderr);
+    assert.equal(r.stdout, "");
+    assert.match(r.stderr, /no batch 'nope-cancel': no task of it is stored .*nothing was cancelled/);
+    assert.deepEqual(await batchSubjectCounts(client.jsm, "nope-cancel"), {}, "no cancel event");
+    // A cancel alone (published by hand) is no batch either.
+    await client.js.publish(`${BATCHES_PREFIX}.nope-cancel.cancel`, new Uint8Array());
+    const again = await ci(["batch", "cancel", "nope-cancel"], { url });
+    assert.equal(again.code, 2, again.stderr);
+    assert.equal((await batchSubjectCounts(client.jsm, "nope-cancel")).cancel, 1);
   });
 
   let b1, files, tasks;
@@ -251,7 +264,7 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal((await client.jsm.streams.info(BATCH_STREAM)).state.last_seq, before);
   });
 
-  test("submit --jsonl: taskId kept or <b>-<line>, batchId checked, blank lines skipped, --wire-json sends JSON", async () => {
+  test("submit --jsonl: taskId kept or <b>-<n> for the n-th request (blank lines are not counted), batchId checked, --wire-json sends JSON", async () => {
     const cwd = fresh("jsonl");
     const b = "bj-" + Date.now().toString(36);
     const lines = [
@@ -267,7 +280,8 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal(r.stdout, `${b}\n`);
     assert.match(r.stderr, /3 tasks: 3 submitted; sealed\n/);
     const got = await takeAll(3);
-    assert.deepEqual(got.map((t) => t.taskId), ["own-id-" + b, `${b}-3`, `${b}-5`]);
+    // Requests 2 and 3 (on lines 3 and 5): a blank line changes no id.
+    assert.deepEqual(got.map((t) => t.taskId), ["own-id-" + b, `${b}-2`, `${b}-3`]);
     for (const t of got) {
       assert.equal(t.contentType, "application/json");
       assert.equal(t.subject, `${BATCH_PREFIX}.${b}`);
@@ -311,7 +325,7 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal((await batchSubjectCounts(client.jsm, b)).complete, undefined, "no seal, no complete");
     assert.equal((await status(b)).stdout, '{"total":3,"queued":0,"running":0,"succeeded":3,"failed":0,"timed_out":0,"cancelled":0}\n');
     const human = await ci(["batch", "status", b], { url });
-    assert.match(human.stdout, /^tasks: +at least 3 \(not sealed/m);
+    assert.match(human.stdout, /^tasks: +3 so far \(not sealed/m);
 
     const again = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
     assert.equal(again.code, 0, again.stderr);
@@ -328,6 +342,30 @@ describe("ci batch with a stand-in worker", () => {
     const n = await batchSubjectCounts(client.jsm, b);
     assert.equal(n.sealed, 1);
     assert.equal(n.complete, 1);
+  });
+
+  test("before the seal, total is taken + the batch's tasks left in the queue not running: a task that ended and is not acked yet counts twice for that moment", async () => {
+    const b = "bs-" + Date.now().toString(36);
+    // What a submission got out so far: two tasks, no seal.
+    for (const n of [1, 2]) await client.submit({ taskId: `${b}-${n}`, batchId: b, language: "python", code: `print(${n})` }, { subject: `${BATCH_PREFIX}.${b}` });
+    const json = async () => JSON.parse((await status(b)).stdout);
+    assert.deepEqual(await json(), { total: 2, queued: 2, running: 0, succeeded: 0, failed: 0, timed_out: 0, cancelled: 0 });
+    const t1 = await worker.take(5000);
+    assert.equal(t1.taskId, `${b}-1`);
+    await worker.taken(t1);
+    assert.deepEqual(await json(), { total: 2, queued: 1, running: 1, succeeded: 0, failed: 0, timed_out: 0, cancelled: 0 });
+    // Its end event is stored; its worker has not acked it yet: in taken
+    // and in the queue both (contract §20, "Before the seal").
+    await worker.end(t1, { ack: false });
+    assert.deepEqual(await json(), { total: 3, queued: 2, running: 0, succeeded: 1, failed: 0, timed_out: 0, cancelled: 0 });
+    const human = await ci(["batch", "status", b], { url });
+    assert.match(human.stdout, /^tasks: +3 so far \(not sealed: its submission has not finished\)$/m);
+    await t1.msg.ackAck();
+    await until("the ack removed it from the queue", async () => (await batchLeft(client.jsm, b)) === 1);
+    assert.deepEqual(await json(), { total: 2, queued: 1, running: 0, succeeded: 1, failed: 0, timed_out: 0, cancelled: 0 });
+    const t2 = await worker.take(5000);
+    await worker.taken(t2);
+    await worker.end(t2);
   });
 
   test("submit refuses bad input with exit 2 before anything goes out: a bad JSONL line is named, no match, a folder, a long batch id", async () => {
@@ -351,16 +389,60 @@ describe("ci batch with a stand-in worker", () => {
     }
     writeFileSync(join(cwd, "s.py"), "print(1)\n");
     mkdirSync(join(cwd, "d.csv"));
+    // Every input is checked before the first task goes out: a bad one
+    // sorted after good ones left those published and the batch unsealed.
+    mkdirSync(join(cwd, "names"));
+    mkdirSync(join(cwd, "sizes"));
+    for (const d of ["names", "sizes"]) for (const f of ["a.csv", "b.csv"]) writeFileSync(join(cwd, d, f), "x\n");
+    writeFileSync(join(cwd, "names", "c;d.csv"), "x\n");
+    writeFileSync(join(cwd, "sizes", "z.csv"), "");
+    truncateSync(join(cwd, "sizes", "z.csv"), 21 * 1024 * 1024); // sparse: over the 20 MiB limit
     for (const [args, re] of [
       [["--file-each", "none/*.csv"], /matches no file/],
       [["--file-each", "*.csv"], /'d\.csv' is not a regular file/],
       [["--file-each", "s.py", "--batch", "b".repeat(63)], /leave room for 62/],
       [["--file-each", "s.py", "--file", "s.py"], /does not take --file/],
+      [["--file-each", "names/*.csv"], /--file-each: 'names\/c;d\.csv' cannot be an input: its name 'c;d\.csv' is not allowed \(use only letters.*nothing was submitted/],
+      [["--file-each", "sizes/*.csv"], /--file-each: 'sizes\/z\.csv' is 22020096 bytes; an input may be at most 20971520 bytes .*nothing was submitted/],
+      [["--file-each", "names/a.csv", "--label", "novalue"], /label 'novalue' is not KEY=VALUE; nothing was submitted/],
     ]) {
       const r = await ci(["batch", "submit", "s.py", ...args, ...(args.includes("--batch") ? [] : ["--batch", b])], { cwd, url });
       assert.equal(r.code, 2, `${args}: ${r.stderr}`);
       assert.match(r.stderr, re);
+      assert.doesNotMatch(r.stderr, /went out before this/, `${args}`);
+      assert.equal(await batchLeft(client.jsm, b), 0, `${args}: nothing was published`);
     }
+    assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
+    assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});
+  });
+
+  test("submit refuses a task id in use outside the batch (its record says another batch, or none) before anything goes out", async () => {
+    const cwd = fresh("used");
+    const b = "bu-" + Date.now().toString(36);
+    const kv = await client.kvBucket();
+    const rec = (id, status, batchId) => Buffer.from(JSON.stringify({ taskId: id, status, ...(batchId ? { batchId } : {}) }));
+    await kv.put(`solo-${b}`, rec(`solo-${b}`, "TASK_STATUS_SUCCEEDED"));
+    await kv.put(`other-${b}`, rec(`other-${b}`, "TASK_STATUS_RUNNING", "another-batch"));
+    const fresh1 = JSON.stringify({ taskId: `new-${b}`, language: "python", code: "print(1)" });
+    for (const [id, re] of [
+      [`solo-${b}`, new RegExp(`r\\.jsonl:3: task id 'solo-${b}' is in use: a task outside any batch has it \\(succeeded in the results bucket\\); task ids must be unique .*give the line another taskId; nothing was submitted`)],
+      [`other-${b}`, new RegExp(`r\\.jsonl:3: task id 'other-${b}' is in use: a task of batch 'another-batch' has it \\(running`)],
+    ]) {
+      writeFileSync(join(cwd, "r.jsonl"), [fresh1, "", JSON.stringify({ taskId: id, language: "python", code: "print(2)" })].join("\n") + "\n");
+      const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+      assert.equal(r.code, 2, r.stderr);
+      assert.match(r.stderr, re);
+      assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
+    }
+    // --file-each: <b>-<n> of another batch's task (or a task submitted
+    // alone under that id).
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "b.csv"), "b\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    await kv.put(`${b}-2`, rec(`${b}-2`, "TASK_STATUS_FAILED"));
+    const f = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", b], { cwd, url });
+    assert.equal(f.code, 2, f.stderr);
+    assert.match(f.stderr, new RegExp(`--file-each: the task of 'b\\.csv': task id '${b}-2' is in use: a task outside any batch has it \\(failed .*submit under another --batch; nothing was submitted`));
     assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
     assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});
   });
@@ -410,7 +492,7 @@ describe("ci batch with a stand-in worker", () => {
     for (const t of await takeAll(2)) await t.msg.ackAck();
   });
 
-  test("wait on a terminal draws a progress bar in place", async () => {
+  test("wait on a terminal draws a progress bar in place, never wider than the terminal", async () => {
     const cwd = fresh("tty");
     writeFileSync(join(cwd, "a.csv"), "a\n");
     writeFileSync(join(cwd, "s.py"), "print(1)\n");
@@ -419,18 +501,92 @@ describe("ci batch with a stand-in worker", () => {
     const task = await worker.take(5000);
     await worker.taken(task);
     await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
-    // script(1) gives ci a terminal; -e passes its exit code on.
-    const w = await new Promise((resolve) => {
+    // script(1) gives ci a terminal (-e passes its exit code on) whose
+    // size it does not know (stdin is no terminal): ci takes $COLUMNS.
+    const onTerminal = (columns) => new Promise((resolve) => {
       const child = spawn("script", ["-qec", `${CLI_BIN} batch wait ${b}`, "/dev/null"], {
-        env: { ...process.env, CI_NATS_URL: url, COLUMNS: "100" }, stdio: ["ignore", "pipe", "pipe"],
+        env: { ...process.env, CI_NATS_URL: url, COLUMNS: String(columns) }, stdio: ["ignore", "pipe", "pipe"],
       });
       let out = "";
       child.stdout.on("data", (d) => (out += d));
       child.on("close", (code) => resolve({ code, out }));
     });
+    const w = await onTerminal(100);
     assert.equal(w.code, 0, w.out);
     assert.match(w.out, /\r\[#{10,40}\] 1\/1 ended \(1 ok, 0 not\), 0 running, 0 queued\x1b\[K/);
     assert.match(w.out, new RegExp(`batch ${b}: all 1 tasks succeeded`));
+    // A narrow terminal: a line that wrapped could not be redrawn in place.
+    // Each redraw ("\r" ... erase) fits in 29 columns: the bar goes first,
+    // then the text is cut.
+    for (const columns of [30, 57, 58]) {
+      const n = await onTerminal(columns);
+      assert.equal(n.code, 0, n.out);
+      const redraws = [...n.out.matchAll(/\r([^\r\n]*)\x1b\[K/g)].map((m) => m[1]);
+      assert.ok(redraws.length > 0, n.out);
+      for (const line of redraws) assert.ok(line.length <= columns - 1, `${columns} columns: ${JSON.stringify(line)} is ${line.length} wide`);
+      assert.equal(redraws.at(-1).startsWith("["), columns >= 58, `${columns}: ${redraws.at(-1)}`);
+    }
+  });
+
+  test("wait rides out NATS not answering for a while (its request timed out): it asks again, then ends as usual", async () => {
+    const cwd = fresh("hiccup");
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    const b = r.stdout.trim();
+    let err = "";
+    let exited = false;
+    const waiting = ci(["batch", "wait", b], { url, timeoutMs: 120000, onStderr: (e) => (err = e) }).then((x) => {
+      exited = true;
+      return x;
+    });
+    await until("wait printed its first progress line", async () => /0\/1 ended/.test(err));
+    // The server stops answering until wait's request (5 s) times out.
+    assert.ok(stack.server.signal("SIGSTOP"));
+    try {
+      await until("wait saw a request time out", async () => exited || /asking again/.test(err), 60000);
+    } finally {
+      stack.server.signal("SIGCONT");
+    }
+    assert.ok(!exited, `wait gave up at the first timeout: ${err}`);
+    assert.match(err, new RegExp(`batch ${b}: .*; asking again for up to 30 s`));
+    const task = await worker.take(5000);
+    await worker.taken(task);
+    await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+    const w = await waiting;
+    assert.equal(w.code, 0, w.stderr);
+    assert.match(w.stderr, /NATS answers again/);
+    assert.equal(w.stdout, `batch ${b}: all 1 tasks succeeded\n`);
+  });
+
+  // Last in this stack: it leaves 200,000 messages in CI_BATCHES.
+  test("results reads every end event however many other events come first (200,020 cancels before them)", async () => {
+    const cwd = fresh("many");
+    const b = "bm-" + Date.now().toString(36);
+    writeFileSync(join(cwd, "r.jsonl"), [1, 2].map((n) => JSON.stringify({ language: "python", code: `print(${n})` })).join("\n") + "\n");
+    const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    // More events than the read once stopped at (2 x 100,000 + 16, a
+    // guess of taken + ended): cancels are kept however many come. Core
+    // publishes, which the stream stores; flushed, then counted.
+    const N = 200020;
+    const subj = `${BATCHES_PREFIX}.${b}.cancel`;
+    for (let i = 0; i < N; i++) {
+      client.nc.publish(subj);
+      if (i % 10000 === 9999) await client.nc.flush();
+    }
+    await client.nc.flush();
+    await until("the cancels are stored", async () => (await batchSubjectCounts(client.jsm, b)).cancel === N, 120000);
+    for (const t of await takeAll(2)) {
+      await worker.taken(t);
+      await worker.end(t, { status: "TASK_STATUS_CANCELLED", error: "the batch was cancelled" });
+    }
+    const res = await ci(["batch", "results", b, "--jsonl"], { url, timeoutMs: 300000 });
+    assert.equal(res.code, 0, res.stderr);
+    const lines = res.stdout.split("\n").filter(Boolean).map((l) => JSON.parse(l));
+    assert.deepEqual(lines.map((l) => l.taskId), [`${b}-1`, `${b}-2`]);
+    assert.doesNotMatch(res.stderr, /cut/);
   });
 });
 

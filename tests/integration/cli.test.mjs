@@ -178,11 +178,11 @@ describe("ci command-line client", () => {
     assert.equal(sha256hex(saved), r.artifacts[0].sha256);
   });
 
-  test("ci get of an unknown task fails", async () => {
+  test("ci get of an unknown task exits 2 (as a usage error: no such task)", async () => {
     const cwd = fresh("unknown");
     const res = await ci(["get", "no-such-task-here"], { cwd, url });
-    assert.notEqual(res.code, 0);
-    assert.ok(res.stderr.length > 0);
+    assert.equal(res.code, 2, res.stderr);
+    assert.match(res.stderr, /no result for task 'no-such-task-here'/);
   });
 
   // Every path under root, without following symlinks: "d/", "f", "l -> target".

@@ -95,6 +95,7 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK(c->nats.connect_timeout_ms == 5000);
     CHECK(c->nats.max_reconnects == -1);
     CHECK(c->nats.reconnect_wait_ms == 1000);
+    CHECK(c->nats.write_deadline_ms == 10000);
     CHECK_STR(c->jetstream.tasks_stream, "CI_TASKS");
     CHECK_STR(c->jetstream.submit_subject, "ci.submit");
     CHECK_STR(c->jetstream.consumer, "ci-workers");

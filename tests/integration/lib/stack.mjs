@@ -61,6 +61,9 @@ export async function startStack({ workers = 1, worker = {}, serverConfig = SERV
         const x = dead.exited();
         throw new Error(`worker ${dead.id} died (exit code ${x.code}, signal ${x.signal}); log:\n${dead.logText().slice(-8000)}`);
       }
+      const gone = server.died?.();
+      if (gone) throw new Error(`nats-server died (exit code ${gone.code}, signal ${gone.signal}); log:\n${server.logs().slice(-8000)}`);
+      stack.client.checkConnection();
     };
   } catch (e) {
     await stack.stop();
