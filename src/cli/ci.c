@@ -603,6 +603,19 @@ static void print_end(const Ci__V1__ExecutionResult *r)
     print_session(stderr, "ci: ", r->session);
 }
 
+/* A wait that ended without the task's end: --wait-ms ran out (s
+ * CI_ERR_TIMEOUT, exit 124; the task goes on), or NATS failed (exit 3). */
+static int wait_failed(const char *id, ci_status s, const struct ci_error *e)
+{
+    if (s != CI_ERR_TIMEOUT) {
+        say(stderr, "ci: %s\n", e->msg);
+        return EXIT_INFRA;
+    }
+    say(stderr, "ci: %s; it was not cancelled: 'ci get %s' gives its result once it ends\n",
+        e->msg, id);
+    return EXIT_TIMEOUT;
+}
+
 /* Waits for the task's end and reads its result into *ret. Without --json,
  * its output is shown as it is written (contract §19), then the rest of it
  * and print_end(). 0, or the exit code of a failure (said on stderr). */
@@ -611,10 +624,10 @@ static int follow_to_end(struct ci_broker *b, const struct opts *o, const char *
 {
     struct ci_error e = {{0}};
     struct ci_follow *live = o->json ? NULL : ci_follow_start(b, id, stdout, stderr);
-    if (wait_terminal(b, id, o->wait_ms, false, false, &e) || get_result(b, id, ret, &e)) {
+    ci_status s = wait_terminal(b, id, o->wait_ms, false, false, &e);
+    if (s || get_result(b, id, ret, &e)) {
         ci_follow_finish(live, NULL);
-        say(stderr, "ci: %s\n", e.msg);
-        return EXIT_INFRA;
+        return wait_failed(id, s, &e);
     }
     if (o->json)
         return 0;
@@ -694,11 +707,8 @@ static int cmd_watch(struct ci_broker *b, const struct ci_config *cfg, const str
         ci_message_free(&r->base);
         return rc;
     }
-    if (wait_terminal(b, id, o->wait_ms, true, o->json, &e)) {
-        say(stderr, "ci: %s\n", e.msg);
-        return EXIT_INFRA;
-    }
-    return 0;
+    ci_status s = wait_terminal(b, id, o->wait_ms, true, o->json, &e);
+    return s ? wait_failed(id, s, &e) : 0;
 }
 
 static int cmd_cancel(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,

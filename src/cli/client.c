@@ -285,7 +285,7 @@ ci_status ci_client_wait(struct ci_broker *b, const char *id, int64_t wait_ms,
     struct ci_watch *w = NULL;
     ci_status s = ci_watch_new(b, id, &w, err);
     if (s)
-        return s;
+        return s == CI_ERR_TIMEOUT ? CI_ERR_NATS : s; /* a request, not wait_ms */
     int64_t deadline = ci_mono_ms() + wait_ms;
     bool warned = !warn, seen = false;
     int64_t started = ci_mono_ms(), last_check = started;
@@ -318,7 +318,7 @@ ci_status ci_client_wait(struct ci_broker *b, const char *id, int64_t wait_ms,
             continue;
         }
         if (s)
-            break;
+            break; /* not CI_ERR_TIMEOUT: that is "none came" above */
         enum ci_encoding enc = CI_ENC_PROTOBUF;
         ci_encoding_from_content_type(ct, &enc, NULL);
         ProtobufCMessage *m = NULL;

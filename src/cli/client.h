@@ -63,7 +63,8 @@ ci_status ci_client_result_get(struct ci_broker *b, const char *id,
  * with ev NULL about once a second while none comes. */
 typedef void (*ci_client_event_fn)(const Ci__V1__StatusEvent *ev, void *closure);
 
-/* Waits for the task's terminal event; CI_ERR_TIMEOUT past wait_ms. The
+/* Waits for the task's terminal event; CI_ERR_TIMEOUT past wait_ms, and
+ * only then (a NATS request that timed out is CI_ERR_NATS). The
  * ordered consumer replays the task's events from the first, so it may
  * start after the submit. With warn, says on stderr when no worker took the
  * task within 10 s. */
