@@ -573,7 +573,7 @@ static int cmd_runtimes(struct ci_broker *b, const struct ci_config *cfg, const 
         say(stderr, "ci: no runtime manifest in %s: no worker of this version has published "
             "one in the last %u s (is a worker running?)\n",
             cfg->jetstream.runtimes_bucket, cfg->jetstream.max_age_s);
-        rc = 1;
+        rc = EXIT_USAGE; /* nothing to show, as for a task or batch that is not there */
     } else {
         say(stdout, "%s", (const char *)rl.text.data);
     }
