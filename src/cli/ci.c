@@ -1084,32 +1084,43 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
  * connection being made again. */
 static bool nats_transient(ci_status s) { return s == CI_ERR_TIMEOUT || s == CI_ERR_NATS; }
 
+/* Reads the counts of the batch; *ret_known false (and *ret untouched)
+ * when the streams know nothing of it. */
+static ci_status batch_read(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
+                            struct ci_batch_state *ret, bool *ret_known, struct ci_error *err)
+{
+    struct ci_batch_raw raw;
+    *ret_known = false;
+    ci_status s = ci_batch_read_raw(b, cfg, batch, &raw, err);
+    if (s)
+        return s;
+    *ret_known = ci_batch_raw_known(&raw);
+    if (*ret_known)
+        ci_batch_state_compute(&raw, ret);
+    return CI_OK;
+}
+
+static void say_no_batch(const char *batch)
+{
+    say(stderr, "ci: no batch '%s': no task or event of it is stored (never submitted, a "
+        "typo, or older than its streams keep messages)\n", batch);
+}
+
 /* The counts of the batch: 0, EXIT_USAGE when the streams know nothing of
- * it, EXIT_INFRA; said on stderr, except a failure that may pass when
- * ret_transient is not NULL: then it gets the error, and *ret_transient
- * is left empty for any other outcome. */
+ * it, EXIT_INFRA; said on stderr. */
 static int batch_counts(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
-                        struct ci_batch_state *ret, struct ci_error *ret_transient)
+                        struct ci_batch_state *ret)
 {
     struct ci_error e = {{0}};
-    struct ci_batch_raw raw;
-    if (ret_transient)
-        ret_transient->msg[0] = '\0';
-    ci_status s = ci_batch_read_raw(b, cfg, batch, &raw, &e);
-    if (s && ret_transient && nats_transient(s)) {
-        snprintf(ret_transient->msg, sizeof(ret_transient->msg), "%s", e.msg[0] ? e.msg : "?");
-        return EXIT_INFRA;
-    }
-    if (s) {
+    bool known = false;
+    if (batch_read(b, cfg, batch, ret, &known, &e)) {
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
-    if (!ci_batch_raw_known(&raw)) {
-        say(stderr, "ci: no batch '%s': no task or event of it is stored (never submitted, a "
-            "typo, or older than its streams keep messages)\n", batch);
+    if (!known) {
+        say_no_batch(batch);
         return EXIT_USAGE;
     }
-    ci_batch_state_compute(&raw, ret);
     return 0;
 }
 
@@ -1117,7 +1128,7 @@ static int batch_status(struct ci_broker *b, const struct ci_config *cfg, const 
 {
     const char *batch = o->batch_cmd.batch;
     struct ci_batch_state c;
-    int rc = batch_counts(b, cfg, batch, &c, NULL);
+    int rc = batch_counts(b, cfg, batch, &c);
     if (rc)
         return rc;
     if (o->batch_cmd.json) {
@@ -1239,40 +1250,53 @@ static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const st
     int64_t wait_ms = o->wait_set ? o->wait_ms : 86400000;
     int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0, last_ok = start;
     bool tty = isatty(STDERR_FILENO), drawn = false, failing = false;
-    char text[256], said[256] = "", brief[160];
+    char text[256] = "", said[256] = "", brief[160];
     struct ci_batch_state c;
     for (;;) {
-        struct ci_error hiccup;
-        int rc = batch_counts(b, cfg, batch, &c, &hiccup);
+        struct ci_error e = {{0}};
+        bool known = false;
+        ci_status s = batch_read(b, cfg, batch, &c, &known, &e);
         int64_t now = ci_mono_ms();
-        /* A request that timed out once, or a reconnect, is no reason to
-         * stop following a batch that runs for hours: asked again, within
-         * a bound. */
-        if (rc && hiccup.msg[0] && now - last_ok < WAIT_NATS_RETRY_MS && now < deadline) {
-            if (!failing) {
-                if (drawn && tty)
-                    fputc('\n', stderr);
-                say(stderr, "ci: batch %s: %s; asking again for up to %d s\n", batch, hiccup.msg,
-                    WAIT_NATS_RETRY_MS / 1000);
-                failing = true;
-                drawn = false;
+        if (s && drawn && tty) {
+            fputc('\n', stderr); /* below the progress line */
+            drawn = false;
+        }
+        if (s && !nats_transient(s)) {
+            say(stderr, "ci: %s\n", e.msg);
+            return EXIT_INFRA;
+        }
+        if (s) {
+            /* A request that timed out once, or a reconnect, is no reason
+             * to stop following a batch that runs for hours: asked again,
+             * within a bound. --wait-ms running out meanwhile is still a
+             * timeout, as the table of exit codes says. */
+            if (now >= deadline) {
+                say(stderr, "ci: batch %s: not every task ended within %" PRId64 " ms%s%s "
+                    "(NATS has not answered for %" PRId64 " s: %s)\n", batch, wait_ms,
+                    text[0] ? ": " : "", text, (now - last_ok) / 1000, e.msg);
+                return EXIT_TIMEOUT;
             }
+            if (now - last_ok >= WAIT_NATS_RETRY_MS) {
+                say(stderr, "ci: batch %s: %s (no answer for %" PRId64 " s: giving up)\n", batch,
+                    e.msg, (now - last_ok) / 1000);
+                return EXIT_INFRA;
+            }
+            if (!failing)
+                say(stderr, "ci: batch %s: %s; asking again for up to %d s\n", batch, e.msg,
+                    WAIT_NATS_RETRY_MS / 1000);
+            failing = true;
             int64_t left = deadline - now;
             sleep_ms(left < 500 ? left : 500);
             continue;
-        }
-        if (rc) {
-            if (drawn && tty)
-                fputc('\n', stderr);
-            if (hiccup.msg[0])
-                say(stderr, "ci: batch %s: %s (no answer for %" PRId64 " s: giving up)\n", batch,
-                    hiccup.msg, (now - last_ok) / 1000);
-            return rc;
         }
         if (failing)
             say(stderr, "ci: batch %s: NATS answers again\n", batch);
         failing = false;
         last_ok = now;
+        if (!known) {
+            say_no_batch(batch);
+            return EXIT_USAGE;
+        }
         bool done = ci_batch_state_done(&c);
         wait_text(text, sizeof(text), &c);
         /* A terminal shows every poll; a log a line when the counts moved,
@@ -1342,7 +1366,7 @@ static int batch_results(struct ci_broker *b, const struct ci_config *cfg, const
 {
     const char *batch = o->batch_cmd.batch;
     struct ci_batch_state c;
-    int rc = batch_counts(b, cfg, batch, &c, NULL);
+    int rc = batch_counts(b, cfg, batch, &c);
     if (rc)
         return rc;
     struct results_out r = {.b = b, .batch = batch, .jsonl = o->batch_cmd.jsonl};

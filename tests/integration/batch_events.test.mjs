@@ -560,6 +560,31 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal(w.stdout, `batch ${b}: all 1 tasks succeeded\n`);
   });
 
+  test("wait whose --wait-ms runs out while NATS does not answer exits 124 (timed out), not 3 (NATS failed)", async () => {
+    const cwd = fresh("waitnats");
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    const b = r.stdout.trim();
+    let err = "";
+    const waiting = ci(["batch", "wait", b, "--wait-ms", "2500"], { url, timeoutMs: 60000, onStderr: (e) => (err = e) });
+    await until("wait printed its first progress line", async () => /0\/1 ended/.test(err));
+    // Its next request waits 5 s for an answer, past --wait-ms.
+    assert.ok(stack.server.signal("SIGSTOP"));
+    let w;
+    try {
+      w = await waiting;
+    } finally {
+      stack.server.signal("SIGCONT");
+    }
+    assert.equal(w.code, 124, w.stderr);
+    assert.match(w.stderr, new RegExp(`batch ${b}: not every task ended within 2500 ms: 0/1 ended: .*\\(NATS has not answered for \\d+ s: `));
+    const task = await worker.take(5000);
+    await worker.taken(task);
+    await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+  });
+
   // Last in this stack: it leaves 200,000 messages in CI_BATCHES.
   test("results reads every end event however many other events come first (200,020 cancels before them)", async () => {
     const cwd = fresh("many");
