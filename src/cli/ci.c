@@ -1100,10 +1100,11 @@ static ci_status batch_read(struct ci_broker *b, const struct ci_config *cfg, co
     return CI_OK;
 }
 
-static void say_no_batch(const char *batch)
+static void say_no_batch(const char *batch, const char *waited)
 {
-    say(stderr, "ci: no batch '%s': no task or event of it is stored (never submitted, a "
-        "typo, or older than its streams keep messages)\n", batch);
+    say(stderr, "ci: no batch '%s'%s: no task or event of it is stored (never submitted, a "
+        "typo, older than its streams keep messages, or its submission is still checking its "
+        "inputs: nothing goes out before they all pass)\n", batch, waited);
 }
 
 /* The counts of the batch: 0, EXIT_USAGE when the streams know nothing of
@@ -1118,7 +1119,7 @@ static int batch_counts(struct ci_broker *b, const struct ci_config *cfg, const 
         return EXIT_INFRA;
     }
     if (!known) {
-        say_no_batch(batch);
+        say_no_batch(batch, "");
         return EXIT_USAGE;
     }
     return 0;
@@ -1241,6 +1242,10 @@ static void sleep_ms(int64_t ms)
 /* How long `ci batch wait` goes on asking while NATS does not answer
  * (each request itself waits up to 5 s) before it gives up with exit 3. */
 #define WAIT_NATS_RETRY_MS 30000
+/* How long it waits for a batch of which nothing is stored yet to appear
+ * before it says there is none (exit 2): its submission publishes nothing
+ * before every input is checked (contract §20). */
+#define WAIT_APPEAR_MS 60000
 
 static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
 {
@@ -1248,8 +1253,9 @@ static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const st
     /* A batch may take hours: by default wait as long as its streams keep
      * it (batches.max_age_s, 24 h). */
     int64_t wait_ms = o->wait_set ? o->wait_ms : 86400000;
+    int64_t appear_ms = wait_ms < WAIT_APPEAR_MS ? wait_ms : WAIT_APPEAR_MS;
     int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0, last_ok = start;
-    bool tty = isatty(STDERR_FILENO), drawn = false, failing = false;
+    bool tty = isatty(STDERR_FILENO), drawn = false, failing = false, absent = false;
     char text[256] = "", said[256] = "", brief[160];
     struct ci_batch_state c;
     for (;;) {
@@ -1293,9 +1299,23 @@ static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const st
             say(stderr, "ci: batch %s: NATS answers again\n", batch);
         failing = false;
         last_ok = now;
+        /* `submit --batch B & wait B`: the submission may still be checking
+         * its inputs. Waited for, within a bound: a typo ends in exit 2. */
         if (!known) {
-            say_no_batch(batch);
-            return EXIT_USAGE;
+            if (now - start >= appear_ms) {
+                char waited[64];
+                snprintf(waited, sizeof(waited), " (waited %" PRId64 " s for it)",
+                         (now - start) / 1000);
+                say_no_batch(batch, waited);
+                return EXIT_USAGE;
+            }
+            if (!absent)
+                say(stderr, "ci: batch %s: nothing of it is stored yet; waiting up to %" PRId64
+                    " s for its submission to publish it\n", batch, appear_ms / 1000);
+            absent = true;
+            int64_t left = start + appear_ms - now;
+            sleep_ms(left < 500 ? left : 500);
+            continue;
         }
         bool done = ci_batch_state_done(&c);
         wait_text(text, sizeof(text), &c);

@@ -67,7 +67,8 @@ describe("ci batch with a stand-in worker", () => {
   };
 
   test("an unknown batch: status, wait and results exit 2 with a sentence (1 is wait's 'a task did not succeed'), as a bad id does", async () => {
-    for (const cmd of [["status", "nope"], ["status", "nope", "--json"], ["wait", "nope"], ["results", "nope", "--jsonl"]]) {
+    // wait gives a batch's submission time to publish it (60 s, or --wait-ms).
+    for (const cmd of [["status", "nope"], ["status", "nope", "--json"], ["wait", "nope", "--wait-ms", "300"], ["results", "nope", "--jsonl"]]) {
       const r = await ci(["batch", ...cmd], { url });
       assert.equal(r.code, 2, `${cmd}: ${r.stderr}`);
       assert.equal(r.stdout, "");
@@ -583,6 +584,30 @@ describe("ci batch with a stand-in worker", () => {
     const task = await worker.take(5000);
     await worker.taken(task);
     await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+  });
+
+  test("wait on a batch whose submission has not published anything yet waits for it (submit --batch B & wait B)", async () => {
+    const cwd = fresh("appear");
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const b = "ba-" + Date.now().toString(36);
+    let err = "";
+    const waiting = ci(["batch", "wait", b, "--wait-ms", "30000"], { url, timeoutMs: 60000, onStderr: (e) => (err = e) });
+    await until("wait said it waits for the batch", async () => /nothing of it is stored yet; waiting up to 30 s for its submission to publish it/.test(err));
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", b], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    const task = await worker.take(5000);
+    await worker.taken(task);
+    await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+    const w = await waiting;
+    assert.equal(w.code, 0, w.stderr);
+    assert.equal(w.stdout, `batch ${b}: all 1 tasks succeeded\n`);
+    // A batch that never comes: exit 2 once the bound (here --wait-ms) passed.
+    const t0 = Date.now();
+    const never = await ci(["batch", "wait", b + "-typo", "--wait-ms", "1500"], { url });
+    assert.equal(never.code, 2, never.stderr);
+    assert.match(never.stderr, new RegExp(`no batch '${b}-typo' \\(waited 1 s for it\\)`));
+    assert.ok(Date.now() - t0 >= 1500);
   });
 
   // Last in this stack: it leaves 200,000 messages in CI_BATCHES.
