@@ -20,6 +20,8 @@ struct ci_broker;
  * or jsonl_path (one request per line). */
 struct ci_batch_submit {
     const char *batch; /* the batch id, checked */
+    bool batch_new;    /* made by this submission (b- and random digits): no other
+                          task can have an id <batch>-<n>, none is looked up */
     /* --file-each */
     const char *code;
     size_t code_len;

@@ -1024,7 +1024,7 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
         batch = new_id;
     }
     struct ci_batch_submit a = {
-        .batch = batch, .labels = o->labels, .n_labels = o->n_labels,
+        .batch = batch, .batch_new = !c->batch, .labels = o->labels, .n_labels = o->n_labels,
         .timeout_ms = o->timeout_ms, .memory_mb = o->memory_mb, .jsonl_path = c->jsonl_file,
         .wire_json = o->wire_json,
     };

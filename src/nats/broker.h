@@ -146,6 +146,21 @@ ci_status ci_broker_result_create(struct ci_broker *b, const char *task_id, cons
 ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t **ret_data,
                                size_t *ret_len, uint64_t *ret_rev, struct ci_error *err);
 
+/* The latest record of each of n tasks (ids[0] .. ids[n-1]), read as
+ * ci_broker_result_get reads one (from the bucket stream's leader), with
+ * up to window requests in flight at once instead of one round trip each.
+ * fn gets each answer as it comes, in any order: the index of its id, and
+ * CI_OK with the record (len bytes, valid during the call) or
+ * CI_ERR_NOT_FOUND (none, or a deleted one). fn returns false to ask
+ * nothing more; the requests in flight are still answered, and given to
+ * fn, before this returns. Another status when a request fails, or a
+ * lookup goes unanswered for 5 s (CI_ERR_TIMEOUT). */
+typedef bool (*ci_result_each_fn)(void *closure, size_t i, ci_status s, const uint8_t *data,
+                                  size_t len);
+ci_status ci_broker_results_get_many(struct ci_broker *b, const char (*ids)[65], size_t n,
+                                     size_t window, ci_result_each_fn fn, void *closure,
+                                     struct ci_error *err);
+
 /* Publishes an encoded StatusEvent on <status_prefix>.<task_id> through
  * JetStream, with the Ci-Task-Id, Ci-Status and Content-Type headers. With
  * msg_id (Nats-Msg-Id), the stream keeps one event per id within its

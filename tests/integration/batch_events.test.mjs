@@ -448,6 +448,55 @@ describe("ci batch with a stand-in worker", () => {
     assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});
   });
 
+  test("submit looks task ids up many at a time, and not at all for the <b>-<n> of a batch id it made", async () => {
+    const cwd = fresh("lookups");
+    const b = "bl-" + Date.now().toString(36);
+    const kv = await client.kvBucket();
+    await kv.put(`used-${b}`, Buffer.from(JSON.stringify({ taskId: `used-${b}`, status: "TASK_STATUS_SUCCEEDED", batchId: "another-batch" })));
+    // 300 requests, the last one's id in use: refused once every id was looked up.
+    const lines = [];
+    for (let n = 1; n < 300; n++) lines.push(JSON.stringify({ language: "python", code: `print(${n})` }));
+    lines.push(JSON.stringify({ taskId: `used-${b}`, language: "python", code: "print(0)" }));
+    writeFileSync(join(cwd, "r.jsonl"), lines.join("\n") + "\n");
+    // The lookups as the server sees them: each request and its answer (the
+    // server may pass the answer on before its copy of the request).
+    const nc = client.nc;
+    const waiting = new Set();
+    const early = new Set();
+    let asked = 0;
+    let most = 0;
+    const requests = nc.subscribe("$JS.API.STREAM.MSG.GET.KV_ci-results", {
+      callback: (_, m) => {
+        if (!m.reply) return;
+        asked++;
+        if (!early.delete(m.reply)) waiting.add(m.reply);
+        most = Math.max(most, waiting.size);
+      },
+    });
+    const answers = nc.subscribe("_INBOX.>", { callback: (_, m) => waiting.delete(m.subject) || early.add(m.subject) });
+    await nc.flush();
+    try {
+      const given = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+      assert.equal(given.code, 2, given.stderr);
+      assert.match(given.stderr, new RegExp(`r\\.jsonl:300: task id 'used-${b}' is in use: a task of batch 'another-batch' has it`));
+      await nc.flush();
+      assert.equal(asked, 300);
+      assert.ok(most > 1, `at most ${most} lookup(s) were in flight at once`);
+      assert.ok(most <= 64, `${most} lookups in flight at once: the window is 64`);
+      // Without --batch the id is made now: no task can have <b>-<n> yet.
+      asked = 0;
+      const made = await ci(["batch", "submit", "--jsonl", "r.jsonl"], { cwd, url });
+      assert.equal(made.code, 2, made.stderr);
+      assert.match(made.stderr, new RegExp(`r\\.jsonl:300: task id 'used-${b}' is in use`));
+      await nc.flush();
+      assert.equal(asked, 1, "only the line's own taskId was looked up");
+    } finally {
+      requests.unsubscribe();
+      answers.unsubscribe();
+    }
+    assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
+  });
+
   test("submit without --batch makes and prints an id; cancel publishes on ci.batches.<b>.cancel and status says so", async () => {
     const cwd = fresh("cancel");
     writeFileSync(join(cwd, "one.csv"), "a\n1\n");
