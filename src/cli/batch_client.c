@@ -672,6 +672,12 @@ ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
                              "--batch", a->batch, raw.seal_total, out.total);
         out.seal_was_there = true;
     }
+    /* A batch with no task stored when this began has no copy of its own
+     * within CI_BATCH's duplicate window: a task that the stream drops as
+     * a duplicate is another batch's, still queued (it has no record to
+     * look up yet), and this batch's task of that id would never run nor
+     * count. Then the id is in use (contract §20). */
+    bool fresh = !s && !ci_batch_raw_submitted(&raw);
     /* Pass two: what goes out, and no task id in use elsewhere. */
     struct taken taken = {0};
     if (!s)
@@ -688,6 +694,26 @@ ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
             s = submit_line(b, cfg, a, &l, ids[n - 1].id, skip[n - 1], &dup, err);
         else if (!skip[n - 1])
             s = submit_file(b, cfg, a, n, &dup, err);
+        if (!s && dup && fresh) {
+            char what[320], id[65];
+            if (a->jsonl_path)
+                snprintf(what, sizeof(what), "%.200s:%zu", a->jsonl_path, ids[n - 1].line);
+            else
+                snprintf(what, sizeof(what), "--file-each: the task of '%.200s'",
+                         a->paths[n - 1]);
+            if (a->jsonl_path)
+                snprintf(id, sizeof(id), "%s", ids[n - 1].id);
+            else
+                ci_batch_task_id(a->batch, n, id, NULL);
+            s = ci_error_set(err, CI_ERR_INVALID,
+                             "%s: task id '%s' is in use: a task of another batch, queued and "
+                             "not taken yet, has it (%s dropped this one as a copy of it); task "
+                             "ids must be unique (contract §11): %s", what, id,
+                             cfg->jetstream.batch_stream,
+                             a->jsonl_path ? "give the line another taskId"
+                                           : "submit under another --batch");
+            out.in_use = true;
+        }
         if (!s) {
             if (skip[n - 1])
                 out.skipped++;

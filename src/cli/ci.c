@@ -1057,7 +1057,17 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
     if (s) {
         uint64_t done = r.published + r.duplicates + r.skipped;
         say(stderr, "ci: %s\n", e.msg);
-        if (done)
+        if (done && r.in_use && c->jsonl_file)
+            say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
+                "it is not sealed: once the line has another taskId, run the same "
+                "command%s%s again to finish it (run as it is, it would take the other "
+                "batch's task for its own)\n", batch, done, r.total,
+                c->batch ? "" : " with --batch ", c->batch ? "" : batch);
+        else if (done && r.in_use)
+            say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
+                "it is not sealed and cannot be finished under this id: cancel it (ci batch "
+                "cancel %s)\n", batch, done, r.total, batch);
+        else if (done)
             say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
                 "it is not sealed: run the same command%s%s again to finish it (nothing "
                 "runs twice)\n", batch, done, r.total, c->batch ? "" : " with --batch ",

@@ -448,6 +448,31 @@ describe("ci batch with a stand-in worker", () => {
     assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});
   });
 
+  test("submit of a new batch stops at a task id that another batch's queued task has (CI_BATCH drops it as a copy): exit 2, naming the line, not sealed", async () => {
+    const cwd = fresh("queued");
+    const b = "bq-" + Date.now().toString(36);
+    // Another batch's task, queued: it has no record in ci-results yet.
+    await client.submit({ taskId: `x-${b}`, batchId: `other-${b}`, language: "python", code: "print(0)" }, { subject: `${BATCH_PREFIX}.other-${b}` });
+    const lines = [1, 2, 3].map((n) => JSON.stringify({ ...(n === 2 ? { taskId: `x-${b}` } : {}), language: "python", code: `print(${n})` }));
+    writeFileSync(join(cwd, "r.jsonl"), lines.join("\n") + "\n");
+    const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, new RegExp(`r\\.jsonl:2: task id 'x-${b}' is in use: a task of another batch, queued and not taken yet, has it \\(CI_BATCH dropped this one as a copy of it\\); .*give the line another taskId`));
+    assert.match(r.stderr, new RegExp(`batch ${b}: 1 of 3 tasks went out before this; it is not sealed: once the line has another taskId, run the same command again`));
+    assert.equal((await batchSubjectCounts(client.jsm, b)).sealed, undefined, "not sealed");
+    // --file-each: <b>-<n> is another batch's queued task.
+    const f = "bf-" + Date.now().toString(36);
+    await client.submit({ taskId: `${f}-2`, batchId: `other-${f}`, language: "python", code: "print(0)" }, { subject: `${BATCH_PREFIX}.other-${f}` });
+    for (const n of ["a", "b"]) writeFileSync(join(cwd, `${n}.csv`), `${n}\n`);
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const e = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", f], { cwd, url });
+    assert.equal(e.code, 2, e.stderr);
+    assert.match(e.stderr, new RegExp(`--file-each: the task of 'b\\.csv': task id '${f}-2' is in use: .*submit under another --batch`));
+    assert.match(e.stderr, new RegExp(`batch ${f}: 1 of 2 tasks went out before this; it is not sealed and cannot be finished under this id: cancel it \\(ci batch cancel ${f}\\)`));
+    // The queue as the tests after this one expect it: empty.
+    for (const t of await takeAll(4)) await t.msg.ackAck();
+  });
+
   test("submit looks task ids up many at a time, and not at all for the <b>-<n> of a batch id it made", async () => {
     const cwd = fresh("lookups");
     const b = "bl-" + Date.now().toString(36);
