@@ -751,6 +751,7 @@ ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
             s = ci_broker_batch_publish(b, a->batch, "sealed", id, "application/json", body, len,
                                         NULL, err);
     }
+    out.sealed = !s;
     /* The last task may have ended before the seal: then no worker saw
      * the batch complete, and the sealer says so (contract §20). */
     if (!s)

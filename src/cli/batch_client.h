@@ -42,6 +42,8 @@ struct ci_batch_submitted {
     uint64_t duplicates; /* dropped by CI_BATCH: queued already (within its window) */
     uint64_t skipped;    /* not published: a worker took them, or their result is terminal */
     bool seal_was_there; /* sealed by an earlier submission (with the same total) */
+    bool sealed;         /* the seal is stored, by this submission or an earlier one:
+                            a failure after it (the counts, complete) left every task out */
     bool completed;      /* this submission stored the complete event */
     bool in_use;         /* it stopped at a task id that a queued task of another
                             batch has (CI_ERR_INVALID), the tasks before it out */

@@ -1057,7 +1057,13 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
     if (s) {
         uint64_t done = r.published + r.duplicates + r.skipped;
         say(stderr, "ci: %s\n", e.msg);
-        if (done && r.in_use && c->jsonl_file)
+        if (r.sealed)
+            say(stderr, "ci: batch %s: all %" PRIu64 " tasks went out and the seal is "
+                "published; what failed came after it (the counts, and the complete event if "
+                "every task had ended already, which a worker that sees the seal publishes "
+                "too): running the same command%s%s again does it (nothing runs twice)\n",
+                batch, r.total, c->batch ? "" : " with --batch ", c->batch ? "" : batch);
+        else if (done && r.in_use && c->jsonl_file)
             say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
                 "it is not sealed: once the line has another taskId, run the same "
                 "command%s%s again to finish it (run as it is, it would take the other "

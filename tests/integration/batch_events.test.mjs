@@ -345,6 +345,37 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal(n.complete, 1);
   });
 
+  test("a submission that fails after its seal (publishing complete) says the seal is published, not that the batch is not sealed", async () => {
+    const cwd = fresh("sealfail");
+    const b = "bz-" + Date.now().toString(36);
+    const reqs = [1, 2].map((n) => ({ language: "python", code: `print(${n})` }));
+    writeFileSync(join(cwd, "r.jsonl"), reqs.map((r) => JSON.stringify(r)).join("\n") + "\n");
+    // A first run that died before its seal; its tasks have ended since.
+    for (const [i, r] of reqs.entries()) await client.submit({ ...r, taskId: `${b}-${i + 1}`, batchId: b }, { subject: `${BATCH_PREFIX}.${b}` });
+    for (const t of await takeAll(2)) {
+      await worker.taken(t);
+      await worker.end(t, { status: "TASK_STATUS_SUCCEEDED" });
+    }
+    // CI_BATCHES takes one message more (the seal), then refuses (complete).
+    const { config, state } = await client.jsm.streams.info(BATCHES_STREAM);
+    await client.jsm.streams.update(BATCHES_STREAM, { ...config, discard: "new", max_msgs: state.messages + 1 });
+    let r;
+    try {
+      r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    } finally {
+      await client.jsm.streams.update(BATCHES_STREAM, config);
+    }
+    assert.equal(r.code, 3, r.stderr);
+    assert.match(r.stderr, new RegExp(`batch ${b}: all 2 tasks went out and the seal is published; what failed came after it`));
+    assert.doesNotMatch(r.stderr, /not sealed/);
+    const n = await batchSubjectCounts(client.jsm, b);
+    assert.equal(n.sealed, 1);
+    assert.equal(n.complete, undefined);
+    const again = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stderr, /every task has ended; the complete event is published/);
+  });
+
   test("before the seal, total is taken + the batch's tasks left in the queue not running: a task that ended and is not acked yet counts twice for that moment", async () => {
     const b = "bs-" + Date.now().toString(36);
     // What a submission got out so far: two tasks, no seal.
