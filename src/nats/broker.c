@@ -1265,9 +1265,9 @@ ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t
     return CI_OK;
 }
 
-/* How long a lookup of ci_broker_results_get_many waits for its answer:
- * the JetStream context's own request timeout (5 s, nats.c's default). */
-#define LOOKUP_WAIT_MS 5000
+/* How long a request of ours to the JetStream API waits for its answer:
+ * the JetStream context's own timeout (5 s, nats.c's default). */
+#define JS_API_WAIT_MS 5000
 
 /* One answer of the stream API's message get, as js_GetLastMsg reads it:
  * CI_OK with the record's bytes (malloc'd, *ret_data NULL when empty),
@@ -1372,11 +1372,11 @@ ci_status ci_broker_results_get_many(struct ci_broker *b, const char (*ids)[65],
         if (!in_flight)
             break;
         CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
-        ns = natsSubscription_NextMsg(&m, sub, LOOKUP_WAIT_MS);
+        ns = natsSubscription_NextMsg(&m, sub, JS_API_WAIT_MS);
         if (ns == NATS_TIMEOUT)
             return ci_error_set(err, CI_ERR_TIMEOUT, "cannot read the results bucket: %zu "
                                 "lookups were not answered within %d ms", in_flight,
-                                LOOKUP_WAIT_MS);
+                                JS_API_WAIT_MS);
         if (ns != NATS_OK)
             return ci_nats_fail(err, ns, 0, "cannot read the results bucket");
         const char *dot = strrchr(natsMsg_GetSubject(m), '.');
@@ -2182,6 +2182,35 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
  * filter; each delivery says how many are left behind it (NumPending), so
  * the read ends at the message that had none left, without waiting for a
  * timeout. An empty filter would never deliver: it is counted first. */
+/* Whether stream holds a message on filter at sequence seq or later (a
+ * message get with next_by_subj, answered by the stream's leader). */
+static ci_status stored_from(struct ci_broker *b, const char *stream, const char *filter,
+                             uint64_t seq, bool *ret_any, struct ci_error *err)
+{
+    char api[SUBJECT_MAX], body[SUBJECT_MAX + 64];
+    snprintf(api, sizeof(api), "$JS.API.STREAM.MSG.GET.%s", stream);
+    int n = snprintf(body, sizeof(body), "{\"seq\":%" PRIu64 ",\"next_by_subj\":\"%s\"}", seq,
+                     filter);
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *reply = NULL;
+    natsStatus s = natsConnection_Request(&reply, b->nc, api, body, n, JS_API_WAIT_MS);
+    if (s == NATS_OK && natsMsg_IsNoResponders(reply))
+        s = NATS_NO_RESPONDERS;
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot read stream %s", stream);
+    json_auto_t *j =
+        json_loadb(natsMsg_GetData(reply), (size_t)natsMsg_GetDataLength(reply), 0, NULL);
+    json_t *e = json_object_get(j, "error");
+    json_int_t code = json_integer_value(json_object_get(e, "err_code"));
+    if (json_is_object(json_object_get(j, "message")) || code == JSNoMessageFoundErr) {
+        *ret_any = !json_is_object(e);
+        return CI_OK;
+    }
+    const char *d = json_string_value(json_object_get(e, "description"));
+    return ci_error_set(err, CI_ERR_NATS, "cannot read stream %s: %s (JetStream error %"
+                        JSON_INTEGER_FORMAT ")", stream, d ? d : "an answer that is not the "
+                        "stream API's", code);
+}
+
 ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const char *event,
                                size_t max, ci_batch_msg_fn fn, void *closure, size_t *ret_read,
                                bool *ret_cut, struct ci_error *err)
@@ -2211,19 +2240,35 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read %s from stream %s", filter, stream);
     size_t seen = 0;
+    uint64_t last_seq = 0; /* of the last message read */
+    int64_t quiet_since = ci_mono_ms();
     for (;;) {
         CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
-        s = natsSubscription_NextMsg(&m, sub, 10000);
-        if (s == NATS_TIMEOUT)
+        s = natsSubscription_NextMsg(&m, sub, 1000);
+        if (s == NATS_TIMEOUT) {
+            /* The server counts a message that expires (max_age), or is
+             * deleted, after the consumer was made into its pending count
+             * still (nats-server 2.9): the count never reaches 0 then. The
+             * read is done when nothing is stored past what it read. */
+            bool more = true;
+            r = stored_from(b, stream, filter, last_seq + 1, &more, err);
+            if (r || !more)
+                return r;
+            if (ci_mono_ms() - quiet_since < 10000)
+                continue;
             return ci_error_set(err, CI_ERR_TIMEOUT,
                                 "reading %s from stream %s: nothing came for 10 s after %zu "
                                 "messages", filter, stream, seen);
+        }
         if (s != NATS_OK)
             return ci_nats_fail(err, s, 0, "cannot read %s from stream %s", filter, stream);
+        quiet_since = ci_mono_ms();
         CI_CLEANUP(jsMsgMetaData_Destroy) jsMsgMetaData *md = NULL;
         uint64_t left = 0;
-        if (natsMsg_GetMetaData(&md, m) == NATS_OK)
+        if (natsMsg_GetMetaData(&md, m) == NATS_OK) {
             left = md->NumPending;
+            last_seq = md->Sequence.Stream;
+        }
         seen++;
         if (ret_read)
             *ret_read = seen;

@@ -290,7 +290,10 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
 /* Calls fn with each message on <batch_events_prefix>.<batch_id>.<event>
  * (event "*": all of the batch's events), oldest first, from the first
  * until the consumer has none pending (an ordered consumer; its num_pending
- * is 0 with the last), or until max of them (SIZE_MAX: no limit). fn
+ * is 0 with the last, or, when none comes for a second, the stream has no
+ * message past the last one read: the pending count of the server keeps
+ * messages that expired during the read), or until max of them
+ * (SIZE_MAX: no limit). fn
  * returns false to stop early. *ret_read (may be NULL) gets how many fn
  * saw, *ret_cut (may be NULL) whether messages were left unread (max, or
  * fn stopped). CI_ERR_NOT_FOUND when the stream does not exist;
