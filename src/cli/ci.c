@@ -1422,8 +1422,18 @@ static int batch_results(struct ci_broker *b, const struct ci_config *cfg, const
         return EXIT_INFRA;
     }
     /* Ended tasks stay ended: fewer end events than were counted a moment
-     * ago means the read missed some. */
+     * ago means the read missed some, unless they expired meanwhile (a
+     * batch's events live batches.max_age_s, a day): then the count after
+     * the read is the smaller. */
     uint64_t ended = ci_batch_state_ended(&c);
+    if (!cut && r.lines + unreadable < ended) {
+        struct ci_batch_state after;
+        bool known = false;
+        if (batch_read(b, cfg, batch, &after, &known, &e) == CI_OK) {
+            uint64_t now = known ? ci_batch_state_ended(&after) : 0;
+            ended = now < ended ? now : ended;
+        }
+    }
     if (cut || r.lines + unreadable < ended) {
         say(stderr, "ci: the results are cut: %" PRIu64 " of the %" PRIu64 " ended tasks' end "
             "events were read%s\n", r.lines, ended,

@@ -742,6 +742,21 @@ describe("ci batch with a stand-in worker", () => {
     const lines = res.stdout.split("\n").filter(Boolean).map((l) => JSON.parse(l));
     assert.deepEqual(lines.map((l) => l.taskId), [`${b}-1`, `${b}-2`]);
     assert.doesNotMatch(res.stderr, /cut/);
+
+    // An end event that expires (here: is deleted; the oldest go first)
+    // after results counted the ended tasks and before its read reached it
+    // (behind the 200,020 cancels) is not read and not counted after the
+    // read: the results are not cut.
+    const first = await client.jsm.direct.getMessage(BATCHES_STREAM, { next_by_subj: `${BATCHES_PREFIX}.${b}.cancelled`, seq: 1 });
+    const consumers = async () => (await client.jsm.consumers.list(BATCHES_STREAM).next()).map((c) => c.name);
+    const earlier = new Set(await consumers());
+    const reading = ci(["batch", "results", b, "--jsonl"], { url, timeoutMs: 300000 });
+    await until("results began to read the events", async () => (await consumers()).some((n) => !earlier.has(n)), 60000);
+    await client.jsm.streams.deleteMessage(BATCHES_STREAM, first.seq);
+    const less = await reading;
+    assert.equal(less.code, 0, less.stderr);
+    assert.deepEqual(less.stdout.split("\n").filter(Boolean).map((l) => JSON.parse(l).taskId), [`${b}-2`], "the read was under way when the event went");
+    assert.doesNotMatch(less.stderr, /cut/);
   });
 });
 
