@@ -13,9 +13,12 @@ import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { Kvm } from "@nats-io/kv";
+import { Objm } from "@nats-io/obj";
+import { startNatsServer } from "./lib/nats-server.mjs";
 import { startStack } from "./lib/stack.mjs";
 import { CLI_BIN } from "./lib/worker.mjs";
-import { decodeMessage, normalize, proto } from "./lib/client.mjs";
+import { connectClient, decodeMessage, FILES_BUCKET, normalize, proto, RESULTS_BUCKET } from "./lib/client.mjs";
 import {
   BATCH_CONSUMER, BATCH_STREAM, BATCHES_STREAM, BATCHES_PREFIX, BATCH_PREFIX, batchEvents, batchLeft, batchSubjectCounts, ci,
   fakeBatchWorker, until,
@@ -757,6 +760,78 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal(less.code, 0, less.stderr);
     assert.deepEqual(less.stdout.split("\n").filter(Boolean).map((l) => JSON.parse(l).taskId), [`${b}-2`], "the read was under way when the event went");
     assert.doesNotMatch(less.stderr, /cut/);
+  });
+});
+
+describe("ci batch submit against a server that takes messages of at most 64 KiB", () => {
+  const MAX = 65536;
+  let server, client, url, dir;
+  before(async () => {
+    assert.ok(existsSync(CLI_BIN), `${CLI_BIN} is built`);
+    server = await startNatsServer({ config: `max_payload: ${MAX}` });
+    url = server.url;
+    client = await connectClient(url);
+    // What ci binds to and the batch lane, made here: a worker, which would
+    // make them, takes seconds to start, and none needs to run.
+    await new Kvm(client.js).create(RESULTS_BUCKET);
+    await new Objm(client.js).create(FILES_BUCKET);
+    await client.jsm.streams.add({ name: BATCH_STREAM, subjects: [`${BATCH_PREFIX}.*`], retention: "workqueue", duplicate_window: 3600 * 1e9 });
+    await client.jsm.streams.add({ name: BATCHES_STREAM, subjects: [`${BATCHES_PREFIX}.>`] });
+    dir = mkdtempSync(join(tmpdir(), "ci-batch-small-"));
+    writeFileSync(join(dir, "s.py"), "print(1)\n");
+  });
+  after(async () => {
+    await client?.close().catch(() => {});
+    await server?.stop();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  // Every batch id here has 2 characters: a task's id, in each message, is
+  // as long in all of them, and the sizes add up. Each gets its own folder.
+  let nth = 0;
+  const batchId = () => `m${nth++}`;
+  const folder = (files) => {
+    const cwd = mkdtempSync(join(dir, "in-"));
+    for (const [name, size] of Object.entries(files)) writeFileSync(join(cwd, name), "x".repeat(size));
+    return cwd;
+  };
+  const submitEach = (files) => ci(["batch", "submit", join(dir, "s.py"), "--file-each", "*.csv", "--batch", batchId()], { cwd: folder(files), url });
+  // The message of a task with one file of n bytes inline, as ci measures it
+  // (from its refusal of a file of MAX bytes): n plus what the rest takes.
+  let rest;
+
+  test("--file-each: the largest message is checked against max_payload, headers included", async () => {
+    const probe = await submitEach({ "a.csv": MAX });
+    assert.equal(probe.code, 2, probe.stderr);
+    const m = probe.stderr.match(/the task for 'a\.csv' would be a message of (\d+) bytes; the server takes messages of at most 65536 bytes \(headers included\)/);
+    assert.ok(m, probe.stderr);
+    rest = Number(m[1]) - MAX;
+    // Under max_payload, but not with the headers (256 bytes kept for them).
+    const close = await submitEach({ "a.csv": MAX - 100 - rest });
+    assert.equal(close.code, 2, close.stderr);
+    assert.match(close.stderr, new RegExp(`would be a message of ${MAX - 100} bytes; .*\\(headers included\\).*nothing was submitted`));
+    const fits = await submitEach({ "a.csv": MAX - 256 - rest });
+    assert.equal(fits.code, 0, fits.stderr);
+    assert.match(fits.stderr, /1 tasks: 1 submitted; sealed/);
+  });
+
+  test("--jsonl: a request is checked against max_payload, headers included", async () => {
+    const cwd = mkdtempSync(join(dir, "jsonl-"));
+    const line = (n) => JSON.stringify({ language: "python", code: "#" + "x".repeat(n - 1) });
+    const submitLine = (n) => {
+      writeFileSync(join(cwd, "r.jsonl"), line(n) + "\n");
+      return ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", batchId()], { cwd, url });
+    };
+    const probe = await submitLine(MAX);
+    assert.equal(probe.code, 2, probe.stderr);
+    const m = probe.stderr.match(/r\.jsonl:1: the request is (\d+) bytes; the server takes messages of at most 65536 bytes \(headers included\)/);
+    assert.ok(m, probe.stderr);
+    const extra = Number(m[1]) - MAX;
+    const close = await submitLine(MAX - 100 - extra);
+    assert.equal(close.code, 2, close.stderr);
+    assert.match(close.stderr, new RegExp(`r\\.jsonl:1: the request is ${MAX - 100} bytes; .*\\(headers included\\)`));
+    const fits = await submitLine(MAX - 256 - extra);
+    assert.equal(fits.code, 0, fits.stderr);
   });
 });
 
