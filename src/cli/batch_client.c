@@ -370,15 +370,16 @@ static ci_status jsonl_check(struct ci_broker *b, const struct ci_config *cfg,
 
 /* Every input of a --file-each batch before the first task goes out: the
  * files (names, sizes, readable: ci_batch_files_check), then the largest
- * messages the tasks make, built as they will be (the largest file sent
- * inline, the uploaded one with the longest name, under the longest task
- * id) against the server's max_payload; the labels are checked with them. */
+ * messages the tasks make, built as they will be (the file sent inline
+ * that makes the most bytes, the uploaded one with the longest name, under
+ * the longest task id) against the server's max_payload; the labels are
+ * checked with them. */
 static ci_status files_check(struct ci_broker *b, const struct ci_config *cfg,
                              const struct ci_batch_submit *a, struct ci_error *err)
 {
     struct ci_batch_files_extremes x;
     ci_status s = ci_batch_files_check(a->paths, a->n_paths, cfg->limits.max_input_bytes,
-                                       CI_CLIENT_INLINE_MAX, &x, err);
+                                       CI_CLIENT_INLINE_MAX, a->wire_json, &x, err);
     if (s)
         return s;
     char id[65];

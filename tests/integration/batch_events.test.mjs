@@ -799,6 +799,7 @@ describe("ci batch submit against a server that takes messages of at most 64 KiB
   // The message of a task with one file of n bytes inline, as ci measures it
   // (from its refusal of a file of MAX bytes): n plus what the rest takes.
   let rest;
+  const messageOf = (n) => n + rest;
 
   test("--file-each: the largest message is checked against max_payload, headers included", async () => {
     const probe = await submitEach({ "a.csv": MAX });
@@ -813,6 +814,17 @@ describe("ci batch submit against a server that takes messages of at most 64 KiB
     const fits = await submitEach({ "a.csv": MAX - 256 - rest });
     assert.equal(fits.code, 0, fits.stderr);
     assert.match(fits.stderr, /1 tasks: 1 submitted; sealed/);
+  });
+
+  test("--file-each: of files sent inline, the one making the largest message is checked, its name counted", async () => {
+    // The same size, a name 123 characters longer: its message is the
+    // larger, and only it goes over (a check by size alone took a.csv).
+    const size = MAX - 256 - rest - 50;
+    const long = "x".repeat(124) + ".csv";
+    const r = await submitEach({ "a.csv": size, [long]: size });
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, new RegExp(`the task for '${long}' would be a message of ${messageOf(size) + 124} bytes`));
+    assert.doesNotMatch(r.stderr, /went out before this/);
   });
 
   test("--jsonl: a request is checked against max_payload, headers included", async () => {
