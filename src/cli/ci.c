@@ -1582,7 +1582,7 @@ static void usage(FILE *out)
           "                     cancelled\n"
           "  batch wait B       until every task ended; exit 0 when all succeeded, else 1\n"
           "                     with the failures grouped by error (124: --wait-ms passed,\n"
-          "                     default 86400000)\n"
+          "                     default 86400000; 2: nothing of B stored within 60 s)\n"
           "  batch results B --jsonl\n"
           "                     each ended task's result, one JSON line each, in the\n"
           "                     order they ended (without --jsonl: id, status, error)\n"
@@ -1614,8 +1614,9 @@ static void usage(FILE *out)
           "  --config FILE      worker.yaml to take names and credentials from\n"
           "Use '-' as SCRIPT to read the code from standard input.\n"
           "exit codes: 0 done; 1 a task failed (ci run exits with the script's own code)\n"
-          "or a batch's task did not succeed; 2 a usage error, or no such task, session\n"
-          "or batch; 3 NATS or the service failed; 124 timed out; 130 cancelled\n",
+          "or a batch's task did not succeed; 2 a usage error, or no such task, session,\n"
+          "batch or runtime manifest; 3 NATS or the service failed; 124 timed out (the\n"
+          "task's limit or --wait-ms); 130 cancelled\n",
           out);
 }
 
