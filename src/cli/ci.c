@@ -611,8 +611,8 @@ static int wait_failed(const char *id, ci_status s, const struct ci_error *e)
         say(stderr, "ci: %s\n", e->msg);
         return EXIT_INFRA;
     }
-    say(stderr, "ci: %s; it was not cancelled: 'ci get %s' gives its result once it ends\n",
-        e->msg, id);
+    say(stderr, "ci: %s (it goes on: 'ci get %s' gives its result once it ends)\n", e->msg,
+        id);
     return EXIT_TIMEOUT;
 }
 
