@@ -2237,6 +2237,12 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
     jsErrCode jerr = 0;
     CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
     natsStatus s = js_SubscribeSync(&sub, b->js, filter, NULL, &so, &jerr);
+    /* The server's flow control bounds what it sends ahead in bytes (32
+     * MiB); a batch's events are small, more of them than the library's
+     * default of 65,536 messages: a reader that fell behind lost them
+     * ("slow consumer"). Bounded in bytes only. */
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(sub, -1, 64 * 1024 * 1024);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read %s from stream %s", filter, stream);
     size_t seen = 0;
