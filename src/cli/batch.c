@@ -505,8 +505,28 @@ static const char *base_of(const char *path)
     return slash ? slash + 1 : path;
 }
 
+/* The bytes of a varint holding v (protobuf). */
+static uint64_t varint_len(uint64_t v)
+{
+    uint64_t n = 1;
+    for (; v >= 0x80; v >>= 7)
+        n++;
+    return n;
+}
+
+/* What an InputFile with its content inline adds to a task's message,
+ * but for what every such file adds alike: name and content with their
+ * tags and lengths (protobuf), or the name and the content in base64
+ * (JSON; names need no escapes). The request around it grows with it. */
+static uint64_t inline_bytes(uint64_t size, size_t name_len, bool json)
+{
+    if (json)
+        return name_len + (size + 2) / 3 * 4;
+    return 1 + varint_len(name_len) + name_len + 1 + varint_len(size) + size;
+}
+
 ci_status ci_batch_files_check(char *const *paths, size_t n, uint64_t max_bytes,
-                               size_t inline_max, struct ci_batch_files_extremes *ret,
+                               size_t inline_max, bool json, struct ci_batch_files_extremes *ret,
                                struct ci_error *err)
 {
     struct ci_batch_files_extremes x = {SIZE_MAX, SIZE_MAX};
@@ -543,9 +563,10 @@ ci_status ci_batch_files_check(char *const *paths, size_t n, uint64_t max_bytes,
                                 "--file-each: '%.200s' is %" PRIu64 " bytes; an input may be at "
                                 "most %" PRIu64 " bytes (limits.max_input_bytes); nothing was "
                                 "submitted", p, size, max_bytes);
-        if (size <= inline_max && (x.largest_inline == SIZE_MAX || size > largest)) {
+        uint64_t bytes = inline_bytes(size, strlen(name), json);
+        if (size <= inline_max && (x.largest_inline == SIZE_MAX || bytes > largest)) {
             x.largest_inline = i;
-            largest = size;
+            largest = bytes;
         }
         if (size > inline_max && (x.longest_uploaded == SIZE_MAX || strlen(name) > longest)) {
             x.longest_uploaded = i;

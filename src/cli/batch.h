@@ -171,10 +171,11 @@ ci_status ci_batch_glob(const char *pattern, size_t max, char ***ret, size_t *re
                         struct ci_error *err);
 void ci_batch_paths_free(char **paths, size_t n);
 
-/* Which inputs of a --file-each batch make its largest messages: the
- * largest file sent inline (of at most inline_max bytes), and of the files
- * above that (uploaded, the message names them) the one with the longest
- * name; SIZE_MAX for none. */
+/* Which inputs of a --file-each batch make its largest messages: of the
+ * files sent inline (of at most inline_max bytes), the one whose name and
+ * content make the most bytes in the encoding (protobuf, or JSON with the
+ * content in base64), and of the files above that (uploaded, the message
+ * names them) the one with the longest name; SIZE_MAX for none. */
 struct ci_batch_files_extremes {
     size_t largest_inline, longest_uploaded;
 };
@@ -184,7 +185,7 @@ struct ci_batch_files_extremes {
  * name rules), its size (at most max_bytes, limits.max_input_bytes) and
  * that it can be opened. CI_ERR_INVALID naming the first file at fault. */
 ci_status ci_batch_files_check(char *const *paths, size_t n, uint64_t max_bytes,
-                               size_t inline_max, struct ci_batch_files_extremes *ret,
+                               size_t inline_max, bool json, struct ci_batch_files_extremes *ret,
                                struct ci_error *err);
 
 #endif

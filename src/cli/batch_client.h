@@ -20,6 +20,8 @@ struct ci_broker;
  * or jsonl_path (one request per line). */
 struct ci_batch_submit {
     const char *batch; /* the batch id, checked */
+    bool batch_new;    /* made by this submission (b- and random digits): no other
+                          task can have an id <batch>-<n>, none is looked up */
     /* --file-each */
     const char *code;
     size_t code_len;
@@ -40,7 +42,11 @@ struct ci_batch_submitted {
     uint64_t duplicates; /* dropped by CI_BATCH: queued already (within its window) */
     uint64_t skipped;    /* not published: a worker took them, or their result is terminal */
     bool seal_was_there; /* sealed by an earlier submission (with the same total) */
+    bool sealed;         /* the seal is stored, by this submission or an earlier one:
+                            a failure after it (the counts, complete) left every task out */
     bool completed;      /* this submission stored the complete event */
+    bool in_use;         /* it stopped at a task id that a queued task of another
+                            batch has (CI_ERR_INVALID), the tasks before it out */
     struct ci_batch_state counts; /* read after sealing */
 };
 

@@ -573,7 +573,7 @@ static int cmd_runtimes(struct ci_broker *b, const struct ci_config *cfg, const 
         say(stderr, "ci: no runtime manifest in %s: no worker of this version has published "
             "one in the last %u s (is a worker running?)\n",
             cfg->jetstream.runtimes_bucket, cfg->jetstream.max_age_s);
-        rc = 1;
+        rc = EXIT_USAGE; /* nothing to show, as for a task or batch that is not there */
     } else {
         say(stdout, "%s", (const char *)rl.text.data);
     }
@@ -603,6 +603,19 @@ static void print_end(const Ci__V1__ExecutionResult *r)
     print_session(stderr, "ci: ", r->session);
 }
 
+/* A wait that ended without the task's end: --wait-ms ran out (s
+ * CI_ERR_TIMEOUT, exit 124; the task goes on), or NATS failed (exit 3). */
+static int wait_failed(const char *id, ci_status s, const struct ci_error *e)
+{
+    if (s != CI_ERR_TIMEOUT) {
+        say(stderr, "ci: %s\n", e->msg);
+        return EXIT_INFRA;
+    }
+    say(stderr, "ci: %s (it goes on: 'ci get %s' gives its result once it ends)\n", e->msg,
+        id);
+    return EXIT_TIMEOUT;
+}
+
 /* Waits for the task's end and reads its result into *ret. Without --json,
  * its output is shown as it is written (contract §19), then the rest of it
  * and print_end(). 0, or the exit code of a failure (said on stderr). */
@@ -611,10 +624,10 @@ static int follow_to_end(struct ci_broker *b, const struct opts *o, const char *
 {
     struct ci_error e = {{0}};
     struct ci_follow *live = o->json ? NULL : ci_follow_start(b, id, stdout, stderr);
-    if (wait_terminal(b, id, o->wait_ms, false, false, &e) || get_result(b, id, ret, &e)) {
+    ci_status s = wait_terminal(b, id, o->wait_ms, false, false, &e);
+    if (s || get_result(b, id, ret, &e)) {
         ci_follow_finish(live, NULL);
-        say(stderr, "ci: %s\n", e.msg);
-        return EXIT_INFRA;
+        return wait_failed(id, s, &e);
     }
     if (o->json)
         return 0;
@@ -694,11 +707,8 @@ static int cmd_watch(struct ci_broker *b, const struct ci_config *cfg, const str
         ci_message_free(&r->base);
         return rc;
     }
-    if (wait_terminal(b, id, o->wait_ms, true, o->json, &e)) {
-        say(stderr, "ci: %s\n", e.msg);
-        return EXIT_INFRA;
-    }
-    return 0;
+    ci_status s = wait_terminal(b, id, o->wait_ms, true, o->json, &e);
+    return s ? wait_failed(id, s, &e) : 0;
 }
 
 static int cmd_cancel(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
@@ -1014,7 +1024,7 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
         batch = new_id;
     }
     struct ci_batch_submit a = {
-        .batch = batch, .labels = o->labels, .n_labels = o->n_labels,
+        .batch = batch, .batch_new = !c->batch, .labels = o->labels, .n_labels = o->n_labels,
         .timeout_ms = o->timeout_ms, .memory_mb = o->memory_mb, .jsonl_path = c->jsonl_file,
         .wire_json = o->wire_json,
     };
@@ -1047,7 +1057,23 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
     if (s) {
         uint64_t done = r.published + r.duplicates + r.skipped;
         say(stderr, "ci: %s\n", e.msg);
-        if (done)
+        if (r.sealed)
+            say(stderr, "ci: batch %s: all %" PRIu64 " tasks went out and the seal is "
+                "published; what failed came after it (the counts, and the complete event if "
+                "every task had ended already, which a worker that sees the seal publishes "
+                "too): running the same command%s%s again does it (nothing runs twice)\n",
+                batch, r.total, c->batch ? "" : " with --batch ", c->batch ? "" : batch);
+        else if (done && r.in_use && c->jsonl_file)
+            say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
+                "it is not sealed: once the line has another taskId, run the same "
+                "command%s%s again to finish it (run as it is, it would take the other "
+                "batch's task for its own)\n", batch, done, r.total,
+                c->batch ? "" : " with --batch ", c->batch ? "" : batch);
+        else if (done && r.in_use)
+            say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
+                "it is not sealed and cannot be finished under this id: cancel it (ci batch "
+                "cancel %s)\n", batch, done, r.total, batch);
+        else if (done)
             say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
                 "it is not sealed: run the same command%s%s again to finish it (nothing "
                 "runs twice)\n", batch, done, r.total, c->batch ? "" : " with --batch ",
@@ -1074,32 +1100,44 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
  * connection being made again. */
 static bool nats_transient(ci_status s) { return s == CI_ERR_TIMEOUT || s == CI_ERR_NATS; }
 
+/* Reads the counts of the batch; *ret_known false (and *ret untouched)
+ * when the streams know nothing of it. */
+static ci_status batch_read(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
+                            struct ci_batch_state *ret, bool *ret_known, struct ci_error *err)
+{
+    struct ci_batch_raw raw;
+    *ret_known = false;
+    ci_status s = ci_batch_read_raw(b, cfg, batch, &raw, err);
+    if (s)
+        return s;
+    *ret_known = ci_batch_raw_known(&raw);
+    if (*ret_known)
+        ci_batch_state_compute(&raw, ret);
+    return CI_OK;
+}
+
+static void say_no_batch(const char *batch, const char *waited)
+{
+    say(stderr, "ci: no batch '%s'%s: no task or event of it is stored (never submitted, a "
+        "typo, older than its streams keep messages, or its submission is still checking its "
+        "inputs: nothing goes out before they all pass)\n", batch, waited);
+}
+
 /* The counts of the batch: 0, EXIT_USAGE when the streams know nothing of
- * it, EXIT_INFRA; said on stderr, except a failure that may pass when
- * ret_transient is not NULL: then it gets the error, and *ret_transient
- * is left empty for any other outcome. */
+ * it, EXIT_INFRA; said on stderr. */
 static int batch_counts(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
-                        struct ci_batch_state *ret, struct ci_error *ret_transient)
+                        struct ci_batch_state *ret)
 {
     struct ci_error e = {{0}};
-    struct ci_batch_raw raw;
-    if (ret_transient)
-        ret_transient->msg[0] = '\0';
-    ci_status s = ci_batch_read_raw(b, cfg, batch, &raw, &e);
-    if (s && ret_transient && nats_transient(s)) {
-        snprintf(ret_transient->msg, sizeof(ret_transient->msg), "%s", e.msg[0] ? e.msg : "?");
-        return EXIT_INFRA;
-    }
-    if (s) {
+    bool known = false;
+    if (batch_read(b, cfg, batch, ret, &known, &e)) {
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
-    if (!ci_batch_raw_known(&raw)) {
-        say(stderr, "ci: no batch '%s': no task or event of it is stored (never submitted, a "
-            "typo, or older than its streams keep messages)\n", batch);
+    if (!known) {
+        say_no_batch(batch, "");
         return EXIT_USAGE;
     }
-    ci_batch_state_compute(&raw, ret);
     return 0;
 }
 
@@ -1107,7 +1145,7 @@ static int batch_status(struct ci_broker *b, const struct ci_config *cfg, const 
 {
     const char *batch = o->batch_cmd.batch;
     struct ci_batch_state c;
-    int rc = batch_counts(b, cfg, batch, &c, NULL);
+    int rc = batch_counts(b, cfg, batch, &c);
     if (rc)
         return rc;
     if (o->batch_cmd.json) {
@@ -1220,6 +1258,10 @@ static void sleep_ms(int64_t ms)
 /* How long `ci batch wait` goes on asking while NATS does not answer
  * (each request itself waits up to 5 s) before it gives up with exit 3. */
 #define WAIT_NATS_RETRY_MS 30000
+/* How long it waits for a batch of which nothing is stored yet to appear
+ * before it says there is none (exit 2): its submission publishes nothing
+ * before every input is checked (contract §20). */
+#define WAIT_APPEAR_MS 60000
 
 static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
 {
@@ -1227,42 +1269,70 @@ static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const st
     /* A batch may take hours: by default wait as long as its streams keep
      * it (batches.max_age_s, 24 h). */
     int64_t wait_ms = o->wait_set ? o->wait_ms : 86400000;
+    int64_t appear_ms = wait_ms < WAIT_APPEAR_MS ? wait_ms : WAIT_APPEAR_MS;
     int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0, last_ok = start;
-    bool tty = isatty(STDERR_FILENO), drawn = false, failing = false;
-    char text[256], said[256] = "", brief[160];
+    bool tty = isatty(STDERR_FILENO), drawn = false, failing = false, absent = false;
+    char text[256] = "", said[256] = "", brief[160];
     struct ci_batch_state c;
     for (;;) {
-        struct ci_error hiccup;
-        int rc = batch_counts(b, cfg, batch, &c, &hiccup);
+        struct ci_error e = {{0}};
+        bool known = false;
+        ci_status s = batch_read(b, cfg, batch, &c, &known, &e);
         int64_t now = ci_mono_ms();
-        /* A request that timed out once, or a reconnect, is no reason to
-         * stop following a batch that runs for hours: asked again, within
-         * a bound. */
-        if (rc && hiccup.msg[0] && now - last_ok < WAIT_NATS_RETRY_MS && now < deadline) {
-            if (!failing) {
-                if (drawn && tty)
-                    fputc('\n', stderr);
-                say(stderr, "ci: batch %s: %s; asking again for up to %d s\n", batch, hiccup.msg,
-                    WAIT_NATS_RETRY_MS / 1000);
-                failing = true;
-                drawn = false;
+        if (s && drawn && tty) {
+            fputc('\n', stderr); /* below the progress line */
+            drawn = false;
+        }
+        if (s && !nats_transient(s)) {
+            say(stderr, "ci: %s\n", e.msg);
+            return EXIT_INFRA;
+        }
+        if (s) {
+            /* A request that timed out once, or a reconnect, is no reason
+             * to stop following a batch that runs for hours: asked again,
+             * within a bound. --wait-ms running out meanwhile is still a
+             * timeout, as the table of exit codes says. */
+            if (now >= deadline) {
+                say(stderr, "ci: batch %s: not every task ended within %" PRId64 " ms%s%s "
+                    "(NATS has not answered for %" PRId64 " s: %s)\n", batch, wait_ms,
+                    text[0] ? ": " : "", text, (now - last_ok) / 1000, e.msg);
+                return EXIT_TIMEOUT;
             }
+            if (now - last_ok >= WAIT_NATS_RETRY_MS) {
+                say(stderr, "ci: batch %s: %s (no answer for %" PRId64 " s: giving up)\n", batch,
+                    e.msg, (now - last_ok) / 1000);
+                return EXIT_INFRA;
+            }
+            if (!failing)
+                say(stderr, "ci: batch %s: %s; asking again for up to %d s\n", batch, e.msg,
+                    WAIT_NATS_RETRY_MS / 1000);
+            failing = true;
             int64_t left = deadline - now;
             sleep_ms(left < 500 ? left : 500);
             continue;
-        }
-        if (rc) {
-            if (drawn && tty)
-                fputc('\n', stderr);
-            if (hiccup.msg[0])
-                say(stderr, "ci: batch %s: %s (no answer for %" PRId64 " s: giving up)\n", batch,
-                    hiccup.msg, (now - last_ok) / 1000);
-            return rc;
         }
         if (failing)
             say(stderr, "ci: batch %s: NATS answers again\n", batch);
         failing = false;
         last_ok = now;
+        /* `submit --batch B & wait B`: the submission may still be checking
+         * its inputs. Waited for, within a bound: a typo ends in exit 2. */
+        if (!known) {
+            if (now - start >= appear_ms) {
+                char waited[64];
+                snprintf(waited, sizeof(waited), " (waited %" PRId64 " s for it)",
+                         (now - start) / 1000);
+                say_no_batch(batch, waited);
+                return EXIT_USAGE;
+            }
+            if (!absent)
+                say(stderr, "ci: batch %s: nothing of it is stored yet; waiting up to %" PRId64
+                    " s for its submission to publish it\n", batch, appear_ms / 1000);
+            absent = true;
+            int64_t left = start + appear_ms - now;
+            sleep_ms(left < 500 ? left : 500);
+            continue;
+        }
         bool done = ci_batch_state_done(&c);
         wait_text(text, sizeof(text), &c);
         /* A terminal shows every poll; a log a line when the counts moved,
@@ -1332,7 +1402,7 @@ static int batch_results(struct ci_broker *b, const struct ci_config *cfg, const
 {
     const char *batch = o->batch_cmd.batch;
     struct ci_batch_state c;
-    int rc = batch_counts(b, cfg, batch, &c, NULL);
+    int rc = batch_counts(b, cfg, batch, &c);
     if (rc)
         return rc;
     struct results_out r = {.b = b, .batch = batch, .jsonl = o->batch_cmd.jsonl};
@@ -1352,8 +1422,18 @@ static int batch_results(struct ci_broker *b, const struct ci_config *cfg, const
         return EXIT_INFRA;
     }
     /* Ended tasks stay ended: fewer end events than were counted a moment
-     * ago means the read missed some. */
+     * ago means the read missed some, unless they expired meanwhile (a
+     * batch's events live batches.max_age_s, a day): then the count after
+     * the read is the smaller. */
     uint64_t ended = ci_batch_state_ended(&c);
+    if (!cut && r.lines + unreadable < ended) {
+        struct ci_batch_state after;
+        bool known = false;
+        if (batch_read(b, cfg, batch, &after, &known, &e) == CI_OK) {
+            uint64_t now = known ? ci_batch_state_ended(&after) : 0;
+            ended = now < ended ? now : ended;
+        }
+    }
     if (cut || r.lines + unreadable < ended) {
         say(stderr, "ci: the results are cut: %" PRIu64 " of the %" PRIu64 " ended tasks' end "
             "events were read%s\n", r.lines, ended,
@@ -1502,7 +1582,7 @@ static void usage(FILE *out)
           "                     cancelled\n"
           "  batch wait B       until every task ended; exit 0 when all succeeded, else 1\n"
           "                     with the failures grouped by error (124: --wait-ms passed,\n"
-          "                     default 86400000)\n"
+          "                     default 86400000; 2: nothing of B stored within 60 s)\n"
           "  batch results B --jsonl\n"
           "                     each ended task's result, one JSON line each, in the\n"
           "                     order they ended (without --jsonl: id, status, error)\n"
@@ -1534,8 +1614,9 @@ static void usage(FILE *out)
           "  --config FILE      worker.yaml to take names and credentials from\n"
           "Use '-' as SCRIPT to read the code from standard input.\n"
           "exit codes: 0 done; 1 a task failed (ci run exits with the script's own code)\n"
-          "or a batch's task did not succeed; 2 a usage error, or no such task, session\n"
-          "or batch; 3 NATS or the service failed; 124 timed out; 130 cancelled\n",
+          "or a batch's task did not succeed; 2 a usage error, or no such task, session,\n"
+          "batch or runtime manifest; 3 NATS or the service failed; 124 timed out (the\n"
+          "task's limit or --wait-ms); 130 cancelled\n",
           out);
 }
 

@@ -228,16 +228,17 @@ out:
     return s;
 }
 
-static Ci__V1__ExecutionResult *decode_result(const uint8_t *buf, size_t len,
-                                              struct ci_error *err)
+ci_status ci_client_result_decode(const uint8_t *buf, size_t len,
+                                  Ci__V1__ExecutionResult **ret, struct ci_error *err)
 {
     ProtobufCMessage *m = NULL;
     /* The encoding follows the request, which may not have been ours. */
     if (ci_message_decode(CI_ENC_PROTOBUF, &ci__v1__execution_result__descriptor, buf, len, &m,
                           NULL) &&
         ci_message_decode(CI_ENC_JSON, &ci__v1__execution_result__descriptor, buf, len, &m, err))
-        return NULL;
-    return (Ci__V1__ExecutionResult *)m;
+        return CI_ERR_INVALID;
+    *ret = (Ci__V1__ExecutionResult *)m;
+    return CI_OK;
 }
 
 ci_status ci_client_result_get(struct ci_broker *b, const char *id,
@@ -248,9 +249,10 @@ ci_status ci_client_result_get(struct ci_broker *b, const char *id,
     ci_status s = ci_broker_result_get(b, id, &buf, &len, NULL, err);
     if (s)
         return s;
-    *ret = decode_result(buf, len, err);
+    *ret = NULL;
+    s = ci_client_result_decode(buf, len, ret, err);
     free(buf);
-    return *ret ? CI_OK : CI_ERR_INVALID;
+    return s;
 }
 
 /* Whether the stored result is terminal; then fn gets it as the event that
@@ -285,7 +287,7 @@ ci_status ci_client_wait(struct ci_broker *b, const char *id, int64_t wait_ms,
     struct ci_watch *w = NULL;
     ci_status s = ci_watch_new(b, id, &w, err);
     if (s)
-        return s;
+        return s == CI_ERR_TIMEOUT ? CI_ERR_NATS : s; /* a request, not wait_ms */
     int64_t deadline = ci_mono_ms() + wait_ms;
     bool warned = !warn, seen = false;
     int64_t started = ci_mono_ms(), last_check = started;
@@ -318,7 +320,7 @@ ci_status ci_client_wait(struct ci_broker *b, const char *id, int64_t wait_ms,
             continue;
         }
         if (s)
-            break;
+            break; /* not CI_ERR_TIMEOUT: that is "none came" above */
         enum ci_encoding enc = CI_ENC_PROTOBUF;
         ci_encoding_from_content_type(ct, &enc, NULL);
         ProtobufCMessage *m = NULL;

@@ -537,22 +537,54 @@ static void t_files_check(void)
     struct ci_batch_files_extremes x;
     struct ci_error e = {{0}};
     /* Inline up to 10 bytes, at most 20 bytes an input. */
-    REQUIRE(ci_batch_files_check(paths, 4, 20, 10, &x, &e) == CI_OK);
+    REQUIRE(ci_batch_files_check(paths, 4, 20, 10, false, &x, &e) == CI_OK);
     CHECK(x.largest_inline == 0);   /* a.csv, 5 bytes */
     CHECK(x.longest_uploaded == 2); /* the longer name of the two above 10 */
-    REQUIRE(ci_batch_files_check(paths, 2, 20, 10, &x, &e) == CI_OK);
+    REQUIRE(ci_batch_files_check(paths, 2, 20, 10, false, &x, &e) == CI_OK);
     CHECK(x.largest_inline == 0 && x.longest_uploaded == SIZE_MAX);
-    CHECK(ci_batch_files_check(paths, 4, 12, 10, &x, &e) == CI_ERR_INVALID);
+    CHECK(ci_batch_files_check(paths, 4, 12, 10, false, &x, &e) == CI_ERR_INVALID);
     CHECK_CONTAINS(e.msg, "big.csv' is 13 bytes; an input may be at most 12 bytes");
     CHECK_CONTAINS(e.msg, "nothing was submitted");
-    CHECK(ci_batch_files_check(paths, 5, 20, 10, &x, &e) == CI_ERR_INVALID);
+    CHECK(ci_batch_files_check(paths, 5, 20, 10, false, &x, &e) == CI_ERR_INVALID);
     CHECK_CONTAINS(e.msg, "c;d.csv' cannot be an input: its name 'c;d.csv' is not allowed");
-    CHECK(ci_batch_files_check(paths + 5, 1, 20, 10, &x, &e) == CI_ERR_INVALID);
+    CHECK(ci_batch_files_check(paths + 5, 1, 20, 10, false, &x, &e) == CI_ERR_INVALID);
     CHECK_CONTAINS(e.msg, "must not start with '.'");
+    /* The message with a file inline grows with its name too: a.csv (5
+     * bytes) against a 4-byte file with a name 6 characters longer. */
+    char q[2][512];
+    char *pair[] = {q[0], q[1]};
+    snprintf(q[0], sizeof(q[0]), "%s/a.csv", dir);
+    snprintf(q[1], sizeof(q[1]), "%s/longer-x.csv", dir);
+    touch(dir, "longer-x.csv", "1234");
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, false, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 1);
+    /* In JSON the content is base64: 5 bytes make 8 characters, 4 make 8
+     * too, and the name decides; 3 bytes make 4. */
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, true, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 1);
+    touch(dir, "longer-x.csv", "123");
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, false, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 1); /* 3 + 12 against 5 + 5 */
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, true, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 1); /* 4 + 12 against 8 + 5 */
+    unlink(q[1]);
+    /* Where the encodings disagree: 9 bytes under an 8-character name
+     * against 10 under a 5-character one (protobuf 9 + 8 against 10 + 5;
+     * base64 12 + 8 against 16 + 5). */
+    snprintf(q[0], sizeof(q[0]), "%s/abcd.csv", dir);
+    snprintf(q[1], sizeof(q[1]), "%s/e.csv", dir);
+    touch(dir, "abcd.csv", "123456789");
+    touch(dir, "e.csv", "1234567890");
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, false, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 0);
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, true, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 1);
+    unlink(q[0]);
+    unlink(q[1]);
     for (int i = 0; i < 6; i++)
         unlink(p[i]);
     char *gone[] = {p[0]};
-    CHECK(ci_batch_files_check(gone, 1, 20, 10, &x, &e) == CI_ERR_INVALID);
+    CHECK(ci_batch_files_check(gone, 1, 20, 10, false, &x, &e) == CI_ERR_INVALID);
     CHECK_CONTAINS(e.msg, "a.csv' cannot be read");
     CHECK(rmdir(dir) == 0);
 }
