@@ -156,6 +156,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("jetstream.files_max_mb", jetstream.files_max_mb, 0, 0, 16777216),
     KEY_BOOL("jetstream.live_output", jetstream.live_output, true),
     KEY_U32("jetstream.output_max_mb", jetstream.output_max_mb, 1024, 1, 16777216),
+    KEY_U32("jetstream.check_s", jetstream.check_s, 15, 1, 3600),
 
     KEY_STR("worker.id", worker.id, "", CS_ID),
     KEY_U32("worker.concurrency", worker.concurrency, 0, 0, 1024),

@@ -79,6 +79,7 @@ struct ci_config {
         uint32_t files_max_mb;       /* 0: the files bucket has no size limit of its own */
         bool live_output;            /* true: publish output while the code runs (§19) */
         uint32_t output_max_mb;      /* 1024: the output stream's size limit */
+        uint32_t check_s;            /* 15: how often the worker looks for its streams */
     } jetstream;
     struct {
         char *id;             /* "" = hostname-pid */

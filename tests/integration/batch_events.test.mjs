@@ -28,7 +28,8 @@ import {
 // streams, buckets and consumers are the worker's own, and nobody but the
 // test takes a task.
 async function stackWithoutWorker() {
-  const stack = await startStack({ workers: 1 });
+  // Cold: it runs no task, and a warm start is two zygotes.
+  const stack = await startStack({ workers: 1, worker: { local: { mode: "cold" } } });
   const x = await stack.workers[0].stop("SIGTERM", 90000);
   assert.equal(x.code, 0, "the worker drained and exited");
   return stack;

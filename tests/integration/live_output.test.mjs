@@ -274,10 +274,12 @@ describe("live output, replay, caps, ends, redelivery", () => {
   });
 });
 
+// A cold worker: one print task does not need the warm runtime, whose start
+// (two zygotes) takes longer than it does.
 describe("live output off", () => {
   let stack;
   before(async () => {
-    stack = await startStack({ workers: 1, worker: { jetstream: { live_output: false } } });
+    stack = await startStack({ workers: 1, worker: { jetstream: { live_output: false }, local: { mode: "cold" } } });
   });
   after(async () => {
     await stack?.stop();
@@ -294,10 +296,12 @@ describe("live output off", () => {
 
 // JetStream counts a stream's max_bytes against its store from the start: a
 // server without room for output_max_mb (1024 MiB) must not stop a worker.
+// Its workers look for the stream every second (jetstream.check_s; 15 s by
+// default).
 describe("live output on a small JetStream store", () => {
   let stack;
   before(async () => {
-    stack = await startStack({ workers: 1, jetstreamConfig: "max_file_store: 64MB" });
+    stack = await startStack({ workers: 1, worker: { jetstream: { check_s: 1 } }, jetstreamConfig: "max_file_store: 64MB" });
   });
   after(async () => {
     await stack?.stop();
@@ -313,9 +317,10 @@ describe("live output on a small JetStream store", () => {
     assert.equal(r0.w.chunks.length, 0);
     await assert.rejects(stack.client.jsm.streams.info(OUTPUT_STREAM), /stream not found/i);
 
-    // A worker that asks for 16 MiB makes the stream; the first one finds it
-    // at its next look (every 15 s) and publishes into it as it is.
-    const w2 = await stack.addWorker({ jetstream: { output_max_mb: 16 } });
+    // A worker that asks for 16 MiB makes the stream (it runs no task: cold
+    // starts faster); the first one finds it at its next look and publishes
+    // into it as it is.
+    const w2 = await stack.addWorker({ jetstream: { output_max_mb: 16 }, local: { mode: "cold" } });
     assert.equal(w2.events("worker.live_output_off").length, 0);
     const si = await stack.client.jsm.streams.info(OUTPUT_STREAM);
     assert.equal(si.config.max_bytes, 16 * 1024 * 1024);

@@ -107,6 +107,7 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK_STR(c->jetstream.output_prefix, "ci.out");
     CHECK(c->jetstream.live_output == true);
     CHECK(c->jetstream.output_max_mb == 1024);
+    CHECK(c->jetstream.check_s == 15);
     CHECK_STR(c->jetstream.results_bucket, "ci-results");
     CHECK_STR(c->jetstream.files_bucket, "ci-files");
     CHECK_STR(c->jetstream.batch_stream, "CI_BATCH");
@@ -566,6 +567,8 @@ static void test_cross_field_rules(void)
          "jetstream.status_prefix ('ci.status'): the streams' subjects must not overlap"},
         {"jetstream:\n  output_max_mb: 0\n",
          "worker.yaml:2: key 'jetstream.output_max_mb': 0 is below the minimum 1"},
+        {"jetstream:\n  check_s: 0\n",
+         "worker.yaml:2: key 'jetstream.check_s': 0 is below the minimum 1"},
         {"jetstream:\n  status_prefix: ci\n",
          "worker.yaml:2: key 'jetstream.status_prefix': 'ci' overlaps jetstream.submit_subject "
          "('ci.submit'): the streams' subjects must not overlap"},
