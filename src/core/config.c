@@ -1554,7 +1554,10 @@ void ci_config_task_uid_layout(const struct ci_config *cfg, struct ci_task_uid_l
     uint32_t spares = cfg->local.warm_spares ? cfg->local.warm_spares : slots;
     uint32_t pool = cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1;
     ret->cold = slots;
-    ret->block = slots + spares + 2;
+    /* A zygote frees a task's uid when that task's init is gone, and the
+     * sandbox's reaper lets up to `slots` ended runs finish exiting while
+     * every slot runs a new task: room for both, the spares and two more. */
+    ret->block = 2 * slots + spares + 2;
     ret->need_warm = slots + (pool + 1) * ret->block;
 }
 
