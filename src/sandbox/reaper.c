@@ -70,7 +70,9 @@ ci_status reaper_start(struct ci_sandbox *sb, unsigned max_pending)
     if (e != 0) {
         pthread_cond_destroy(&r->cond);
         pthread_mutex_destroy(&r->lock);
-        return e == ENOMEM || e == EAGAIN ? CI_ERR_NOMEM : CI_ERR_SYS;
+        /* EAGAIN is a thread or pids limit, not memory: the sandbox goes
+         * on without the thread. */
+        return e == ENOMEM ? CI_ERR_NOMEM : CI_ERR_SYS;
     }
     r->running = true;
     return CI_OK;
