@@ -75,10 +75,18 @@ fp = {
 }
 `;
 
+// Each task, not only the battery's probe, must have run in the mode asked
+// for: a warm task that fell back to a cold start would pass trivially.
+function assertMode(report) {
+  const mode = process.env.CI_SANDBOX_MODE;
+  if (mode) assert.equal(report.warm, mode === "warm", `the task ran in ${mode} mode (pandas imported before its code: ${report.warm})`);
+}
+
 describe("fresh_state", { concurrency: 1 }, () => {
   b.attack("a task finds options, rcParams, warnings, converters, figures, fds, environment and /tmp as a fresh python3 does", async () => {
     const code = `
 import json, os, subprocess, sys
+_warm = "pandas" in sys.modules  # before this code imports it: the run came from a warm zygote
 FINGERPRINT = ${JSON.stringify(FINGERPRINT)}
 # The open fds, before anything here opens one: the driver's own are the
 # three standard ones and the report channel, moved to 100 and up.
@@ -92,11 +100,12 @@ exec(FINGERPRINT)
 mine = fp
 fresh = subprocess.run([sys.executable, "-I", "-B", "-c", FINGERPRINT + "print(json.dumps(fp))"],
                        capture_output=True, text=True, timeout=50)
-report(mine=json.loads(json.dumps(mine)), fresh=json.loads(fresh.stdout) if fresh.returncode == 0 else None,
+report(warm=_warm, mine=json.loads(json.dumps(mine)), fresh=json.loads(fresh.stdout) if fresh.returncode == 0 else None,
        fresh_err=fresh.stderr[-2000:], fds=fds)
 `;
     const { result, report } = await b.run(code, { limits: { timeoutMs: 60000 } });
     assert.equal(result.status, "TASK_STATUS_SUCCEEDED", show(result));
+    assertMode(report);
     assert.ok(report.fresh, `the fresh python3 ran: ${report.fresh_err}`);
     // Control: the comparison sees something (a fresh interpreter has
     // pandas' options and matplotlib's rcParams too).
@@ -127,15 +136,18 @@ report(mine=json.loads(json.dumps(mine)), fresh=json.loads(fresh.stdout) if fres
 
   b.attack("two tasks do not share a random state (random, numpy's legacy generator, a new Generator)", async () => {
     const code = `
+import sys
+_warm = "pandas" in sys.modules
 import random
 import numpy as np
-report(py=random.getrandbits(64), legacy=np.random.get_state()[1][:8].tolist(),
+report(warm=_warm, py=random.getrandbits(64), legacy=np.random.get_state()[1][:8].tolist(),
        legacy_draw=np.random.randint(0, 2**62), rng=int(np.random.default_rng().integers(0, 2**62)))
 `;
     const runs = [];
     for (let i = 0; i < 3; i++) {
       const { result, report } = await b.run(code);
       assert.equal(result.status, "TASK_STATUS_SUCCEEDED", show(result));
+      assertMode(report);
       runs.push(report);
     }
     for (const key of ["py", "legacy", "legacy_draw", "rng"]) {
