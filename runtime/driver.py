@@ -893,6 +893,15 @@ class _Driver:
         main.__file__ = "main.py"
         main.__builtins__ = builtins
         sys.modules["__main__"] = main
+        # multiprocessing aliases __main__ as __mp_main__ when it is imported,
+        # and dill binds it (in warm mode the zygote imported both): both must
+        # see this one, as they would in a fresh python3.
+        if "__mp_main__" in sys.modules:
+            sys.modules["__mp_main__"] = main
+        for name in ("dill._dill", "dill.session"):
+            mod = sys.modules.get(name)
+            if mod is not None and hasattr(mod, "_main_module"):
+                mod._main_module = main
         self.main = main
         sys.argv = ["main.py"]
         # Like `python main.py` in the workspace: its files are importable.
@@ -1205,6 +1214,12 @@ def _warm_main():
     code = 1
     try:
         _reseed()
+        # logging's relativeCreated counts from its import: the task's start,
+        # as in a fresh python3, not the zygote's.
+        logging = sys.modules.get("logging")
+        if logging is not None:
+            import time
+            logging._startTime = time.time()
         code = _main()
     except BaseException as e:  # noqa: B036 - like an uncaught exception at exit
         try:

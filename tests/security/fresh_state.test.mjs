@@ -24,6 +24,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import matplotlib.units
 import matplotlib.font_manager as fm
+import dill._dill, dill.session
 
 def _r(v):
     try:
@@ -72,6 +73,8 @@ fp = {
     "environment": sorted(os.environ.items()),
     "source lines cached": sorted(k for k in linecache.cache if k != "main.py"),
     "tmp": sorted(os.listdir("/tmp")),
+    "dill's __main__ is the code's": dill._dill._main_module is sys.modules["__main__"]
+        and dill.session._main_module is sys.modules["__main__"],
 }
 `;
 
