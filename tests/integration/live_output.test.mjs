@@ -505,7 +505,7 @@ describe("live output, the NATS server frozen mid-task", () => {
       // The publish that blocked gave up within the write deadline, and the
       // worker dropped the connection, while the server was still frozen.
       let gaveUp = true;
-      await w.waitLog((l) => l.event === "worker.nats_disconnected" && l.ts >= frozenAt, 5000).catch(() => (gaveUp = false));
+      await w.waitLog((l) => l.event === "worker.nats_disconnected" && l.ts >= frozenAt, 20000).catch(() => (gaveUp = false));
       assert.ok(stack.server.signal("SIGCONT"));
       frozen = false;
       const { result } = await c.waitResult(taskId, 60000);
