@@ -47,6 +47,7 @@ struct ci_config {
         uint32_t connect_timeout_ms; /* 5000 */
         int32_t max_reconnects;      /* -1 = forever */
         uint32_t reconnect_wait_ms;  /* 1000 */
+        uint32_t write_deadline_ms;  /* 10000; 0 = none */
     } nats;
     struct {
         char *tasks_stream;    /* CI_TASKS */

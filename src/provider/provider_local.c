@@ -281,7 +281,7 @@ static void local_release(void *ctx, struct ci_run *run)
     (void)ctx;
     if (!run)
         return;
-    ci_sandbox_run_free(run->sb_run);
+    ci_sandbox_run_release(run->sb_run);
     free(run);
 }
 

@@ -111,13 +111,28 @@ ci_status ci_publisher_new(const struct ci_publisher_opts *o, struct ci_publishe
     pthread_cond_init(&p->more, &ca);
     pthread_cond_init(&p->less, &ca);
     pthread_condattr_destroy(&ca);
-    if (pthread_create(&p->thread, NULL, publisher_main, p) != 0) {
+    int rc = pthread_create(&p->thread, NULL, publisher_main, p);
+    if (rc != 0) {
         ci_publisher_free(p);
-        return ci_error_set(err, CI_ERR_SYS, "cannot start the live output's publisher thread");
+        return ci_error_errno(err, CI_ERR_SYS, rc,
+                              "cannot start the live output's publisher thread");
     }
     p->started = true;
     *ret = p;
     return CI_OK;
+}
+
+void ci_publisher_size(struct ci_publisher_opts *o, uint64_t bytes, size_t min_chunk)
+{
+    if (bytes < CI_PUBLISHER_MAX_BYTES)
+        bytes = CI_PUBLISHER_MAX_BYTES;
+    if (bytes > CI_PUBLISHER_HARD_MAX_BYTES)
+        bytes = CI_PUBLISHER_HARD_MAX_BYTES;
+    uint64_t chunks = bytes / (min_chunk ? min_chunk : 1) + CI_PUBLISHER_MAX_CHUNKS;
+    if (chunks > CI_PUBLISHER_HARD_MAX_CHUNKS)
+        chunks = CI_PUBLISHER_HARD_MAX_CHUNKS;
+    o->max_bytes = (size_t)bytes;
+    o->max_chunks = (size_t)chunks;
 }
 
 /* Takes everything queued off the queue, under the lock; the caller tells
@@ -227,20 +242,44 @@ void ci_publisher_end(struct ci_publisher *p, int64_t deadline_ms)
     pthread_mutex_unlock(&p->lock);
 }
 
+/* Under the lock: waits until the thread is not publishing. */
+static void wait_idle(struct ci_publisher *p)
+{
+    /* The chunk under way: a NATS call, which the connection's write
+     * deadline bounds (nats.write_deadline_ms). */
+    while (p->busy)
+        pthread_cond_wait(&p->less, &p->lock);
+}
+
+#define STOPPED "the live output was stopped before the chunk could be published"
+
 ci_status ci_publisher_drain(struct ci_publisher *p)
 {
     pthread_mutex_lock(&p->lock);
-    while (p->head && p->deadline_ms && ci_mono_ms() < p->deadline_ms)
+    bool ended = p->deadline_ms != 0;
+    while (ended && p->head && ci_mono_ms() < p->deadline_ms)
         wait_until(p, &p->less, p->deadline_ms);
     struct chunk *left = p->head ? take_all(p) : NULL;
-    /* The chunk under way: a NATS call, whatever it waits for. */
-    while (p->busy)
-        pthread_cond_wait(&p->less, &p->lock);
+    wait_idle(p);
     pthread_mutex_unlock(&p->lock);
     if (!left)
         return CI_OK;
-    drop_all(p, left, CI_ERR_TIMEOUT, "the chunk was still waiting for NATS when the run's end could wait no more");
+    if (!ended) {
+        drop_all(p, left, CI_ERR_CANCELLED, STOPPED);
+        return CI_ERR_CANCELLED;
+    }
+    drop_all(p, left, CI_ERR_TIMEOUT,
+             "the chunk was still waiting for NATS when the run's end could wait no more");
     return CI_ERR_TIMEOUT;
+}
+
+void ci_publisher_stop(struct ci_publisher *p, const char *why)
+{
+    pthread_mutex_lock(&p->lock);
+    struct chunk *left = p->head ? take_all(p) : NULL;
+    wait_idle(p);
+    pthread_mutex_unlock(&p->lock);
+    drop_all(p, left, CI_ERR_CANCELLED, why ? why : STOPPED);
 }
 
 void ci_publisher_stats(const struct ci_publisher *p, struct ci_publisher_stats *ret)

@@ -73,17 +73,26 @@ struct task {
     /* A batch's task (docs/contract.md §20): the batch whose events count
      * it, or "" (batch_choose). */
     char batch[65];
+    /* When it passed its stages (ci_now_us(), 0: not reached): the
+     * task.stages line (log_stages). */
+    struct {
+        int64_t taken, checked, running, inputs, started, waited, artifacts, stored, event,
+            acked, released;
+        struct ci_run_marks run; /* the sandbox's, from the outcome */
+    } at;
 };
 
-/* The live output's counts go to the metrics when the task is done. Its
- * publisher stops here at the latest: what it still holds is dropped. */
-static void live_release(struct task *t)
+/* The live output's counts go to the metrics when the attempt is done
+ * with it. Its publisher stops here: what it still holds is dropped, and
+ * told why (the first one lost is logged), and the publish under way ends
+ * first. An attempt that stored its result has drained it already. */
+static void live_release(struct task *t, const char *why)
 {
     if (!t->pub)
         return;
     ci_liveout_free(t->live);
     t->live = NULL;
-    (void)ci_publisher_drain(t->pub); /* what is still queued is dropped (and told) */
+    ci_publisher_stop(t->pub, why);
     struct ci_publisher_stats st;
     ci_publisher_stats(t->pub, &st);
     ci_metrics_output_chunks(t->env->metrics, st.published, st.refused + st.failed + st.left);
@@ -93,7 +102,7 @@ static void live_release(struct task *t)
 
 static void task_release(struct task *t)
 {
-    live_release(t);
+    live_release(t, "the attempt ended without storing its result: its last chunks are dropped");
     free(t->state);
     ci_message_free(t->req ? &t->req->base : NULL);
     for (size_t i = 0; i < t->n_files; i++) {
@@ -317,7 +326,8 @@ static ci_status store_result(struct task *t, struct result *r, struct ci_error 
      * the record, so that a worker that dies after storing it has left
      * none behind; a redelivery then only repairs the event. A NATS that
      * does not take them holds the result CI_PUBLISHER_DRAIN_MS at most
-     * (and the publish under way): what is still queued then is lost. */
+     * (and the publish under way): what is still queued then is lost. The
+     * run's own last chunks waited as long for room (live_run_ended). */
     if (t->live && ci_task_status_terminal(r->msg.status)) {
         ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
         ci_liveout_finish(t->live, r->msg.stdout, r->msg.stderr);
@@ -327,10 +337,16 @@ static ci_status store_result(struct task *t, struct result *r, struct ci_error 
     free(buf);
     if (s)
         return s;
-    if (ci_task_status_terminal(r->msg.status))
+    bool terminal = ci_task_status_terminal(r->msg.status);
+    if (terminal) {
         t->final_stored = true;
+        t->at.stored = ci_now_us();
+    }
     const char *msg = r->text.error[0] ? r->text.error : NULL;
-    return publish_event(t, r->msg.status, msg, &r->msg, err);
+    s = publish_event(t, r->msg.status, msg, &r->msg, err);
+    if (!s && terminal)
+        t->at.event = ci_now_us();
+    return s;
 }
 
 /* The task's stored result, if it has one that decodes; t->rev becomes
@@ -851,6 +867,9 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
          * event failed): the redelivery must find it and not run again. */
         if (t->running_stored && !t->final_started)
             note_retry(t, r, what, e);
+        /* No chunk of this attempt after the message is given back. */
+        live_release(t, "the attempt gave up and the task will be tried again: its last chunks "
+                        "are dropped");
         slot_detach(t->slot);
         ci_delivery_nak(t->d, 2000);
         return CI_TASK_END_RETRY;
@@ -942,6 +961,7 @@ static enum ci_task_end finish(struct task *t, struct result *r)
     }
     slot_detach(t->slot);
     ci_delivery_ack(t->d);
+    t->at.acked = ci_now_us();
     task_ended(t, r);
     return CI_TASK_END_DONE;
 }
@@ -1100,7 +1120,7 @@ static ci_status batch_complete(const struct task *t, struct ci_error *err)
     CI_AUTOFREE uint8_t *seal = NULL;
     size_t len = 0;
     s = ci_broker_batch_last(b, t->batch, "sealed", &seal, &len, err);
-    if (s == CI_ERR_NOT_FOUND) /* a replica that lags: the stream info saw it */
+    if (s == CI_ERR_NOT_FOUND) /* expired between the two reads: tried again */
         return ci_error_set(err, CI_ERR_NATS, "the seal of batch '%s' is counted but not read "
                             "yet", t->batch);
     if (s)
@@ -1168,8 +1188,9 @@ static enum ci_task_end batch_retry(struct task *t)
     return CI_TASK_END_RETRY;
 }
 
-/* Before the task runs: a cancel of its batch on the stream (a direct get
- * of the last message on <prefix>.<b>.cancel) ends it CANCELLED. true
+/* Before the task runs: a cancel of its batch on the stream (the last
+ * message on <prefix>.<b>.cancel, read from the stream's leader: a replica
+ * that lags could say "none" for a cancel just stored) ends it CANCELLED. true
  * when it goes on; false with *ret_end when it ended or is retried. */
 static bool batch_begin(struct task *t, struct result *r, enum ci_task_end *ret_end)
 {
@@ -1565,24 +1586,54 @@ static ci_status live_put(void *ctx, const char *stream, uint64_t seq, const uin
     return ci_publisher_put(t->pub, stream, seq, data, len, err);
 }
 
-static const struct ci_liveout_ops live_ops = {.publish = live_put};
+/* The run ended: its last chunks (what was pending) may wait for room in
+ * the queue now, as the result's tail will (store_result), rather than be
+ * dropped by a queue full for a moment. */
+static void live_run_ended(void *ctx)
+{
+    struct task *t = ctx;
+    ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
+}
+
+static const struct ci_liveout_ops live_ops = {.publish = live_put, .run_ended = live_run_ended};
+
+/* The attempt runs without live output: said once, as a lost chunk is. */
+static void live_off(struct task *t, const struct ci_error *e)
+{
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("attempt", t->attempt),
+        CI_LOG_S("error", e->msg),
+    };
+    ci_log_fields(CI_LOG_WARN, "task.output_off", f, sizeof(f) / sizeof(f[0]));
+}
 
 /* Makes the attempt's live output and starts its publisher, when the
  * config wants one and its stream is there. Without memory or a thread
- * for it the task runs without: the result has the output. */
+ * for it the task runs without (task.output_off): the result has the
+ * output. */
 static bool live_start(struct task *t)
 {
     const struct ci_config *cfg = t->env->cfg;
+    struct ci_error e = {{0}};
     if (!ci_broker_live_output(t->env->broker, NULL, 0))
         return false;
     t->attempt = ci_delivery_attempt(t->d);
     struct ci_publisher_opts po = {.ops = &live_pub_ops, .ctx = t};
-    if (ci_publisher_new(&po, &t->pub, NULL) != CI_OK)
+    /* Room for all the output the attempt may publish, both streams up to
+     * the cap: a NATS that takes the chunks loses none, however much
+     * faster than it the code writes (the queue drops only what a NATS
+     * that stopped taking them leaves behind). */
+    ci_publisher_size(&po, 2 * (uint64_t)cfg->limits.max_output_bytes, CI_LIVEOUT_FLUSH_BYTES);
+    if (ci_publisher_new(&po, &t->pub, &e) != CI_OK) {
+        live_off(t, &e);
         return false;
+    }
     struct ci_liveout_opts o = {.ops = &live_ops, .ctx = t, .cap = cfg->limits.max_output_bytes};
-    if (ci_liveout_new(&o, &t->live, NULL) != CI_OK) {
+    if (ci_liveout_new(&o, &t->live, &e) != CI_OK) {
         ci_publisher_free(t->pub);
         t->pub = NULL;
+        live_off(t, &e);
         return false;
     }
     return true;
@@ -1609,6 +1660,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         result_fail(r, "%s", cancelled_before(t->slot));
         return finish(t, r);
     }
+    t->at.checked = ci_now_us();
     if (!subject_fits(t, r) || !batch_subject_fits(t, r))
         return finish(t, r);
     enum ci_task_end batch_end;
@@ -1642,6 +1694,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     if (s)
         return give_up_or_retry(t, r, "record the task as running", &e);
     t->running_stored = true;
+    t->at.running = ci_now_us();
 
     s = fetch_inputs(t, r, &e);
     if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT)
@@ -1653,6 +1706,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         result_fail(r, "%s", cancelled_before(t->slot));
         return finish(t, r);
     }
+    t->at.inputs = ci_now_us();
 
     struct ci_job job = {
         .task_id = t->id,
@@ -1681,6 +1735,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         result_fail(r, "%s", e.msg);
         return finish(t, r);
     }
+    t->at.started = ci_now_us();
     pthread_mutex_lock(&t->slot->lock);
     t->slot->run = run;
     if (t->slot->cancel_requested)
@@ -1690,6 +1745,8 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     struct ci_outcome o;
     memset(&o, 0, sizeof(o));
     s = ci_provider_wait(env->provider, run, &o);
+    t->at.waited = ci_now_us();
+    t->at.run = o.marks;
 
     pthread_mutex_lock(&t->slot->lock);
     t->slot->run = NULL;
@@ -1714,6 +1771,17 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         fence = still_ours(t);
     if (s == CI_ERR_CONFLICT && fence == FENCE_WRITE_AGAIN)
         fence = FENCE_SUPERSEDED; /* it was not ours a moment ago */
+    t->at.artifacts = ci_now_us();
+    /* This attempt's result will not be stored: its chunks still queued
+     * are worth nothing, and must not follow the terminal event that
+     * ended_meanwhile may publish (or repair). The publish under way ends
+     * first. */
+    if (fence == FENCE_ENDED)
+        live_release(t, "the task ended meanwhile (another attempt stored its result): this "
+                        "attempt's last chunks are dropped");
+    else if (fence == FENCE_SUPERSEDED)
+        live_release(t, "a later attempt took the task over: this attempt's last chunks are "
+                        "dropped");
     if (fence == FENCE_ENDED) {
         end = ended_meanwhile(t, r);
     } else if (fence == FENCE_SUPERSEDED) {
@@ -1726,11 +1794,47 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
             session_end(t, r, &o);
         end = finish(t, r);
     }
-    /* Only now: freeing a warm run waits for its init to be gone, while the
-     * task's memory is torn down (sandbox/warm.c, zygote/main.c). */
+    /* Only now: freeing a run may wait for its init to be gone, while the
+     * task's memory is torn down (zygote/main.c); a small warm run is
+     * usually handed to the sandbox's reaper thread (sandbox/reaper.c). */
     ci_provider_release(env->provider, run);
+    t->at.released = ci_now_us();
     ci_outcome_release(&o);
     return end;
+}
+
+/* The task.stages line (debug level): when a task that ran passed each
+ * stage, in us since it was taken (-1: not reached), and when it was taken
+ * (us of the wall clock, which a client on the same machine can line up
+ * with its own). Timings only, no content. */
+static void log_stages(const struct task *t)
+{
+    if (!t->at.started)
+        return;
+    const int64_t t0 = t->at.taken;
+#define SINCE(x) ((x) ? (x) - t0 : -1)
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("taken_at_us", t0),
+        CI_LOG_N("checked_us", SINCE(t->at.checked)),
+        CI_LOG_N("running_us", SINCE(t->at.running)),
+        CI_LOG_N("inputs_us", SINCE(t->at.inputs)),
+        CI_LOG_N("cgroup_us", SINCE(t->at.run.cgroup_us)),
+        CI_LOG_N("acquired_us", SINCE(t->at.run.acquired_us)),
+        CI_LOG_N("ready_us", SINCE(t->at.run.ready_us)),
+        CI_LOG_N("go_us", SINCE(t->at.run.go_us)),
+        CI_LOG_N("started_us", SINCE(t->at.started)),
+        CI_LOG_N("end_us", SINCE(t->at.run.end_us)),
+        CI_LOG_N("collected_us", SINCE(t->at.run.collected_us)),
+        CI_LOG_N("waited_us", SINCE(t->at.waited)),
+        CI_LOG_N("artifacts_us", SINCE(t->at.artifacts)),
+        CI_LOG_N("stored_us", SINCE(t->at.stored)),
+        CI_LOG_N("event_us", SINCE(t->at.event)),
+        CI_LOG_N("acked_us", SINCE(t->at.acked)),
+        CI_LOG_N("released_us", SINCE(t->at.released)),
+    };
+#undef SINCE
+    ci_log_fields(CI_LOG_DEBUG, "task.stages", f, sizeof(f) / sizeof(f[0]));
 }
 
 enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot *slot,
@@ -1741,6 +1845,7 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
     struct task t = {.env = env, .slot = slot, .d = d, .started_at_ms = ci_now_ms(),
                      .taken_mono_ms = ci_mono_ms(), .queue_wait_ms = -1,
                      .turn_checked = turn_checked, .wait = ret_wait};
+    t.at.taken = ci_now_us();
     enum ci_task_end end;
     struct ci_error e = {{0}};
     const char *msg_id = ci_delivery_header(d, "Nats-Msg-Id");
@@ -1837,6 +1942,7 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
         end = run_task(&t, &r);
     }
     result_release(&r);
+    log_stages(&t);
 out:
     slot_set(slot, NULL, NULL);
     task_release(&t);

@@ -8,8 +8,10 @@
 // 3 MiB of output publishes the cap and no more; a timed-out task's kept
 // output is published; a redelivered attempt publishes its own chunks from
 // Ci-Seq 1 with Ci-Attempt 2; cold and warm sandboxes and a session step
-// stream; with jetstream.live_output false nothing is published; a task that
-// prints while the server is frozen (SIGSTOP) is still killed at its limit.
+// stream; with jetstream.live_output false nothing is published; 16 MiB
+// written at once (cap 16 MiB) arrive whole; a task that prints while the
+// server is frozen (SIGSTOP) is still killed at its limit, and the publish
+// that blocks gives up at the connection's write deadline.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer, connect as tcpConnect } from "node:net";
@@ -427,13 +429,22 @@ describe("live output, NATS down mid-task", () => {
 // it: the time limit is enforced on time (issue 15: a 3 s limit took ~24 s).
 // The output cap is 16 MiB here: 32 MiB of chunks are more than the kernel's
 // socket buffers take (4 MiB and a few), so that the old code blocked for sure.
+// And the publish that blocks is bounded: the connection's write deadline
+// (1 s here) makes it fail, and the worker reconnects once the server is
+// back, where it once waited for the server as long as it was frozen.
 describe("live output, the NATS server frozen mid-task", () => {
   let stack;
   let frozen = false;
   const markers = [];
-  const LIMIT_MS = 4000;
+  // Counted from the run's start: what the test does before the freeze
+  // (seconds on a loaded machine) comes out of it, and the freeze must come
+  // first. The test lasts about that long.
+  const LIMIT_MS = 10000;
   before(async () => {
-    stack = await startStack({ workers: 1, worker: { limits: { max_output_bytes: 16 << 20 } } });
+    stack = await startStack({
+      workers: 1,
+      worker: { limits: { max_output_bytes: 16 << 20 }, nats: { write_deadline_ms: 1000, reconnect_wait_ms: 100 } },
+    });
   });
   after(async () => {
     if (frozen) stack?.server.signal("SIGCONT");
@@ -441,7 +452,22 @@ describe("live output, the NATS server frozen mid-task", () => {
     await stack?.stop();
   });
 
-  test("a task printing 32 MiB into a frozen server is still killed at its time limit; its chunks stay in Ci-Seq order", async () => {
+  // The queue between the run and NATS holds all an attempt may publish
+  // (both streams up to the cap): a server that takes the chunks loses none,
+  // however much faster than it the code writes. It held 1 MiB once, and
+  // 16 MiB written at once lost a third to half of its chunks.
+  test("16 MiB written at once (cap 16 MiB) into a server that takes it: every chunk, no gap in Ci-Seq", async () => {
+    const code = "import sys\nsys.stdout.write('x' * (1 << 24)); sys.stdout.flush()\n";
+    const r = await watched(stack.client, { code, limits: { timeoutMs: 30000 } });
+    assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+    // The result is cut to fit max_payload (8 MB): the chunks are the whole text.
+    const out = joined(r.w.chunks, { taskId: r.taskId, stream: "stdout" }); // Ci-Seq 1..n
+    assert.equal(out.length, 1 << 24, `${r.w.chunks.length} chunks, ${out.length} bytes`);
+    assert.ok(out.equals(Buffer.alloc(1 << 24, "x")));
+    assert.equal(r.end.chunksBefore, r.w.chunks.length, "every chunk arrived before the terminal event");
+  });
+
+  test("a task printing 32 MiB into a frozen server is still killed at its time limit, the blocked publish gives up (the worker reconnects); its chunks stay in Ci-Seq order", async () => {
     const c = stack.client;
     const [w] = stack.workers;
     const base = `ci-itest-livefrozen-${process.pid}-${Date.now()}`;
@@ -464,8 +490,12 @@ describe("live output, the NATS server frozen mid-task", () => {
       await watch_.until((cs) => cs.some((x) => x.data.toString() === "start\n"), "the first chunk");
       await waitProcessWith(go);
       await waitProcessWith(alive);
+      const frozenAt = Date.now();
+      const chunksAtFreeze = watch_.chunks.length;
       assert.ok(stack.server.signal("SIGSTOP"), "the server was frozen");
       frozen = true;
+      // Not killed at its limit yet: the freeze came first.
+      assert.ok(processesWith(alive).length > 0, `the run was over before the server froze (limit ${LIMIT_MS} ms)`);
       releaseMarker(go); // 32 MiB of output now, none of which can reach NATS
       // The run is killed at its limit: its child goes with it. Old code
       // blocked in a publish and killed it only once the server went on.
@@ -473,21 +503,32 @@ describe("live output, the NATS server frozen mid-task", () => {
       while (processesWith(alive).length && Date.now() - t0 < 20000) await sleep(50);
       const killedWhileFrozen = processesWith(alive).length === 0;
       const frozenMs = Date.now() - t0;
+      // The publish that blocked gave up within the write deadline, and the
+      // worker dropped the connection, while the server was still frozen.
+      let gaveUp = true;
+      await w.waitLog((l) => l.event === "worker.nats_disconnected" && l.ts >= frozenAt, 20000).catch(() => (gaveUp = false));
       assert.ok(stack.server.signal("SIGCONT"));
       frozen = false;
       const { result } = await c.waitResult(taskId, 60000);
       const end = await watch_.terminal();
       assert.equal(result.status, "TASK_STATUS_TIMED_OUT", show(result));
       assert.ok(killedWhileFrozen, `the run was still alive ${frozenMs} ms after the server froze (limit ${LIMIT_MS} ms; result duration ${result.usage.durationMs} ms)`);
+      assert.ok(gaveUp, "the worker was still connected to the frozen server: a publish blocked with no deadline");
       assert.ok(result.usage.durationMs >= LIMIT_MS - 100 && result.usage.durationMs < LIMIT_MS + 6000, `duration ${result.usage.durationMs} ms is about the ${LIMIT_MS} ms limit`);
       assert.ok(result.stdout.startsWith("start\n"), show(result));
-      // Chunks may have been dropped (a gap), never reordered, and none came
-      // after the terminal event.
+      // Chunks may have been dropped (a gap), none is stored twice, and those
+      // of the connection before the cut come in Ci-Seq order. The worker
+      // reconnected mid-task (the write deadline): what the old connection's
+      // socket still held reaches the server when it goes on, beside what
+      // the new one sends, in any order, the terminal event included
+      // (contract §19, Order); a client orders by Ci-Seq.
       for (const stream of ["stdout", "stderr"]) {
         const seqs = watch_.chunks.filter((x) => x.stream === stream).map((x) => Number(x.seq));
-        for (let i = 1; i < seqs.length; i++) assert.ok(seqs[i] > seqs[i - 1], `${stream} chunks out of order: ${seqs.join(",")}`);
+        assert.equal(new Set(seqs).size, seqs.length, `${stream}: a chunk stored twice: ${seqs.join(",")}`);
+        const before = watch_.chunks.slice(0, chunksAtFreeze).filter((x) => x.stream === stream).map((x) => Number(x.seq));
+        for (let i = 1; i < before.length; i++) assert.ok(before[i] > before[i - 1], `${stream} chunks out of order before the cut: ${before.join(",")}`);
       }
-      assert.equal(end.chunksBefore, watch_.chunks.length, "every chunk arrived before the terminal event");
+      assert.ok(end.chunksBefore >= 1, "the first chunk arrived before the terminal event");
       assert.equal(watch_.chunks[0].seq, "1");
       assert.ok(!w.crashed());
     } finally {
