@@ -135,6 +135,7 @@ function stats(ms) {
   return { n: s.length, p50: pct(s, 50), p95: pct(s, 95), p99: pct(s, 99), min: s[0], max: s[s.length - 1] };
 }
 const round = (x) => Math.round(x * 10) / 10;
+const round2 = (x) => Math.round(x * 100) / 100;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function baseline(name) {
@@ -540,6 +541,19 @@ async function batchThroughput() {
   const execP = promisify(execFile);
   const env = { ...process.env, CI_NATS_URL: st.server.url };
   const watch = terminalWatch(c);
+  // CPU seconds of the nats-server and of the worker process itself (not
+  // the sandboxes: the same code runs on both lanes), from /proc.
+  const cpuS = (pid) => {
+    const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ");
+    return (Number(f[11]) + Number(f[12])) / 100; // utime + stime, clock ticks
+  };
+  const cpu = () => ({ server: cpuS(st.server.pid), worker: cpuS(st.workers[0].pid) });
+  const measured = async (n, fn) => {
+    const c0 = cpu();
+    const x = await fn();
+    const c1 = cpu();
+    return { ...x, server_cpu_ms_per_task: round2(((c1.server - c0.server) * 1000) / n), worker_cpu_ms_per_task: round2(((c1.worker - c0.worker) * 1000) / n) };
+  };
   const publishAll = async (n, publish) => {
     for (let i = 0; i < n; i += 200)
       await Promise.all(Array.from({ length: Math.min(200, n - i) }, (_, k) => publish(i + k + 1)));
@@ -591,12 +605,14 @@ async function batchThroughput() {
     await interactive(Math.min(BATCH, 200));
     const runs = { batch: [], interactive: [] };
     for (let i = 0; i < BATCH_ROUNDS; i++) {
+      const b = () => measured(BATCH, () => one(false));
+      const it = () => measured(BATCH, () => interactive());
       if (i % 2 === 0) {
-        runs.batch.push(await one(false));
-        runs.interactive.push(await interactive());
+        runs.batch.push(await b());
+        runs.interactive.push(await it());
       } else {
-        runs.interactive.push(await interactive());
-        runs.batch.push(await one(false));
+        runs.interactive.push(await it());
+        runs.batch.push(await b());
       }
     }
     const mean = (xs) => xs.reduce((a, x) => a + x.tasks_per_s, 0) / xs.length;
@@ -676,7 +692,7 @@ if (results.live_output) {
 }
 if (results.batch) {
   const x = results.batch;
-  const r = (v) => `${v.seconds} s = ${v.tasks_per_s} tasks/s`;
+  const r = (v) => `${v.seconds} s = ${v.tasks_per_s} tasks/s` + (v.server_cpu_ms_per_task !== undefined ? ` (CPU per task: nats-server ${v.server_cpu_ms_per_task} ms, worker ${v.worker_cpu_ms_per_task} ms)` : "");
   console.log(`\nbatch (warm mode): ${x.n} print(1) tasks, first publish -> the batch's complete event / the last terminal event (${x.slots} slot${x.slots === 1 ? "" : "s"}), rounds in alternating order:`);
   console.log(`batch lane:       ${x.batch.map(r).join("; ")}`);
   console.log(`interactive lane: ${x.interactive.map(r).join("; ")}`);

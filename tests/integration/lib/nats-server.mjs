@@ -129,6 +129,7 @@ export async function startNatsServer(opts = {}) {
   return {
     url,
     port,
+    pid: child.pid,
     monitorUrl: monitor && ports.monitoring ? ports.monitoring[0] : undefined,
     dir,
     logs: () => log,
