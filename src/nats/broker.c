@@ -2044,6 +2044,39 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
     return CI_OK;
 }
 
+ci_status ci_broker_batch_last_leader(struct ci_broker *b, const char *batch_id,
+                                     const char *event, uint8_t **ret_data, size_t *ret_len,
+                                     struct ci_error *err)
+{
+    char subj[SUBJECT_MAX];
+    ci_status r = batch_event_subject(b, batch_id, event, subj, sizeof(subj), err);
+    if (r)
+        return r;
+    const char *stream = b->cfg->jetstream.batch_events_stream;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetLastMsg(&m, b->js, stream, subj, NULL, &jerr);
+    if (s != NATS_OK && jerr == JSStreamNotFoundErr && recover(b, true))
+        return ci_error_set(err, CI_ERR_NOT_FOUND,
+                            "no %s event for batch '%s' (stream %s had been deleted)", event,
+                            batch_id, stream);
+    if (jerr == JSNoMessageFoundErr || (s == NATS_NOT_FOUND && jerr == 0))
+        return ci_error_set(err, CI_ERR_NOT_FOUND, "no %s event for batch '%s'", event, batch_id);
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "cannot read the %s event of batch '%s'", event,
+                            batch_id);
+    int n = natsMsg_GetDataLength(m);
+    uint8_t *copy = malloc(n > 0 ? (size_t)n + 1 : 1);
+    if (!copy)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    if (n > 0)
+        memcpy(copy, natsMsg_GetData(m), (size_t)n);
+    copy[n > 0 ? n : 0] = '\0';
+    *ret_data = copy;
+    *ret_len = n > 0 ? (size_t)n : 0;
+    return CI_OK;
+}
+
 /* The ordered consumer replays the stream from its first message on the
  * filter; each delivery says how many are left behind it (NumPending), so
  * the read ends at the message that had none left, without waiting for a

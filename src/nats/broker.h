@@ -271,6 +271,12 @@ ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint
  * there is none. A replica that lags may not show the newest yet. */
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err);
+/* The same, read from the stream's leader (a message get request, not a
+ * direct get): it shows every message whose publish was acked, also on a
+ * cluster whose replicas lag. One JetStream API request. */
+ci_status ci_broker_batch_last_leader(struct ci_broker *b, const char *batch_id,
+                                     const char *event, uint8_t **ret_data, size_t *ret_len,
+                                     struct ci_error *err);
 /* Calls fn with each message on <batch_events_prefix>.<batch_id>.<event>
  * (event "*": all of the batch's events), oldest first, from the first to
  * the last stored when the read began (an ordered consumer); at most max

@@ -21,6 +21,7 @@
 #include "provider/registry.h"
 #include "core/request.h"
 #include "sandbox/sandbox.h"
+#include "worker/batchmemo.h"
 #include "worker/lanes.h"
 #include "worker/manifest.h"
 #include "worker/task.h"
@@ -32,6 +33,8 @@
 /* While session tasks wait in the room, slots fetch briefly, so that a task
  * whose turn came does not wait for a fetch to end; idle workers wait long. */
 #define ROOM_FETCH_WAIT_MS 50
+/* Batches whose seal the worker remembers. */
+#define BATCH_MEMO_CAP 64
 #define ROOM_POLL_MS 25 /* how often the room looks up its sessions */
 #define TICK_MS 250
 #define STREAM_CHECK_MS 15000 /* how often the streams are looked for (main loop) */
@@ -530,11 +533,14 @@ static void on_cancel(const char *task_id, void *closure)
     ci_waitroom_cancel(w->room, task_id);
 }
 
-/* A seal (contract §20): the batch may be complete already. */
+/* A seal (contract §20): the batch may be complete already. The body is
+ * read again from the stream (ci_task_batch_sealed). */
 static void on_batch_sealed(const char *batch_id, const void *body, size_t len, void *closure)
 {
     struct worker *w = closure;
-    ci_task_batch_sealed(&w->env, batch_id, body, len);
+    (void)body;
+    (void)len;
+    ci_task_batch_sealed(&w->env, batch_id);
 }
 
 /* A cancel of a batch (contract §20): every running task of it. Tasks of
@@ -666,6 +672,10 @@ static int run_worker(const struct ci_config *cfg)
     for (size_t i = 0; i < w.n_slots; i++)
         pthread_mutex_init(&w.slots[i].lock, NULL);
     if (ci_metrics_new(ci_provider_name(w.env.provider), w.n_slots, &w.env.metrics, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.nomem", "error", e.msg, NULL);
+        goto out;
+    }
+    if (ci_batch_memo_new(BATCH_MEMO_CAP, &w.env.batches, &e)) {
         ci_log(CI_LOG_ERROR, "worker.nomem", "error", e.msg, NULL);
         goto out;
     }
@@ -825,6 +835,7 @@ out:
     ci_broker_free(w.env.broker);
     ci_waitroom_free(w.room);
     ci_metrics_free(w.env.metrics);
+    ci_batch_memo_free(w.env.batches);
     ci_provider_free(w.env.provider);
     for (size_t i = 0; w.slots && i < w.n_slots; i++)
         pthread_mutex_destroy(&w.slots[i].lock);

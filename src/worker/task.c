@@ -17,6 +17,7 @@
 #include "core/util.h"
 #include "nats/objstore.h"
 #include "core/session.h"
+#include "worker/batchmemo.h"
 #include "worker/liveout.h"
 
 /* Room kept in a KV value or event for headers and framing. */
@@ -1071,47 +1072,79 @@ static ci_status batch_complete_if(struct ci_broker *b, const char *batch, uint6
     return s;
 }
 
-/* The batch is complete when its seal is there and its ended tasks reach
- * the seal's total. */
-static ci_status batch_complete(const struct task *t, struct ci_error *err)
+/* The total of the batch's seal, from the memo or else read from the
+ * stream's leader: a seal whose publish was acked is always seen, also on
+ * a cluster whose replicas lag (a direct get may not show it yet).
+ * CI_ERR_NOT_FOUND when the batch is not sealed (yet); CI_ERR_INVALID
+ * when its seal says no total (logged: nobody can tell when such a batch
+ * is complete). */
+static ci_status batch_seal(const struct ci_worker_env *env, const char *batch_id,
+                            uint64_t *ret_total, struct ci_error *err)
 {
-    struct ci_broker *b = t->env->broker;
-    struct ci_batch_counts c;
-    ci_status s = ci_broker_batch_counts(b, t->batch, &c, err);
-    if (s || !c.sealed || c.complete)
-        return s;
+    if (env->batches && ci_batch_memo_sealed(env->batches, batch_id, ret_total))
+        return CI_OK;
     CI_AUTOFREE uint8_t *seal = NULL;
     size_t len = 0;
-    s = ci_broker_batch_last(b, t->batch, "sealed", &seal, &len, err);
-    if (s == CI_ERR_NOT_FOUND) /* a replica that lags: the stream info saw it */
-        return ci_error_set(err, CI_ERR_NATS, "the seal of batch '%s' is counted but not read "
-                            "yet", t->batch);
+    ci_status s = ci_broker_batch_last_leader(env->broker, batch_id, "sealed", &seal, &len, err);
     if (s)
         return s;
-    uint64_t total = 0;
     struct ci_error pe = {{0}};
-    if (ci_batch_seal_total(seal, len, &total, &pe)) {
-        /* Nobody can tell when such a batch is complete: said once per end. */
-        ci_log(CI_LOG_WARN, "batch.bad_seal", "batch_id", t->batch, "error", pe.msg, NULL);
-        return CI_OK;
+    if (ci_batch_seal_total(seal, len, ret_total, &pe)) {
+        ci_log(CI_LOG_WARN, "batch.bad_seal", "batch_id", batch_id, "error", pe.msg, NULL);
+        return ci_error_set(err, CI_ERR_INVALID, "the seal of batch '%s': %s", batch_id,
+                            pe.msg);
     }
-    return batch_complete_if(b, t->batch, total, &c, t->id, err);
+    if (env->batches)
+        ci_batch_memo_seal(env->batches, batch_id, *ret_total);
+    return CI_OK;
 }
 
-void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id,
-                          const void *seal, size_t len)
+/* The batch is complete when its seal is there and its ended tasks reach
+ * the seal's total. Counted only once it is sealed: before, no task's end
+ * can complete it, and the worker that gets the seal counts then
+ * (ci_task_batch_sealed). Either that count comes after this task's end
+ * was stored, or this look comes after the seal was stored and sees it. */
+static ci_status batch_complete(const struct task *t, struct ci_error *err)
 {
     uint64_t total = 0;
+    ci_status s = batch_seal(t->env, t->batch, &total, err);
+    if (s == CI_ERR_NOT_FOUND || s == CI_ERR_INVALID)
+        return CI_OK;
+    if (s)
+        return s;
+    struct ci_batch_counts c;
+    s = ci_broker_batch_counts(t->env->broker, t->batch, &c, err);
+    if (s)
+        return s;
+    return batch_complete_if(t->env->broker, t->batch, total, &c, t->id, err);
+}
+
+/* How long the worker that gets a seal waits for it to be stored (the
+ * message may reach it before the stream has it). */
+#define SEAL_STORED_TRIES 20
+#define SEAL_STORED_WAIT_MS 50
+
+void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id)
+{
+    /* Counted only once the seal is read from the stream: an end stored
+     * after this count then sees the seal (batch_complete), and the total
+     * is the stored seal's, as every worker reads it. */
+    uint64_t total = 0;
     struct ci_error e = {{0}};
-    if (ci_batch_seal_total(seal, len, &total, &e)) {
-        ci_log(CI_LOG_WARN, "batch.bad_seal", "batch_id", batch_id, "error", e.msg, NULL);
-        return;
+    ci_status s = CI_ERR_NOT_FOUND;
+    for (int i = 0; i < SEAL_STORED_TRIES && s == CI_ERR_NOT_FOUND; i++) {
+        if (i) {
+            struct timespec ts = {0, SEAL_STORED_WAIT_MS * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        s = batch_seal(env, batch_id, &total, &e);
     }
     struct ci_batch_counts c;
-    ci_status s = ci_broker_batch_counts(env->broker, batch_id, &c, &e);
+    if (!s)
+        s = ci_broker_batch_counts(env->broker, batch_id, &c, &e);
     if (!s)
         s = batch_complete_if(env->broker, batch_id, total, &c, "seal", &e);
-    if (s)
+    if (s && s != CI_ERR_INVALID) /* a bad seal was said once */
         ci_log(CI_LOG_WARN, "batch.complete_failed", "batch_id", batch_id, "error", e.msg, NULL);
 }
 
