@@ -33,7 +33,7 @@
 /* While session tasks wait in the room, slots fetch briefly, so that a task
  * whose turn came does not wait for a fetch to end; idle workers wait long. */
 #define ROOM_FETCH_WAIT_MS 50
-/* Batches whose seal the worker remembers. */
+/* Batches whose seal and lack of a cancel the worker remembers. */
 #define BATCH_MEMO_CAP 64
 #define ROOM_POLL_MS 25 /* how often the room looks up its sessions */
 #define TICK_MS 250
@@ -544,10 +544,13 @@ static void on_batch_sealed(const char *batch_id, const void *body, size_t len, 
 }
 
 /* A cancel of a batch (contract §20): every running task of it. Tasks of
- * the batch that come later find the cancel on the stream. */
+ * the batch that come later find the cancel on the stream. The memo
+ * forgets the batch first: a slot that looked at it before is seen by the
+ * loop below (its batch_id was set before it looked). */
 static void on_batch_cancel(const char *batch_id, void *closure)
 {
     struct worker *w = closure;
+    ci_batch_memo_cancel(w->env.batches, batch_id);
     for (size_t i = 0; i < w->n_slots; i++)
         ci_slot_cancel_batch(&w->env, &w->slots[i], batch_id);
 }

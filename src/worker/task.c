@@ -1185,16 +1185,28 @@ static enum ci_task_end batch_retry(struct task *t)
 }
 
 /* Before the task runs: a cancel of its batch on the stream (a direct get
- * of the last message on <prefix>.<b>.cancel) ends it CANCELLED. true
- * when it goes on; false with *ret_end when it ended or is retried. */
+ * of the last message on <prefix>.<b>.cancel) ends it CANCELLED. Not
+ * looked for again while the memo says a look found none moments ago: a
+ * cancel published since has come through the worker's subscription
+ * (which made the memo forget, or else finds this slot: its batch_id is
+ * set). true when it goes on; false with *ret_end when it ended or is
+ * retried. */
 static bool batch_begin(struct task *t, struct result *r, enum ci_task_end *ret_end)
 {
+    struct ci_batch_memo *memo = t->env->batches;
+    uint64_t link = ci_broker_disconnects(t->env->broker), gen = 0;
+    int64_t looked_ms = ci_mono_ms();
+    if (memo && ci_batch_memo_uncancelled(memo, t->batch, looked_ms, link, &gen))
+        return true;
     struct ci_error e = {{0}};
     CI_AUTOFREE uint8_t *data = NULL;
     size_t len = 0;
     ci_status s = ci_broker_batch_last(t->env->broker, t->batch, "cancel", &data, &len, &e);
-    if (s == CI_ERR_NOT_FOUND)
+    if (s == CI_ERR_NOT_FOUND) {
+        if (memo)
+            ci_batch_memo_no_cancel(memo, t->batch, gen, looked_ms, link);
         return true;
+    }
     if (s) {
         *ret_end = give_up_or_retry(t, r, "read the batch's cancel", &e);
         return false;
