@@ -38,3 +38,11 @@ void ci_lanes_took(struct ci_lanes *l, enum ci_lane lane, bool got)
      * last ask. */
     l->idle = !got;
 }
+
+bool ci_lanes_batch_looked_at(const struct ci_lane_ask asks[2], size_t i, int64_t empty_ms,
+                              int64_t now_ms, int64_t look_ms)
+{
+    if (i == 0 || asks[i].lane != CI_LANE_BATCH || !asks[0].wait || !empty_ms)
+        return false;
+    return now_ms >= empty_ms && now_ms - empty_ms < look_ms;
+}

@@ -55,4 +55,13 @@ size_t ci_lanes_plan(const struct ci_lanes *l, struct ci_lane_ask out[2]);
 /* What an ask of lane found: a task (got) or none. */
 void ci_lanes_took(struct ci_lanes *l, enum ci_lane lane, bool got);
 
+/* Whether ask i of a round may be left out, as if it found nothing: a
+ * look at the batch lane after a long poll on the interactive lane, while
+ * a slot of the same worker found the batch lane empty less than look_ms
+ * ago (at empty_ms; 0: the last look found a task, or none was made yet).
+ * An idle worker so looks at the batch lane about once per look_ms, not
+ * once per slot and wait; the slots share empty_ms. */
+bool ci_lanes_batch_looked_at(const struct ci_lane_ask asks[2], size_t i, int64_t empty_ms,
+                              int64_t now_ms, int64_t look_ms);
+
 #endif

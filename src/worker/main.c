@@ -33,6 +33,9 @@
 /* While session tasks wait in the room, slots fetch briefly, so that a task
  * whose turn came does not wait for a fetch to end; idle workers wait long. */
 #define ROOM_FETCH_WAIT_MS 50
+/* An idle worker's slots ask the batch lane at most this often between
+ * them: under a wait, so that one slot alone still asks after each. */
+#define BATCH_LOOK_MS (FETCH_WAIT_MS * 3 / 4)
 /* Batches whose seal and lack of a cancel the worker remembers. */
 #define BATCH_MEMO_CAP 64
 #define ROOM_POLL_MS 25 /* how often the room looks up its sessions */
@@ -65,6 +68,9 @@ struct worker {
     uint64_t warm_ready_at_death;
     bool warm_replacing;
     atomic_uint_fast64_t tasks_done;
+    /* When a slot last found the batch lane empty (monotonic ms); 0 when
+     * the last look found a task (ci_lanes_batch_looked_at). */
+    atomic_int_fast64_t batch_empty_ms;
     struct ci_monitor *monitor;
     struct ci_heartbeat *heartbeat;
     struct ci_waitroom *room; /* session tasks waiting for their turn */
@@ -217,7 +223,14 @@ static ci_status take_task(struct worker *w, struct ci_puller *const pullers[2],
     size_t n = ci_lanes_plan(lanes, asks);
     ci_status s = CI_ERR_TIMEOUT;
     for (size_t i = 0; i < n && !g_stop; i++) {
+        if (ci_lanes_batch_looked_at(asks, i, atomic_load(&w->batch_empty_ms), ci_mono_ms(),
+                                     BATCH_LOOK_MS)) {
+            ci_lanes_took(lanes, asks[i].lane, false);
+            continue;
+        }
         s = ask_lane(w, pullers[asks[i].lane], &asks[i], ret, e);
+        if (asks[i].lane == CI_LANE_BATCH && (s == CI_OK || s == CI_ERR_TIMEOUT))
+            atomic_store(&w->batch_empty_ms, s == CI_OK ? 0 : ci_mono_ms());
         ci_lanes_took(lanes, asks[i].lane, s == CI_OK);
         *ret_lane = asks[i].lane;
         if (s != CI_ERR_TIMEOUT)

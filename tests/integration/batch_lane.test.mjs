@@ -137,6 +137,39 @@ describe("batch lane", () => {
     assert.deepEqual(await lastEvent(b, "complete"), { batchId: b, total: "2", succeeded: "2", failed: "0", timedOut: "0", cancelled: "0" });
   });
 
+  test("an idle worker with 4 slots looks at the batch lane about once a second, not once per slot and second, and still takes a batch task within about a second", async () => {
+    // The pull requests themselves: a core subscription on each consumer's
+    // next-message subject gets a copy of every one.
+    const count = (consumerSubject) => {
+      const box = { n: 0 };
+      box.sub = c.nc.subscribe(consumerSubject, { callback: () => box.n++ });
+      return box;
+    };
+    await sleep(1500); // the earlier tests' tasks are done: every slot idle
+    const batch = count("$JS.API.CONSUMER.MSG.NEXT.CI_BATCH.ci-workers-batch");
+    const interactive = count("$JS.API.CONSUMER.MSG.NEXT.CI_TASKS.ci-workers");
+    await c.nc.flush();
+    const seconds = 6;
+    await sleep(seconds * 1000);
+    batch.sub.unsubscribe();
+    interactive.sub.unsubscribe();
+    process.stderr.write(`# idle, ${seconds} s, 4 slots: ${interactive.n} pulls on the interactive lane, ${batch.n} on the batch lane\n`);
+    // Each slot long-polls the interactive lane once a second...
+    assert.ok(interactive.n >= 3 * seconds, `${interactive.n} interactive pulls in ${seconds} s`);
+    // ... and the worker looks at the batch lane about once a second
+    // between them (once per slot and second would be 24).
+    assert.ok(batch.n >= seconds / 2 && batch.n <= Math.ceil(seconds / 0.75) + 2, `${batch.n} batch pulls in ${seconds} s`);
+
+    const b = newTaskId("bidle");
+    const t0 = Date.now();
+    await submitBatch(b, { taskId: `${b}-1`, code: "print(1)" });
+    await waitFor(`batch ${b}'s task taken`, () => counts(b), (x) => x.taken === 1, 30000);
+    const took = Date.now() - t0;
+    process.stderr.write(`# an idle worker took a batch task ${took} ms after it was published\n`);
+    assert.ok(took < 4000, `the batch task was taken ${took} ms after it was published`);
+    await waitFor(`batch ${b}'s task ended`, () => counts(b), (x) => ended(x) === 1);
+  });
+
   test("subject checks: a batch task on ci.submit, and a task on ci.batch.x without batchId, end FAILED saying where to publish", async () => {
     const b = newTaskId("bsubj");
     const t1 = newTaskId("onsubmit");

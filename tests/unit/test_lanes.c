@@ -145,6 +145,66 @@ static void test_interactive_alone_looks_at_batch_now_and_then(void)
     CHECK(s.waits == 0);
 }
 
+/* Idle slots of one worker, their long polls ending at staggered times:
+ * one look at the batch lane per look_ms between them, not one per slot
+ * and wait; a batch task that comes is still found within about a wait. */
+static void test_idle_slots_share_the_batch_look(void)
+{
+    enum { SLOTS = 4, WAIT = 1000, LOOK = 750, SECONDS = 20 };
+    struct ci_lanes l[SLOTS];
+    int64_t next[SLOTS];
+    for (int i = 0; i < SLOTS; i++) {
+        ci_lanes_init(&l[i], 4);
+        next[i] = 1 + i * (WAIT / SLOTS + 7); /* when its long poll ends */
+    }
+    int64_t empty_ms = 0; /* the worker's */
+    size_t looks = 0, polls = 0;
+    int64_t batch_at = 0, found_at = 0; /* a batch task comes at batch_at */
+    for (int64_t now = 1; now < SECONDS * 1000; now++) {
+        if (now == 12345)
+            batch_at = now;
+        for (int i = 0; i < SLOTS; i++) {
+            if (next[i] != now)
+                continue;
+            struct ci_lane_ask a[2];
+            size_t n = ci_lanes_plan(&l[i], a);
+            CHECK(n == 2 && a[0].lane == CI_LANE_INTERACTIVE && a[0].wait);
+            polls++; /* the long poll that just ended, empty */
+            ci_lanes_took(&l[i], a[0].lane, false);
+            if (ci_lanes_batch_looked_at(a, 1, empty_ms, now, LOOK)) {
+                ci_lanes_took(&l[i], a[1].lane, false);
+            } else {
+                looks++;
+                bool got = batch_at && !found_at;
+                if (got)
+                    found_at = now;
+                empty_ms = got ? 0 : now;
+                /* A task taken: the slot runs it and comes back idle. */
+                ci_lanes_took(&l[i], a[1].lane, got);
+                if (got)
+                    ci_lanes_took(&l[i], CI_LANE_BATCH, false);
+            }
+            next[i] = now + WAIT;
+        }
+    }
+    /* Not 80 looks (one per slot and wait): about one per wait. */
+    CHECK(polls >= SLOTS * (SECONDS - 1));
+    CHECK(looks >= SECONDS - 1 && looks <= SECONDS * 1000 / LOOK + 2);
+    CHECK(found_at > 0 && found_at - batch_at <= WAIT);
+    /* Only after a long poll on the interactive lane: never the first ask,
+     * never a batch look that the round made without waiting. */
+    struct ci_lane_ask busy[2] = {{CI_LANE_INTERACTIVE, false}, {CI_LANE_BATCH, false}};
+    CHECK(!ci_lanes_batch_looked_at(busy, 1, 100, 101, LOOK));
+    struct ci_lane_ask turn[2] = {{CI_LANE_BATCH, false}, {CI_LANE_INTERACTIVE, false}};
+    CHECK(!ci_lanes_batch_looked_at(turn, 0, 100, 101, LOOK));
+    struct ci_lane_ask idle[2] = {{CI_LANE_INTERACTIVE, true}, {CI_LANE_BATCH, false}};
+    CHECK(ci_lanes_batch_looked_at(idle, 1, 100, 101, LOOK));
+    CHECK(!ci_lanes_batch_looked_at(idle, 0, 100, 101, LOOK));
+    CHECK(!ci_lanes_batch_looked_at(idle, 1, 0, 101, LOOK));      /* the last look found work */
+    CHECK(!ci_lanes_batch_looked_at(idle, 1, 100, 100 + LOOK, LOOK));
+    CHECK(!ci_lanes_batch_looked_at(idle, 1, 100, 99, LOOK));     /* a clock that went back */
+}
+
 static void test_zero_every_is_one(void)
 {
     struct ci_lanes l;
@@ -155,4 +215,5 @@ static void test_zero_every_is_one(void)
 TEST_MAIN(T(test_idle_slot_long_polls_interactive_then_looks_at_batch),
           T(test_both_lanes_busy_one_in_every), T(test_batch_alone_never_waits_on_interactive),
           T(test_interactive_goes_before_queued_batch_tasks),
-          T(test_interactive_alone_looks_at_batch_now_and_then), T(test_zero_every_is_one))
+          T(test_interactive_alone_looks_at_batch_now_and_then),
+          T(test_idle_slots_share_the_batch_look), T(test_zero_every_is_one))
