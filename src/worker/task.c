@@ -1063,12 +1063,16 @@ static ci_status batch_complete_if(struct ci_broker *b, const char *batch, uint6
     char msg_id[96];
     snprintf(msg_id, sizeof(msg_id), "%s.complete", batch);
     /* Retried by the caller's own means: a task's end by its redelivery. */
+    bool dup = false;
     if (!s)
         s = ci_broker_batch_publish(b, batch, "complete", msg_id, "application/json", body, len,
-                                    NULL, err);
+                                    &dup, err);
+    /* Said where it was stored: another worker (or this one, for another
+     * task) may have seen the batch complete at the same moment. */
     if (!s)
-        ci_log_num(CI_LOG_INFO, "batch.complete", "total", (int64_t)total, "batch_id", batch,
-                   "by", by, NULL);
+        ci_log_num(dup ? CI_LOG_DEBUG : CI_LOG_INFO, dup ? "batch.complete_duplicate"
+                                                         : "batch.complete",
+                   "total", (int64_t)total, "batch_id", batch, "by", by, NULL);
     return s;
 }
 

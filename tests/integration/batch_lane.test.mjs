@@ -137,6 +137,46 @@ describe("batch lane", () => {
     assert.deepEqual(await lastEvent(b, "complete"), { batchId: b, total: "2", succeeded: "2", failed: "0", timedOut: "0", cancelled: "0" });
   });
 
+  test("sealed before its tasks, beside a smaller batch: no complete while a task has not ended, then one, after every end event, stored once", async () => {
+    // Workers remember a seal's total once read: b1's (12) must never be
+    // mistaken for b2's (6), nor b1 counted complete at its first 6.
+    const b1 = newTaskId("bearly");
+    const b2 = newTaskId("bsmall");
+    await seal(b1, 12);
+    await seal(b2, 6);
+    const first = [];
+    for (let i = 1; i <= 6; i++) first.push(submitBatch(b1, { taskId: `${b1}-${i}`, code: "print(1)" }), submitBatch(b2, { taskId: `${b2}-${i}`, code: "print(2)" }));
+    await Promise.all(first);
+    const n2 = await waitFor(`batch ${b2} complete`, () => counts(b2), (x) => x.complete === 1);
+    assert.equal(ended(n2), 6);
+    await waitFor(`6 of batch ${b1} ended`, () => counts(b1), (x) => ended(x) === 6);
+    await sleep(1000); // a complete published now would be early
+    const half = await counts(b1);
+    assert.equal(half.complete, 0, `no complete with 6 of 12 ended: ${JSON.stringify(half)}`);
+    assert.equal(half.taken, 6);
+
+    for (let i = 7; i <= 12; i++) await submitBatch(b1, { taskId: `${b1}-${i}`, code: "print(1)" });
+    const n1 = await waitFor(`batch ${b1} complete`, () => counts(b1), (x) => x.complete >= 1);
+    assert.equal(ended(n1), 12);
+    assert.deepEqual(await lastEvent(b1, "complete"), { batchId: b1, total: "12", succeeded: "12", failed: "0", timedOut: "0", cancelled: "0" });
+    assert.deepEqual(await lastEvent(b2, "complete"), { batchId: b2, total: "6", succeeded: "6", failed: "0", timedOut: "0", cancelled: "0" });
+    // After every end event of its batch in the stream.
+    for (const b of [b1, b2]) {
+      const done = await c.jsm.streams.getMessage(EVENTS_STREAM, { last_by_subj: `ci.batches.${b}.complete` });
+      const lastEnd = await c.jsm.streams.getMessage(EVENTS_STREAM, { last_by_subj: `ci.batches.${b}.succeeded` });
+      assert.ok(done.seq > lastEnd.seq, `batch ${b}: complete at ${done.seq}, its last end at ${lastEnd.seq}`);
+    }
+    // Once: one message each, a moment later too, and one publish that
+    // stored it (a second one, had there been one, is logged as a duplicate).
+    await sleep(1000);
+    assert.equal((await counts(b1)).complete, 1);
+    assert.equal((await counts(b2)).complete, 1);
+    for (const b of [b1, b2]) {
+      const stored = stack.workers.flatMap((w) => w.events("batch.complete")).filter((l) => l.batch_id === b);
+      assert.equal(stored.length, 1, `batch ${b}: ${JSON.stringify(stored)}`);
+    }
+  });
+
   test("an idle worker with 4 slots looks at the batch lane about once a second, not once per slot and second, and still takes a batch task within about a second", async () => {
     // The pull requests themselves: a core subscription on each consumer's
     // next-message subject gets a copy of every one.
