@@ -14,6 +14,7 @@ struct memo_entry {
     bool no_cancel;       /* a look found none ... */
     int64_t no_cancel_ms; /* ... that began then ... */
     uint64_t link;        /* ... on this link */
+    size_t held;          /* tasks of the batch the slots hold */
 };
 
 struct ci_batch_memo {
@@ -57,16 +58,25 @@ static struct memo_entry *find(struct ci_batch_memo *m, const char *batch_id)
 }
 
 /* The batch's entry, made (in a free one, or over the least recently
- * used) when it has none. Under the lock. */
+ * used, preferably one no slot holds a task of) when it has none. Under
+ * the lock. */
 static struct memo_entry *find_or_make(struct ci_batch_memo *m, const char *batch_id)
 {
     struct memo_entry *x = find(m, batch_id);
     if (x)
         return x;
-    x = &m->e[0];
-    for (size_t i = 0; i < m->cap && x->batch_id[0]; i++)
-        if (!m->e[i].batch_id[0] || m->e[i].used < x->used)
-            x = &m->e[i];
+    /* A free one, else the least recently used of those no slot holds a
+     * task of, else the least recently used. */
+    x = NULL;
+    for (size_t i = 0; i < m->cap; i++) {
+        struct memo_entry *y = &m->e[i];
+        if (!y->batch_id[0]) {
+            x = y;
+            break;
+        }
+        if (!x || (x->held && !y->held) || ((x->held != 0) == (y->held != 0) && y->used < x->used))
+            x = y;
+    }
     memset(x, 0, sizeof(*x));
     snprintf(x->batch_id, sizeof(x->batch_id), "%s", batch_id);
     x->used = ++m->clock;
@@ -127,4 +137,34 @@ void ci_batch_memo_cancel(struct ci_batch_memo *m, const char *batch_id)
     if (x)
         x->no_cancel = false;
     pthread_mutex_unlock(&m->lock);
+}
+
+void ci_batch_memo_hold(struct ci_batch_memo *m, const char *batch_id)
+{
+    pthread_mutex_lock(&m->lock);
+    find_or_make(m, batch_id)->held++;
+    pthread_mutex_unlock(&m->lock);
+}
+
+size_t ci_batch_memo_let_go(struct ci_batch_memo *m, const char *batch_id)
+{
+    pthread_mutex_lock(&m->lock);
+    struct memo_entry *x = find(m, batch_id);
+    size_t left = 0;
+    if (x) {
+        if (x->held) /* 0: its hold went with an entry that made room */
+            x->held--;
+        left = x->held;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return left;
+}
+
+size_t ci_batch_memo_held(struct ci_batch_memo *m, const char *batch_id)
+{
+    pthread_mutex_lock(&m->lock);
+    struct memo_entry *x = find(m, batch_id);
+    size_t held = x ? x->held : 0;
+    pthread_mutex_unlock(&m->lock);
+    return held;
 }

@@ -14,6 +14,14 @@
  *   message published while it was down is lost) and only if no cancel of
  *   any batch came while the look was in flight (a generation).
  *
+ * - how many tasks of a batch the worker's slots hold (taken, their end
+ *   not stored yet): a slot that stores an end while another still holds
+ *   a task of the batch need not count the batch, since that task's end
+ *   comes later and counts in its place (the slot that lets go last
+ *   counts). Never more than the slots really hold: when the memo needs
+ *   the room of a batch that slots hold, later let-gos see fewer, and
+ *   count more, not less.
+ *
  * Thread-safe (one mutex); pure otherwise: no NATS and no clock, the
  * caller passes the time and the link count, so that it is tested alone.
  * A fixed number of batches; the one used least recently makes room. */
@@ -57,5 +65,14 @@ void ci_batch_memo_no_cancel(struct ci_batch_memo *m, const char *batch_id, uint
                              int64_t looked_ms, uint64_t link);
 /* A cancel of the batch came (the subscription): the next task looks. */
 void ci_batch_memo_cancel(struct ci_batch_memo *m, const char *batch_id);
+
+/* A slot holds a task of the batch (it took it). */
+void ci_batch_memo_hold(struct ci_batch_memo *m, const char *batch_id);
+/* A slot lets go of a task of the batch it held (once per hold): its end
+ * is stored, or it gives the task up. Returns how many tasks of the batch
+ * the slots still hold. */
+size_t ci_batch_memo_let_go(struct ci_batch_memo *m, const char *batch_id);
+/* How many tasks of the batch the slots hold now. */
+size_t ci_batch_memo_held(struct ci_batch_memo *m, const char *batch_id);
 
 #endif

@@ -66,6 +66,7 @@ struct task {
     /* A batch's task (docs/contract.md §20): the batch whose events count
      * it, or "" (batch_choose). */
     char batch[65];
+    bool batch_held; /* the memo counts it among the tasks of its batch slots hold */
 };
 
 /* The live output's counts go to the metrics when the task is done. */
@@ -82,6 +83,11 @@ static void live_release(struct task *t)
 
 static void task_release(struct task *t)
 {
+    /* A task given up without its end (nak'ed, superseded): it comes back,
+     * or another attempt has it, and that one counts. */
+    if (t->batch_held)
+        ci_batch_memo_let_go(t->env->batches, t->batch);
+    t->batch_held = false;
     live_release(t);
     free(t->state);
     ci_message_free(t->req ? &t->req->base : NULL);
@@ -786,7 +792,7 @@ static enum ci_task_end superseded(struct task *t, const struct result *r)
 
 /* A batch's task tells its batch that it ended before its message is
  * acked (below, with the other batch steps). */
-static bool batch_ended(const struct task *t, Ci__V1__TaskStatus status, const char *error);
+static bool batch_ended(struct task *t, Ci__V1__TaskStatus status, const char *error);
 static enum ci_task_end batch_retry(struct task *t);
 
 /* The task's terminal result was stored meanwhile (by an attempt that
@@ -981,6 +987,10 @@ static bool batch_choose(struct task *t)
     pthread_mutex_lock(&t->slot->lock);
     snprintf(t->slot->batch_id, sizeof(t->slot->batch_id), "%s", batch);
     pthread_mutex_unlock(&t->slot->lock);
+    if (t->env->batches) {
+        ci_batch_memo_hold(t->env->batches, t->batch);
+        t->batch_held = true;
+    }
     return true;
 }
 
@@ -1152,12 +1162,26 @@ void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id)
         ci_log(CI_LOG_WARN, "batch.complete_failed", "batch_id", batch_id, "error", e.msg, NULL);
 }
 
+/* Its end is stored: the slot lets go of the task. true when another slot
+ * of the worker still holds a task of the batch: that one's end comes
+ * later and looks at the batch in its place (contract §20). */
+static bool batch_let_go(struct task *t)
+{
+    struct ci_batch_memo *memo = t->env->batches;
+    if (!memo)
+        return false;
+    size_t left = t->batch_held ? ci_batch_memo_let_go(memo, t->batch)
+                                : ci_batch_memo_held(memo, t->batch);
+    t->batch_held = false;
+    return left > 0;
+}
+
 /* A task whose terminal result is stored tells its batch, before its
  * message is acked: the end event under its status (Nats-Msg-Id
  * <task_id>.end, so a redelivery's copy is dropped), then complete if the
  * batch is. false when that could not be stored: the caller does not ack
  * (batch_retry), and the redelivery, which finds the result, tells again. */
-static bool batch_ended(const struct task *t, Ci__V1__TaskStatus status, const char *error)
+static bool batch_ended(struct task *t, Ci__V1__TaskStatus status, const char *error)
 {
     if (!t->batch[0])
         return true;
@@ -1170,7 +1194,7 @@ static bool batch_ended(const struct task *t, Ci__V1__TaskStatus status, const c
     if (!s)
         s = batch_publish(t, ci_task_status_short(status), msg_id, "application/json", body, len,
                           &e);
-    if (!s)
+    if (!s && !batch_let_go(t))
         s = batch_complete(t, &e);
     if (!s)
         return true;

@@ -177,6 +177,21 @@ describe("batch lane", () => {
     }
   });
 
+  test("tasks of a batch that end together on one worker's slots: every batch completes, once", async () => {
+    // Of the slots that end a batch's tasks at the same moment only the one
+    // that lets go last counts (contract §20): none may leave it to another.
+    const batches = Array.from({ length: 5 }, () => newTaskId("btogether"));
+    for (const b of batches) await seal(b, 4);
+    const subs = [];
+    for (const b of batches) for (let i = 1; i <= 4; i++) subs.push(submitBatch(b, { taskId: `${b}-${i}`, code: "import time\ntime.sleep(0.3)\nprint(1)" }));
+    await Promise.all(subs);
+    for (const b of batches) {
+      const n = await waitFor(`batch ${b} complete`, () => counts(b), (x) => x.complete >= 1);
+      assert.equal(ended(n), 4);
+      assert.equal(n.complete, 1);
+    }
+  });
+
   test("an idle worker with 4 slots looks at the batch lane about once a second, not once per slot and second, and still takes a batch task within about a second", async () => {
     // The pull requests themselves: a core subscription on each consumer's
     // next-message subject gets a copy of every one.
@@ -363,5 +378,25 @@ describe("batch lane", () => {
     assert.equal(r.worker, w2.id);
     assert.equal(r.stdout, "slow\n");
     assert.deepEqual(await lastEvent(b, "complete"), { batchId: b, total: "3", succeeded: "3", failed: "0", timedOut: "0", cancelled: "0" });
+  });
+
+  test("a task ends while its worker's other slot holds one of the same batch, then that worker is SIGKILLed: the redelivered task counts, the batch completes", async () => {
+    for (const w of stack.workers) if (!w.exited()) await w.stop("SIGTERM", 90000);
+    const w1 = await stack.addWorker({ concurrency: 2 });
+    const b = newTaskId("bheld");
+    await seal(b, 2);
+    const slow = `${b}-1`;
+    await submitBatch(b, { taskId: slow, code: "import time\ntime.sleep(6)\nprint('slow')", limits: { timeoutMs: 30000 } });
+    await c.waitStatus(slow, "TASK_STATUS_RUNNING", 60000);
+    await submitBatch(b, { taskId: `${b}-2`, code: "print(2)" });
+    // The quick one ends while the slow one is held: it leaves the count
+    // to the slow one's end, which never comes on this worker.
+    await waitFor("the quick task ended", () => counts(b), (n) => ended(n) === 1);
+    await w1.kill();
+    assert.equal((await counts(b)).complete, 0);
+    await stack.addWorker({ concurrency: 2 });
+    const n = await waitFor(`batch ${b} complete`, () => counts(b), (x) => x.complete === 1, 120000);
+    assert.equal(n.succeeded, 2);
+    assert.deepEqual(await lastEvent(b, "complete"), { batchId: b, total: "2", succeeded: "2", failed: "0", timedOut: "0", cancelled: "0" });
   });
 });

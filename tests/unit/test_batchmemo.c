@@ -1,7 +1,8 @@
 /* test_batchmemo.c - what a worker remembers of batches (worker/batchmemo.h,
  * contract §20): seals kept until room is needed; a look that found no
  * cancel stands in for later looks only briefly, on the same link, and
- * never once a cancel came while it was in flight or after it. */
+ * never once a cancel came while it was in flight or after it; the slot
+ * that lets go of a batch's task last learns it is the last. */
 #include "worker/batchmemo.h"
 
 #include <stdio.h>
@@ -112,6 +113,45 @@ static void test_cancel_during_a_look_wins(void)
     ci_batch_memo_free(m);
 }
 
+static void test_the_slot_that_lets_go_last_counts(void)
+{
+    struct ci_batch_memo *m = memo(4);
+    CHECK(ci_batch_memo_held(m, "b") == 0);
+    CHECK(ci_batch_memo_let_go(m, "b") == 0); /* never held: counts */
+    ci_batch_memo_hold(m, "b");
+    ci_batch_memo_hold(m, "b");
+    ci_batch_memo_hold(m, "c");
+    CHECK(ci_batch_memo_held(m, "b") == 2);
+    CHECK(ci_batch_memo_let_go(m, "b") == 1); /* another holds one: it counts later */
+    CHECK(ci_batch_memo_let_go(m, "b") == 0); /* the last: counts */
+    CHECK(ci_batch_memo_let_go(m, "b") == 0); /* never below 0 */
+    CHECK(ci_batch_memo_held(m, "c") == 1);
+    ci_batch_memo_free(m);
+}
+
+static void test_room_never_makes_more_held(void)
+{
+    /* Entries that slots hold tasks of make room last; when they must,
+     * later let-gos see fewer held (they count more, never less). */
+    struct ci_batch_memo *m = memo(2);
+    uint64_t total = 0;
+    ci_batch_memo_hold(m, "a");
+    ci_batch_memo_seal(m, "x", 1);
+    ci_batch_memo_seal(m, "y", 2); /* x goes, not a (held) */
+    CHECK(ci_batch_memo_held(m, "a") == 1);
+    CHECK(!ci_batch_memo_sealed(m, "x", &total));
+    ci_batch_memo_hold(m, "b"); /* y goes */
+    ci_batch_memo_hold(m, "c"); /* both held: the least recently used, a, goes */
+    CHECK(ci_batch_memo_held(m, "a") == 0);
+    CHECK(ci_batch_memo_let_go(m, "a") == 0);
+    ci_batch_memo_hold(m, "a"); /* a again, over b */
+    ci_batch_memo_hold(m, "a");
+    CHECK(ci_batch_memo_let_go(m, "b") == 0);
+    CHECK(ci_batch_memo_let_go(m, "a") == 1);
+    CHECK(ci_batch_memo_let_go(m, "a") == 0);
+    ci_batch_memo_free(m);
+}
+
 static void test_zero_cap_is_one(void)
 {
     struct ci_batch_memo *m = memo(0);
@@ -126,4 +166,5 @@ static void test_zero_cap_is_one(void)
 
 TEST_MAIN(T(test_seal_kept), T(test_least_recently_used_makes_room),
           T(test_no_cancel_stands_briefly), T(test_cancel_forgets),
-          T(test_cancel_during_a_look_wins), T(test_zero_cap_is_one))
+          T(test_cancel_during_a_look_wins), T(test_the_slot_that_lets_go_last_counts),
+          T(test_room_never_makes_more_held), T(test_zero_cap_is_one))
