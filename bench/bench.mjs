@@ -548,11 +548,25 @@ async function batchThroughput() {
     return (Number(f[11]) + Number(f[12])) / 100; // utime + stime, clock ticks
   };
   const cpu = () => ({ server: cpuS(st.server.pid), worker: cpuS(st.workers[0].pid) });
+  // What the worker sends NATS, counted by kind from copies (a core
+  // subscription gets every message on these subjects): pull requests,
+  // other JetStream API requests (infos, gets, direct gets), KV writes,
+  // status and batch events, acks. Noise-free, unlike the clock.
+  const sent = { pulls: 0, api: 0, kv: 0, events: 0, acks: 0 };
+  const kinds = [["$JS.API.CONSUMER.MSG.NEXT.>", "pulls"], ["$JS.API.>", "api"], ["$KV.>", "kv"], ["ci.status.>", "events"], ["ci.batches.>", "events"], ["$JS.ACK.>", "acks"]];
+  const counters = kinds.map(([subj, kind]) => c.nc.subscribe(subj, { callback: (err, m) => {
+    if (err) return;
+    if (kind === "api" && m.subject.startsWith("$JS.API.CONSUMER.MSG.NEXT.")) return; // counted as a pull
+    sent[kind]++;
+  } }));
   const measured = async (n, fn) => {
+    await c.nc.flush();
     const c0 = cpu();
+    const s0 = { ...sent };
     const x = await fn();
     const c1 = cpu();
-    return { ...x, server_cpu_ms_per_task: round2(((c1.server - c0.server) * 1000) / n), worker_cpu_ms_per_task: round2(((c1.worker - c0.worker) * 1000) / n) };
+    const per = Object.fromEntries(Object.keys(sent).map((k) => [k, round2((sent[k] - s0[k]) / n)]));
+    return { ...x, server_cpu_ms_per_task: round2(((c1.server - c0.server) * 1000) / n), worker_cpu_ms_per_task: round2(((c1.worker - c0.worker) * 1000) / n), sent_per_task: per };
   };
   const publishAll = async (n, publish) => {
     for (let i = 0; i < n; i += 200)
@@ -623,6 +637,7 @@ async function batchThroughput() {
     }
     return out;
   } finally {
+    for (const sub of counters) sub.unsubscribe();
     watch.stop();
     await st.stop();
   }
@@ -693,10 +708,12 @@ if (results.live_output) {
 if (results.batch) {
   const x = results.batch;
   const r = (v) => `${v.seconds} s = ${v.tasks_per_s} tasks/s` + (v.server_cpu_ms_per_task !== undefined ? ` (CPU per task: nats-server ${v.server_cpu_ms_per_task} ms, worker ${v.worker_cpu_ms_per_task} ms)` : "");
+  const sentLine = (v) => `${Object.entries(v.sent_per_task).map(([k, n]) => `${k} ${n}`).join(", ")} (${round2(Object.values(v.sent_per_task).reduce((a, b) => a + b, 0))} in all)`;
   console.log(`\nbatch (warm mode): ${x.n} print(1) tasks, first publish -> the batch's complete event / the last terminal event (${x.slots} slot${x.slots === 1 ? "" : "s"}), rounds in alternating order:`);
   console.log(`batch lane:       ${x.batch.map(r).join("; ")}`);
   console.log(`interactive lane: ${x.interactive.map(r).join("; ")}`);
   console.log(`batch/interactive ${x.ratio.toFixed(3)}x`);
+  console.log(`sent to NATS per task, batch lane: ${sentLine(x.batch[0])}; interactive lane: ${sentLine(x.interactive[0])}`);
   if (x.with_progress)
     console.log(`batch with ci batch status every second ${r(x.with_progress)} (${x.with_progress.polls} polls): ${x.progress_ratio.toFixed(3)}x the batch lane without`);
 }

@@ -67,14 +67,11 @@ static struct memo_entry *find_or_make(struct ci_batch_memo *m, const char *batc
         return x;
     /* A free one, else the least recently used of those no slot holds a
      * task of, else the least recently used. */
-    x = NULL;
-    for (size_t i = 0; i < m->cap; i++) {
+    x = &m->e[0]; /* cap >= 1 */
+    for (size_t i = 0; i < m->cap && x->batch_id[0]; i++) {
         struct memo_entry *y = &m->e[i];
-        if (!y->batch_id[0]) {
-            x = y;
-            break;
-        }
-        if (!x || (x->held && !y->held) || ((x->held != 0) == (y->held != 0) && y->used < x->used))
+        if (!y->batch_id[0] || (x->held && !y->held) ||
+            ((x->held != 0) == (y->held != 0) && y->used < x->used))
             x = y;
     }
     memset(x, 0, sizeof(*x));
