@@ -39,10 +39,21 @@ void ci_lanes_took(struct ci_lanes *l, enum ci_lane lane, bool got)
     l->idle = !got;
 }
 
-bool ci_lanes_batch_looked_at(const struct ci_lane_ask asks[2], size_t i, int64_t empty_ms,
-                              int64_t now_ms, int64_t look_ms)
+bool ci_lanes_batch_skip(const struct ci_lane_ask asks[2], size_t i, ci_lanes_look *last,
+                         int64_t now_ms, int64_t look_ms)
 {
-    if (i == 0 || asks[i].lane != CI_LANE_BATCH || !asks[0].wait || !empty_ms)
+    if (i == 0 || asks[i].lane != CI_LANE_BATCH || !asks[0].wait)
         return false;
-    return now_ms >= empty_ms && now_ms - empty_ms < look_ms;
+    int64_t seen = atomic_load(last);
+    if (!seen)
+        return false; /* the lane had work: every slot looks */
+    if (now_ms >= seen && now_ms - seen < look_ms)
+        return true;
+    /* This slot looks, unless another claimed the look just now. */
+    return !atomic_compare_exchange_strong(last, &seen, now_ms);
+}
+
+void ci_lanes_batch_found(ci_lanes_look *last, bool got, int64_t now_ms)
+{
+    atomic_store(last, got ? 0 : now_ms);
 }

@@ -68,9 +68,7 @@ struct worker {
     uint64_t warm_ready_at_death;
     bool warm_replacing;
     atomic_uint_fast64_t tasks_done;
-    /* When a slot last found the batch lane empty (monotonic ms); 0 when
-     * the last look found a task (ci_lanes_batch_looked_at). */
-    atomic_int_fast64_t batch_empty_ms;
+    ci_lanes_look batch_look; /* the slots' last look at the batch lane (lanes.h) */
     struct ci_monitor *monitor;
     struct ci_heartbeat *heartbeat;
     struct ci_waitroom *room; /* session tasks waiting for their turn */
@@ -223,14 +221,13 @@ static ci_status take_task(struct worker *w, struct ci_puller *const pullers[2],
     size_t n = ci_lanes_plan(lanes, asks);
     ci_status s = CI_ERR_TIMEOUT;
     for (size_t i = 0; i < n && !g_stop; i++) {
-        if (ci_lanes_batch_looked_at(asks, i, atomic_load(&w->batch_empty_ms), ci_mono_ms(),
-                                     BATCH_LOOK_MS)) {
+        if (ci_lanes_batch_skip(asks, i, &w->batch_look, ci_mono_ms(), BATCH_LOOK_MS)) {
             ci_lanes_took(lanes, asks[i].lane, false);
             continue;
         }
         s = ask_lane(w, pullers[asks[i].lane], &asks[i], ret, e);
         if (asks[i].lane == CI_LANE_BATCH && (s == CI_OK || s == CI_ERR_TIMEOUT))
-            atomic_store(&w->batch_empty_ms, s == CI_OK ? 0 : ci_mono_ms());
+            ci_lanes_batch_found(&w->batch_look, s == CI_OK, ci_mono_ms());
         ci_lanes_took(lanes, asks[i].lane, s == CI_OK);
         *ret_lane = asks[i].lane;
         if (s != CI_ERR_TIMEOUT)
