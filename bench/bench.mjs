@@ -5,6 +5,8 @@
 //                [--soak 0] [--gap 0] [--concurrency 0] [--spares 0] [--bursts 10]
 //                [--sessions 10] [--mcp 30] [--live 30] [--batch 0] [--batch-rounds 2]
 //                [--batch-progress] [--out FILE]
+//                [--fanout-scenario pandas] [--baseline 1] [--perf FILE]
+//                [--compare BUILD_DIR [--rounds 2]]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it also measures the floor of any fork-based warm start on
@@ -42,6 +44,26 @@
 // --batch-rounds R (2) rounds of both, in alternating order.
 // --batch-progress adds a batch with `ci batch status B --json` run every
 // second meanwhile (as a person watching would).
+//
+// Where the time goes: for each scenario and the fan-out, the bench joins
+// the worker's task.stages lines (it runs the worker at log level debug)
+// with its own marks and prints each stage's p50, mean and share of the end
+// to end time (STAGES below), and the CPU time per task of the worker, of
+// the sandbox (zygotes and everything they start), of nats-server and of
+// this client, with how busy the machine was (and with what else). The fork
+// floor reports its CPU per pandas task too. --fanout-scenario picks the
+// fan-out's task (pandas); --perf FILE records the fan-out with perf (call
+// graphs) for bench/perf-roles.py; --baseline 0 skips the bare python3 and
+// the fork floor.
+//
+// --compare DIR: this build (A) against the one in DIR (B: a build
+// directory with its ci-worker and ci-zygote), warm mode, in the same run
+// on one machine, so that a change is measured against the code before it
+// under the same load: each on its own nats-server and worker; the N tasks
+// of each scenario alternate between A and B (in a fresh random order each
+// round); then --rounds rounds of the fan-out, A B B A...; then a warm
+// child's memory on each. Reported: p50s, the task's own CPU (usage.cpuMs),
+// the stages, tasks/s, CPU per task, and B/A.
 import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { cpus as osCpus, loadavg, tmpdir } from "node:os";
@@ -73,6 +95,11 @@ const { values: args } = parseArgs({
     batch: { type: "string", default: "0" },
     "batch-rounds": { type: "string", default: "2" },
     "batch-progress": { type: "boolean", default: false },
+    "fanout-scenario": { type: "string", default: "pandas" },
+    baseline: { type: "string", default: "1" },
+    perf: { type: "string", default: "" },
+    compare: { type: "string", default: "" },
+    rounds: { type: "string", default: "2" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
 });
@@ -92,6 +119,8 @@ const BATCH = Number(args.batch);
 const BATCH_ROUNDS = Math.max(1, Number(args["batch-rounds"]));
 const BATCH_PROGRESS = args["batch-progress"];
 const FLOOR_FANOUT = 60; // pandas runs per forking process in the floor's throughput
+// The fan-out's task (--fanout-scenario print|pandas|matplotlib).
+const FANOUT_SCENARIO = args["fanout-scenario"];
 
 const csv = ["day,region,units,price"];
 for (let i = 0; i < 1000; i++) csv.push(`${i % 28},${["N", "S", "E", "W"][i % 4]},${(i * 7) % 13},${(i % 9) + 0.5}`);
@@ -199,7 +228,9 @@ def drive(runs):
         if os.waitpid(pid, 0)[1]:
             os._exit(1)
 tput = {}
+cpu = {}
 for procs in sorted({1, ${SLOTS}}):
+    c0 = os.times()
     t0 = time.perf_counter()
     kids = []
     for _ in range(procs):
@@ -212,7 +243,9 @@ for procs in sorted({1, ${SLOTS}}):
         if os.waitpid(pid, 0)[1]:
             raise SystemExit("fork floor throughput failed")
     tput[str(procs)] = procs * ${FLOOR_FANOUT} / (time.perf_counter() - t0)
-print(json.dumps({"latency": out, "tasks_per_s": tput}))
+    c1 = os.times()
+    cpu[str(procs)] = ((c1.children_user + c1.children_system) - (c0.children_user + c0.children_system)) * 1000 / (procs * ${FLOOR_FANOUT})
+print(json.dumps({"latency": out, "tasks_per_s": tput, "cpu_ms_per_task": cpu}))
 `;
   const env = { PATH: "/usr/bin:/bin", HOME: dir, MPLCONFIGDIR: join(dir, ".mpl"), MPLBACKEND: "Agg", OPENBLAS_NUM_THREADS: "1" };
   const codes = Object.fromEntries(Object.entries(SCENARIOS).map(([k, sc]) => [k, sc.code]));
@@ -221,8 +254,15 @@ print(json.dumps({"latency": out, "tasks_per_s": tput}))
   if (r.status !== 0) throw new Error(`fork floor failed: ${r.stderr}`);
   const got = JSON.parse(r.stdout);
   const floor = Object.fromEntries(Object.entries(got.latency).map(([k, ms]) => [k, stats(ms)]));
-  return { floor, throughput: Object.fromEntries(Object.entries(got.tasks_per_s).map(([k, v]) => [k, round(v)])) };
+  return { floor, throughput: Object.fromEntries(Object.entries(got.tasks_per_s).map(([k, v]) => [k, round(v)])),
+           cpu: Object.fromEntries(Object.entries(got.cpu_ms_per_task).map(([k, v]) => [k, round(v)])) };
 }
+
+// The wall clock in us, as the worker's stage marks have it (same machine).
+const nowUs = () => Math.round((performance.timeOrigin + performance.now()) * 1000);
+// Task id -> the client's marks (wall clock, us): submit started, the
+// publish acked by JetStream, the terminal event seen.
+const clientMarks = new Map();
 
 // Submits one task; resolves with the time to its terminal event.
 async function once(client, name, terminal, extra = {}) {
@@ -230,11 +270,144 @@ async function once(client, name, terminal, extra = {}) {
   const taskId = extra.taskId ?? newTaskId("b");
   const done = new Promise((resolve) => terminal.set(taskId, resolve));
   const t0 = process.hrtime.bigint();
+  const marks = { submit: nowUs() };
   await client.submit({ taskId, language: "python", code: sc.code, files: sc.files, ...extra });
+  marks.published = nowUs();
   const status = await done;
+  marks.seen = nowUs();
   const ms = Number(process.hrtime.bigint() - t0) / 1e6;
+  clientMarks.set(taskId, marks);
   if (status !== "succeeded") throw new Error(`task ${taskId} (${String(name).slice(0, 40)}) ended ${status}`);
   return ms;
+}
+
+// Where a task's time goes, stage by stage: the worker's task.stages log
+// lines (debug level; us since it took the message) joined with the
+// client's marks. The stages on the path to the terminal event add up to
+// the end-to-end time; after it, the slot is still busy until "released".
+const STAGES = [
+  // [name, from mark, to mark, what it is]
+  ["queue", "submit", "taken", "client publish (JetStream ack) and delivery to a slot"],
+  ["checks", "taken", "checked", "decode; result record and cancel stream read"],
+  ["running", "checked", "running", "RUNNING record written, running event published"],
+  ["inputs", "running", "inputs", "inputs fetched"],
+  ["cgroup", "inputs", "cgroup", "the task's cgroup made"],
+  ["acquire", "cgroup", "acquired", "zygote hands the task to a spare init (HELLO)"],
+  ["setup", "acquired", "ready", "cgroup attach, init's mounts (READY)"],
+  ["go", "ready", "go", "inputs written, GO"],
+  ["code", "go", "end", "the task process: driver and code, init's report"],
+  ["collect", "end", "collected", "output drained, artifacts and outputs read"],
+  ["interpret", "collected", "waited", "outcome interpreted"],
+  ["artifacts", "waited", "artifacts", "artifacts stored, record re-read"],
+  ["store", "artifacts", "stored", "result written to KV"],
+  ["event", "stored", "event", "terminal event published (JetStream ack)"],
+  ["deliver", "event", "seen", "the client sees the terminal event"],
+];
+const AFTER_STAGES = [
+  ["ack", "event", "acked", "message acked"],
+  ["release", "acked", "released", "run freed: init gone, cgroup removed"],
+];
+
+function stageBreakdown(w, ids) {
+  const want = new Set(ids);
+  const rows = [];
+  for (const l of w.events("task.stages")) {
+    if (!want.has(l.task_id) || !clientMarks.has(l.task_id)) continue;
+    const c = clientMarks.get(l.task_id);
+    const at = { taken: 0, submit: c.submit - l.taken_at_us, seen: c.seen - l.taken_at_us };
+    for (const k of ["checked", "running", "inputs", "cgroup", "acquired", "ready", "go", "end",
+                     "collected", "waited", "artifacts", "stored", "event", "acked", "released"])
+      at[k] = l[`${k}_us`] >= 0 ? l[`${k}_us`] : NaN;
+    rows.push(at);
+  }
+  const e2e = rows.map((r) => (r.seen - r.submit) / 1000);
+  const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+  const total = mean(e2e);
+  const one = ([name, from, to, what]) => {
+    const ms = rows.map((r) => (r[to] - r[from]) / 1000).filter((x) => Number.isFinite(x));
+    const s = stats(ms);
+    return { stage: name, what, n: ms.length, p50_ms: s.p50, mean_ms: ms.length ? mean(ms) : NaN,
+             share: ms.length ? mean(ms) / total : NaN };
+  };
+  return { tasks: rows.length, e2e_p50_ms: stats(e2e).p50, e2e_mean_ms: total,
+           path: STAGES.map(one), after: AFTER_STAGES.map(one) };
+}
+
+function printBreakdown(title, b) {
+  console.log(`${title}: ${b.tasks} tasks, end to end p50 ${round(b.e2e_p50_ms)} ms, mean ${round(b.e2e_mean_ms)} ms`);
+  console.log("  stage        p50 ms  mean ms  share  what");
+  for (const r of [...b.path, ...b.after]) {
+    const share = b.path.includes(r) ? `${(r.share * 100).toFixed(1)}%`.padStart(6) : "     -";
+    console.log(`  ${r.stage.padEnd(11)} ${String(round(r.p50_ms)).padStart(7)} ${String(round(r.mean_ms)).padStart(8)} ${share}  ${r.what}`);
+  }
+}
+
+// CPU time so far (ms) of the worker's own threads, of everything of the
+// sandbox (live zygotes with what they reaped: inits, task processes,
+// keepers; and what the worker reaped: retired zygotes, cold inits),
+// nats-server, this client, and the whole machine (busy and total).
+function procTimes(pid) {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ").map(Number);
+  const hz = 100; // USER_HZ
+  return { self: ((f[11] + f[12]) * 1000) / hz, children: ((f[13] + f[14]) * 1000) / hz };
+}
+function cpuSnapshot(workerPid, natsPid) {
+  const w = procTimes(workerPid);
+  let sandbox = w.children;
+  for (const z of processTree().get(workerPid) ?? []) {
+    try {
+      if (!readFileSync(`/proc/${z}/cmdline`, "utf8").startsWith("ci-zygote")) continue;
+      const t = procTimes(z);
+      sandbox += t.self + t.children;
+    } catch {
+      // gone meanwhile (then in the worker's children)
+    }
+  }
+  const u = process.cpuUsage();
+  const cpu = readFileSync("/proc/stat", "utf8").split("\n")[0].trim().split(/\s+/).slice(1).map(Number);
+  const ticks = cpu.reduce((a, b) => a + b, 0), idle = cpu[3] + cpu[4];
+  return { worker: w.self, sandbox, nats: natsPid ? procTimes(natsPid).self : NaN, client: (u.user + u.system) / 1000,
+           machine_busy: ((ticks - idle) * 1000) / 100, machine_total: (ticks * 1000) / 100, at: performance.now() };
+}
+function cpuPerTask(a, b, tasks) {
+  const d = (k) => (b[k] - a[k]) / tasks;
+  const wall = (b.at - a.at) / 1000;
+  const ours = d("worker") + d("sandbox") + d("nats") + d("client");
+  return { tasks, worker_ms: d("worker"), sandbox_ms: d("sandbox"), nats_ms: d("nats"), client_ms: d("client"),
+           ours_ms: ours, machine_busy_ms: d("machine_busy"),
+           // what else ran on the machine meanwhile (other processes), as CPUs busy
+           others_cpus: ((b.machine_busy - a.machine_busy) - ours * tasks) / 1000 / wall,
+           cpus_busy: (b.machine_busy - a.machine_busy) / 1000 / wall };
+}
+// perf record of the whole machine (a recording of the worker's processes
+// alone misses their exits: the kernel stops a task's events before it
+// tears its memory down); FILE.pids names the worker, nats-server and the
+// zygotes, from which bench/perf-roles.py finds every process they started.
+async function perfStart(file, workerPid, natsPid) {
+  const zygotes = (processTree().get(workerPid) ?? []).filter((z) => {
+    try {
+      return readFileSync(`/proc/${z}/cmdline`, "utf8").startsWith("ci-zygote");
+    } catch {
+      return false;
+    }
+  });
+  writeFileSync(`${file}.pids`, JSON.stringify({ worker: workerPid, nats: natsPid, zygotes }));
+  const { spawn } = await import("node:child_process");
+  const p = spawn("perf", ["record", "-g", "-F", "499", "-o", file, "-a"], { stdio: ["ignore", "ignore", "inherit"] });
+  await sleep(500); // attached
+  return {
+    stop: () => new Promise((resolve) => {
+      p.on("exit", resolve);
+      p.kill("SIGINT");
+    }),
+  };
+}
+
+function printCpu(title, c) {
+  console.log(`${title}: CPU per task: worker ${round(c.worker_ms)} ms, sandbox (zygote, init, task) ${round(c.sandbox_ms)} ms, ` +
+              `nats-server ${round(c.nats_ms)} ms, client ${round(c.client_ms)} ms = ${round(c.ours_ms)} ms; ` +
+              `machine ${c.cpus_busy.toFixed(2)} CPUs busy, of which others ${c.others_cpus.toFixed(2)}`);
 }
 
 function rssKiB(pid) {
@@ -296,16 +469,17 @@ async function warmMemory(client, workerPid, terminal) {
         continue;
       }
       if (!cmd.startsWith("ci-zygote")) continue;
-      let spare = null;
+      let spare = null, here = null;
       for (const init of tree.get(z) ?? []) {
         // A running task's init has the task (a session leader) and its
         // keeper (same memory, same session); a spare's, one child.
         const kids = tree.get(init) ?? [];
         const task = kids.find((k) => sessionOf(k) === k);
-        if (task) found = { zygote: z, init, task };
+        if (task) here = { zygote: z, init, task };
         else if (kids.length === 1) spare = kids[0];
       }
-      if (found) found.spare = spare;
+      // The spare of the task's own zygote (another one may be retiring).
+      if (here) found = { ...here, spare };
     }
   }
   if (!found) throw new Error("no warm child found under the worker");
@@ -325,9 +499,10 @@ async function warmMemory(client, workerPid, terminal) {
 async function service(mode, base) {
   const stack = await startStack({
     workers: 1,
-    worker: { concurrency: CONCURRENCY, local: { isolation: "required", mode, warm_spares: SPARES } },
+    // debug: the task.stages lines (stageBreakdown)
+    worker: { concurrency: CONCURRENCY, worker: { log_level: "debug" }, local: { isolation: "required", mode, warm_spares: SPARES } },
   });
-  const out = { mode, scenarios: {}, session: null, mcp: null, burst: null, fanout: null, rss_kib: {}, memory: null, soak: null };
+  const out = { mode, scenarios: {}, stages: {}, cpu: {}, session: null, mcp: null, burst: null, fanout: null, rss_kib: {}, memory: null, soak: null };
   try {
     const client = stack.client;
     const w = stack.workers[0];
@@ -349,15 +524,22 @@ async function service(mode, base) {
       }
     })();
     out.rss_kib.start = rssKiB(w.pid);
+    const natsPid = stack.server.pid;
     for (const name of Object.keys(SCENARIOS)) {
       await once(client, name, terminal); // warm-up
-      const ms = [];
+      const ms = [], ids = [];
+      const c0 = cpuSnapshot(w.pid, natsPid);
       for (let i = 0; i < N; i++) {
         if (GAP_MS > 0) await sleep(GAP_MS);
-        ms.push(await once(client, name, terminal));
+        const taskId = newTaskId("b");
+        ids.push(taskId);
+        ms.push(await once(client, name, terminal, { taskId }));
       }
+      await sleep(300); // the last run's release (its stages line comes after it)
+      out.cpu[name] = cpuPerTask(c0, cpuSnapshot(w.pid, natsPid), N);
       const s = stats(ms);
       out.scenarios[name] = { ...s, ratio_p50: s.p50 / base[name].p50, ratio_p99: s.p99 / base[name].p99 };
+      out.stages[name] = stageBreakdown(w, ids);
     }
     if (SESSIONS > 0) {
       // Each step's end-to-end latency, against a one-shot pandas task (read
@@ -417,10 +599,18 @@ async function service(mode, base) {
     }
     const fan = FANOUT[mode] ?? FANOUT.warm;
     if (fan > 0) {
+      const ids = Array.from({ length: fan }, () => newTaskId("bf"));
+      // --perf FILE: perf record (call graphs) of the worker, its zygotes
+      // and everything they start, and nats-server, during the fan-out.
+      const perf = args.perf ? await perfStart(args.perf, w.pid, natsPid) : null;
+      const c0 = cpuSnapshot(w.pid, natsPid);
       const t0 = process.hrtime.bigint();
-      await Promise.all(Array.from({ length: fan }, () => once(client, "pandas", terminal)));
+      await Promise.all(ids.map((taskId) => once(client, FANOUT_SCENARIO, terminal, { taskId })));
       const secs = Number(process.hrtime.bigint() - t0) / 1e9;
-      out.fanout = { tasks: fan, seconds: round(secs), tasks_per_s: round(fan / secs) };
+      await sleep(300);
+      if (perf) await perf.stop();
+      out.fanout = { scenario: FANOUT_SCENARIO, tasks: fan, seconds: round(secs), tasks_per_s: round(fan / secs),
+                     cpu: cpuPerTask(c0, cpuSnapshot(w.pid, natsPid), fan), stages: stageBreakdown(w, ids) };
     }
     out.rss_kib.end = rssKiB(w.pid);
     if (mode === "warm") out.memory = await warmMemory(client, w.pid, terminal);
@@ -437,6 +627,105 @@ async function service(mode, base) {
     await stack.stop();
   }
   return out;
+}
+
+// --compare: A (this build) and B (DIR), warm mode, the same tasks
+// interleaved; see the header.
+async function compareBuilds(dirB) {
+  const local = { isolation: "required", mode: "warm", warm_spares: SPARES };
+  const opts = (bin) => ({ workers: 1, worker: { concurrency: CONCURRENCY, worker: { log_level: "debug" }, local, ...(bin ? { bin } : {}) } });
+  const sides = { A: await startStack(opts(null)), B: await startStack(opts(join(dirB, "ci-worker"))) };
+  const watch = Object.fromEntries(Object.entries(sides).map(([k, st]) => [k, terminalWatch(st.client)]));
+  const out = { b_dir: dirB, n: N, rounds: Number(args.rounds), scenarios: {}, fanout: {}, memory: {} };
+  // usage.cpuMs and usage.durationMs of the task, from the worker's task.done line.
+  const usageOf = (side, ids) => {
+    const want = new Set(ids);
+    const done = sides[side].workers[0].events("task.done").filter((l) => want.has(l.task_id));
+    return { cpu: stats(done.map((l) => l.cpu_ms)), code: stats(done.map((l) => l.code_ms)) };
+  };
+  try {
+    for (const [k, st] of Object.entries(sides)) {
+      const { result: probe } = await runTask(st.client, { code: "import sys\nprint('pandas' in sys.modules)\n" });
+      if (probe.stdout !== "True\n") throw new Error(`side ${k} does not run warm: ${JSON.stringify(probe)}`);
+    }
+    for (const name of Object.keys(SCENARIOS)) {
+      const ms = { A: [], B: [] }, ids = { A: [], B: [] };
+      for (const k of ["A", "B"]) await once(sides[k].client, name, watch[k].terminal); // warm-up
+      for (let i = 0; i < N; i++) {
+        for (const k of Math.random() < 0.5 ? ["A", "B"] : ["B", "A"]) {
+          if (GAP_MS > 0) await sleep(GAP_MS);
+          const taskId = newTaskId("bc");
+          ids[k].push(taskId);
+          ms[k].push(await once(sides[k].client, name, watch[k].terminal, { taskId }));
+        }
+      }
+      await sleep(300);
+      const r = {};
+      for (const k of ["A", "B"]) r[k] = { ...stats(ms[k]), usage: usageOf(k, ids[k]), stages: stageBreakdown(sides[k].workers[0], ids[k]) };
+      r.ratio_p50 = r.B.p50 / r.A.p50;
+      out.scenarios[name] = r;
+    }
+    const order = [];
+    for (let i = 0; i < out.rounds; i++) order.push(...(i % 2 ? ["B", "A"] : ["A", "B"]));
+    const fan = FANOUT.warm;
+    const tput = { A: [], B: [] }, cpu = { A: [], B: [] }, slot = { A: [], B: [] };
+    for (const k of fan > 0 ? order : []) {
+      const st = sides[k], w = st.workers[0];
+      const ids = Array.from({ length: fan }, () => newTaskId("bcf"));
+      const c0 = cpuSnapshot(w.pid, st.server.pid);
+      const t0 = process.hrtime.bigint();
+      await Promise.all(ids.map((taskId) => once(st.client, FANOUT_SCENARIO, watch[k].terminal, { taskId })));
+      const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+      await sleep(300);
+      tput[k].push(fan / secs);
+      cpu[k].push(cpuPerTask(c0, cpuSnapshot(w.pid, st.server.pid), fan));
+      // How long a slot was busy with each task: taken -> run freed.
+      const want = new Set(ids);
+      slot[k].push(...w.events("task.stages").filter((l) => want.has(l.task_id) && l.released_us >= 0).map((l) => l.released_us / 1000));
+    }
+    if (fan > 0) {
+      const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+      for (const k of ["A", "B"])
+        out.fanout[k] = { tasks_per_s: tput[k].map(round), mean_tasks_per_s: round(mean(tput[k])), slot_ms: stats(slot[k]),
+                          cpu_ms: { worker: mean(cpu[k].map((c) => c.worker_ms)), sandbox: mean(cpu[k].map((c) => c.sandbox_ms)),
+                                    nats: mean(cpu[k].map((c) => c.nats_ms)), client: mean(cpu[k].map((c) => c.client_ms)),
+                                    ours: mean(cpu[k].map((c) => c.ours_ms)), others_cpus: mean(cpu[k].map((c) => c.others_cpus)) } };
+      out.fanout.ratio = out.fanout.B.mean_tasks_per_s / out.fanout.A.mean_tasks_per_s;
+    }
+    for (const k of ["A", "B"]) out.memory[k] = await warmMemory(sides[k].client, sides[k].workers[0].pid, watch[k].terminal);
+  } finally {
+    for (const wt of Object.values(watch)) wt.stop();
+    for (const st of Object.values(sides)) await st.stop();
+  }
+  return out;
+}
+
+function printCompare(c) {
+  console.log(`\ncompare (warm mode, n=${c.n}, interleaved): A = this build, B = ${c.b_dir}`);
+  console.log("scenario     A p50 ms  B p50 ms   B/A   A cpu p50  B cpu p50  (the task's own usage.cpuMs)");
+  for (const [k, r] of Object.entries(c.scenarios))
+    console.log(`${k.padEnd(12)} ${String(round(r.A.p50)).padStart(8)} ${String(round(r.B.p50)).padStart(9)} ${r.ratio_p50.toFixed(3).padStart(6)} ` +
+                `${String(round(r.A.usage.cpu.p50)).padStart(10)} ${String(round(r.B.usage.cpu.p50)).padStart(10)}`);
+  for (const [k, r] of Object.entries(c.scenarios)) {
+    const line = (side) => r[side].stages.path.map((x) => `${x.stage} ${round(x.p50_ms)}`).join(", ") +
+      `; after: ${r[side].stages.after.map((x) => `${x.stage} ${round(x.p50_ms)}`).join(", ")}`;
+    console.log(`  stages p50 ms, ${k}, A: ${line("A")}`);
+    console.log(`  stages p50 ms, ${k}, B: ${line("B")}`);
+  }
+  if (c.fanout.A) {
+    for (const k of ["A", "B"]) {
+      const f = c.fanout[k];
+      console.log(`fan-out ${k}: ${f.tasks_per_s.join(", ")} tasks/s (mean ${f.mean_tasks_per_s}); a slot busy per task p50 ${round(f.slot_ms.p50)} ms; CPU per task: worker ${round(f.cpu_ms.worker)} ms, ` +
+                  `sandbox ${round(f.cpu_ms.sandbox)} ms, nats-server ${round(f.cpu_ms.nats)} ms, client ${round(f.cpu_ms.client)} ms = ${round(f.cpu_ms.ours)} ms; others ${f.cpu_ms.others_cpus.toFixed(2)} CPUs`);
+    }
+    console.log(`fan-out B/A: ${c.fanout.ratio.toFixed(3)}`);
+  }
+  const kib = (k) => `${round(k / 1024)} MiB`;
+  for (const k of ["A", "B"]) {
+    const m = c.memory[k];
+    console.log(`memory ${k}: zygote RSS ${kib(m.zygote.rss_kib)}; warm child USS ${kib(m.child.uss_kib)}, PSS ${kib(m.child.pss_kib)}` +
+                (m.spare ? `; a spare USS ${kib(m.spare.uss_kib)}` : ""));
+  }
 }
 
 // Tasks that print 1 MiB (contract §19 measures them): many small flushed
@@ -643,9 +932,13 @@ async function batchThroughput() {
   }
 }
 
+// --baseline 0: no bare python3 and no fork floor (ratios are then NaN), for
+// a quick look at the service alone.
+const NaNStats = { n: 0, p50: NaN, p95: NaN, p99: NaN };
 const base = {};
-for (const name of Object.keys(SCENARIOS)) base[name] = baseline(name);
-const { floor, throughput: floorTput } = forkFloor();
+for (const name of Object.keys(SCENARIOS)) base[name] = args.baseline !== "0" ? baseline(name) : NaNStats;
+const { floor, throughput: floorTput, cpu: floorCpu } = args.baseline !== "0" ? forkFloor()
+  : { floor: Object.fromEntries(Object.keys(SCENARIOS).map((k) => [k, NaNStats])), throughput: {}, cpu: {} };
 const results = {
   date: new Date().toISOString(),
   n: N,
@@ -655,10 +948,12 @@ const results = {
   baseline: base,
   fork_floor: floor,
   fork_floor_tasks_per_s: floorTput,
+  fork_floor_cpu_ms_per_task: floorCpu,
   concurrency: SLOTS,
   modes: [],
 };
-for (const mode of args.modes.split(",")) results.modes.push(await service(mode, base));
+for (const mode of args.compare ? [] : args.modes.split(",")) results.modes.push(await service(mode, base));
+if (args.compare) results.compare = await compareBuilds(args.compare);
 if (LIVE > 0 && args.modes.split(",").includes("warm")) results.live_output = await liveOutput();
 if (BATCH > 0 && args.modes.split(",").includes("warm")) results.batch = await batchThroughput();
 results.loadavg_end = loadavg();
@@ -672,6 +967,7 @@ console.log(`\nfork floor: a python3 with the runtime imported forks a child per
 console.log("scenario     p50 ms   p95 ms   p99 ms");
 for (const [k, s] of Object.entries(floor)) console.log(row(k, s));
 console.log(`its throughput, pandas: ${Object.entries(floorTput).map(([p, v]) => `${v} tasks/s with ${p} forking process${p === "1" ? "" : "es"}`).join(", ")}`);
+console.log(`its CPU per pandas task: ${Object.entries(floorCpu).map(([p, v]) => `${v} ms with ${p} forking process${p === "1" ? "" : "es"}`).join(", ")}`);
 for (const m of results.modes) {
   console.log(`\nservice, ${m.mode} mode: submit -> terminal event through NATS (n=${N}${GAP_MS ? `, ${GAP_MS} ms apart` : ", back to back"}, isolation ${m.isolation})`);
   console.log("scenario     p50 ms   p95 ms   p99 ms   p50/baseline  p99/baseline");
@@ -687,7 +983,15 @@ for (const m of results.modes) {
                 `overhead per call ${round(m.mcp.overhead_p50_ms)} ms (p50, ${m.mcp.ratio_p50.toFixed(3)}x)`);
   if (m.burst)
     console.log(`bursts: ${m.burst.rounds} x ${m.burst.tasks} pandas tasks at once, 1 s apart: p50 ${round(m.burst.p50)} ms, p95 ${round(m.burst.p95)} ms, p99 ${round(m.burst.p99)} ms (${m.burst.ratio_p50.toFixed(3)}x)`);
-  if (m.fanout) console.log(`fan-out: ${m.fanout.tasks} pandas tasks in ${m.fanout.seconds} s = ${m.fanout.tasks_per_s} tasks/s (${SLOTS} slot${SLOTS === 1 ? "" : "s"})`);
+  for (const [k, b] of Object.entries(m.stages)) {
+    printBreakdown(`stages, ${k}, one after the other`, b);
+    printCpu(`  ${k}`, m.cpu[k]);
+  }
+  if (m.fanout) {
+    console.log(`fan-out: ${m.fanout.tasks} ${m.fanout.scenario} tasks in ${m.fanout.seconds} s = ${m.fanout.tasks_per_s} tasks/s (${SLOTS} slot${SLOTS === 1 ? "" : "s"})`);
+    printBreakdown(`stages, fan-out`, m.fanout.stages);
+    printCpu(`  fan-out`, m.fanout.cpu);
+  }
   console.log(`worker RSS: ${m.rss_kib.start} KiB at start, ${m.rss_kib.end} KiB after`);
   if (m.memory)
     console.log(`memory: zygote RSS ${kib(m.memory.zygote.rss_kib)} (PSS ${kib(m.memory.zygote.pss_kib)}); ` +
@@ -696,6 +1000,7 @@ for (const m of results.modes) {
                 (m.memory.spare ? `; a spare (warm, waiting) USS ${kib(m.memory.spare.uss_kib)}` : ""));
   if (m.soak) console.log(`soak: ${m.soak.tasks} print(1) tasks in ${m.soak.seconds} s; worker RSS ${m.soak.rss_kib_before} -> ${m.soak.rss_kib_after} KiB`);
 }
+if (results.compare) printCompare(results.compare);
 if (results.live_output) {
   console.log(`\nlive output (warm mode, n=${LIVE}, one after the other, in random order): submit -> terminal event of a task printing 1 MiB, p50`);
   console.log("scenario                                     on ms  +subscriber  off ms  off 2 ms   on/off  subscribed/off  off 2/off");

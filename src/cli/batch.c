@@ -1,5 +1,6 @@
 /* batch.c - a batch to a client, without NATS (batch.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -270,7 +271,10 @@ void ci_batch_state_compute(const struct ci_batch_raw *raw, struct ci_batch_stat
         c.total = raw->seal_total;
     } else {
         /* The messages left in the batch stream are the tasks not acked
-         * yet: those queued and those running. */
+         * yet: those queued, those running, and for a moment one that
+         * ended and whose worker has not acked it yet, which counts
+         * twice then (contract §20: message counts cannot tell it from a
+         * queued one). */
         c.total = taken + sub0(raw->left, c.running);
     }
     c.queued = sub0(c.total, taken);
@@ -298,6 +302,17 @@ bool ci_batch_raw_known(const struct ci_batch_raw *raw)
     struct ci_batch_counts ev = raw->events;
     for (int i = 0; i < CI_BATCH_EV_COUNT; i++)
         if (*ci_batch_counts_of(&ev, (enum ci_batch_event)i))
+            return true;
+    return false;
+}
+
+bool ci_batch_raw_submitted(const struct ci_batch_raw *raw)
+{
+    if (raw->sealed || raw->left)
+        return true;
+    struct ci_batch_counts ev = raw->events;
+    for (int i = 0; i < CI_BATCH_EV_COUNT; i++)
+        if (i != CI_BATCH_EV_CANCEL && *ci_batch_counts_of(&ev, (enum ci_batch_event)i))
             return true;
     return false;
 }
@@ -403,7 +418,7 @@ static ci_status set_string(char **field, const char *value)
     return CI_OK;
 }
 
-ci_status ci_batch_jsonl_request(const struct ci_config *cfg, const char *batch, size_t line_no,
+ci_status ci_batch_jsonl_request(const struct ci_config *cfg, const char *batch, size_t n,
                                  const uint8_t *line, size_t len,
                                  Ci__V1__ExecutionRequest **ret, struct ci_error *err)
 {
@@ -426,7 +441,7 @@ ci_status ci_batch_jsonl_request(const struct ci_config *cfg, const char *batch,
     }
     char id[65];
     if (!req->task_id[0]) {
-        s = ci_batch_task_id(batch, line_no, id, err);
+        s = ci_batch_task_id(batch, n, id, err);
         if (!s && (s = set_string(&req->task_id, id)))
             ci_error_set(err, s, "out of memory");
         if (s)
@@ -482,6 +497,84 @@ void ci_batch_paths_free(char **paths, size_t n)
     for (size_t i = 0; paths && i < n; i++)
         free(paths[i]);
     free(paths);
+}
+
+static const char *base_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+/* The bytes of a varint holding v (protobuf). */
+static uint64_t varint_len(uint64_t v)
+{
+    uint64_t n = 1;
+    for (; v >= 0x80; v >>= 7)
+        n++;
+    return n;
+}
+
+/* What an InputFile with its content inline adds to a task's message,
+ * but for what every such file adds alike: name and content with their
+ * tags and lengths (protobuf), or the name and the content in base64
+ * (JSON; names need no escapes). The request around it grows with it. */
+static uint64_t inline_bytes(uint64_t size, size_t name_len, bool json)
+{
+    if (json)
+        return name_len + (size + 2) / 3 * 4;
+    return 1 + varint_len(name_len) + name_len + 1 + varint_len(size) + size;
+}
+
+ci_status ci_batch_files_check(char *const *paths, size_t n, uint64_t max_bytes,
+                               size_t inline_max, bool json, struct ci_batch_files_extremes *ret,
+                               struct ci_error *err)
+{
+    struct ci_batch_files_extremes x = {SIZE_MAX, SIZE_MAX};
+    uint64_t largest = 0;
+    size_t longest = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = paths[i], *name = base_of(p);
+        char why[128];
+        const char *problem = ci_input_name_problem(name, strlen(name), why, sizeof(why));
+        if (problem)
+            return ci_error_set(err, CI_ERR_INVALID,
+                                "--file-each: '%.200s' cannot be an input: its name '%.130s' is "
+                                "not allowed (%s; at most 128 of letters, digits, '.', '_', '-' "
+                                "and spaces, not starting with '.'); nothing was submitted",
+                                p, name, problem);
+        int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0) {
+            int e = errno;
+            if (fd >= 0)
+                close(fd);
+            return ci_error_errno(err, CI_ERR_INVALID, e,
+                                  "--file-each: '%.200s' cannot be read; nothing was submitted",
+                                  p);
+        }
+        close(fd);
+        if (!S_ISREG(st.st_mode))
+            return ci_error_set(err, CI_ERR_INVALID,
+                                "--file-each: '%.200s' is not a regular file; nothing was "
+                                "submitted", p);
+        uint64_t size = (uint64_t)st.st_size;
+        if (size > max_bytes)
+            return ci_error_set(err, CI_ERR_INVALID,
+                                "--file-each: '%.200s' is %" PRIu64 " bytes; an input may be at "
+                                "most %" PRIu64 " bytes (limits.max_input_bytes); nothing was "
+                                "submitted", p, size, max_bytes);
+        uint64_t bytes = inline_bytes(size, strlen(name), json);
+        if (size <= inline_max && (x.largest_inline == SIZE_MAX || bytes > largest)) {
+            x.largest_inline = i;
+            largest = bytes;
+        }
+        if (size > inline_max && (x.longest_uploaded == SIZE_MAX || strlen(name) > longest)) {
+            x.longest_uploaded = i;
+            longest = strlen(name);
+        }
+    }
+    *ret = x;
+    return CI_OK;
 }
 
 ci_status ci_batch_glob(const char *pattern, size_t max, char ***ret, size_t *ret_n,

@@ -86,7 +86,9 @@ struct ci_batch_raw {
     uint64_t left;                 /* messages still on <batch_subject>.<b> */
 };
 
-/* The counts of contract §20 "Counting", as `ci batch` shows them. */
+/* The counts of contract §20 "Counting", as `ci batch` shows them. Before
+ * the seal, total is taken + (left - running): the tasks submitted so far,
+ * a task that has ended but is not acked yet counted twice. */
 struct ci_batch_state {
     uint64_t total, queued, running, succeeded, failed, timed_out, cancelled;
     bool sealed, complete, cancel_requested;
@@ -98,8 +100,11 @@ void ci_batch_state_compute(const struct ci_batch_raw *raw, struct ci_batch_stat
 uint64_t ci_batch_state_ended(const struct ci_batch_state *c);
 /* The batch is complete: ci_batch_is_complete, the worker's test. */
 bool ci_batch_state_done(const struct ci_batch_state *c);
-/* Whether the streams know the batch at all. */
+/* Whether the streams know the batch at all (a cancel of it is enough). */
 bool ci_batch_raw_known(const struct ci_batch_raw *raw);
+/* Whether the batch was submitted: a task of it in the queue, its seal, or
+ * an event of one of its tasks; a cancel alone is not enough. */
+bool ci_batch_raw_submitted(const struct ci_batch_raw *raw);
 
 /* Exactly {"total":N,"queued":N,"running":N,"succeeded":N,"failed":N,
  * "timed_out":N,"cancelled":N} (`ci batch status --json`). */
@@ -137,12 +142,13 @@ void ci_batch_failures_sort(struct ci_batch_failures *f);
 
 /* Whether a line holds only white space (it is skipped). */
 bool ci_batch_line_blank(const uint8_t *line, size_t len);
-/* Decodes line line_no (from 1) as an ExecutionRequest of batch (the JSON
- * mapping, contract §10) and makes it one: its taskId kept, else
- * "<batch>-<line_no>"; its batchId absent or batch; no sessionId. Checked
- * against the limits of cfg. CI_ERR_INVALID (CI_ERR_LIMIT) with err
- * saying what (the caller names the line). Free with ci_message_free. */
-ci_status ci_batch_jsonl_request(const struct ci_config *cfg, const char *batch, size_t line_no,
+/* Decodes a line as the n-th request of the file (from 1, blank lines not
+ * counted), an ExecutionRequest of batch (the JSON mapping, contract §10),
+ * and makes it one: its taskId kept, else "<batch>-<n>"; its batchId
+ * absent or batch; no sessionId. Checked against the limits of cfg.
+ * CI_ERR_INVALID (CI_ERR_LIMIT) with err saying what (the caller names the
+ * line). Free with ci_message_free. */
+ci_status ci_batch_jsonl_request(const struct ci_config *cfg, const char *batch, size_t n,
                                  const uint8_t *line, size_t len,
                                  Ci__V1__ExecutionRequest **ret, struct ci_error *err);
 
@@ -164,5 +170,22 @@ ci_status ci_batch_ids_unique(struct ci_batch_id_line *ids, size_t n, struct ci_
 ci_status ci_batch_glob(const char *pattern, size_t max, char ***ret, size_t *ret_n,
                         struct ci_error *err);
 void ci_batch_paths_free(char **paths, size_t n);
+
+/* Which inputs of a --file-each batch make its largest messages: of the
+ * files sent inline (of at most inline_max bytes), the one whose name and
+ * content make the most bytes in the encoding (protobuf, or JSON with the
+ * content in base64), and of the files above that (uploaded, the message
+ * names them) the one with the longest name; SIZE_MAX for none. */
+struct ci_batch_files_extremes {
+    size_t largest_inline, longest_uploaded;
+};
+/* Checks every input of a --file-each batch before any task goes out (a
+ * refusal half way would leave the batch half published and unsealed):
+ * the name the task sees it under (its base name, the contract's input
+ * name rules), its size (at most max_bytes, limits.max_input_bytes) and
+ * that it can be opened. CI_ERR_INVALID naming the first file at fault. */
+ci_status ci_batch_files_check(char *const *paths, size_t n, uint64_t max_bytes,
+                               size_t inline_max, bool json, struct ci_batch_files_extremes *ret,
+                               struct ci_error *err);
 
 #endif

@@ -20,6 +20,8 @@ struct ci_broker;
  * or jsonl_path (one request per line). */
 struct ci_batch_submit {
     const char *batch; /* the batch id, checked */
+    bool batch_new;    /* made by this submission (b- and random digits): no other
+                          task can have an id <batch>-<n>, none is looked up */
     /* --file-each */
     const char *code;
     size_t code_len;
@@ -38,17 +40,26 @@ struct ci_batch_submitted {
     uint64_t total;     /* tasks of the batch */
     uint64_t published; /* stored in CI_BATCH now */
     uint64_t duplicates; /* dropped by CI_BATCH: queued already (within its window) */
-    uint64_t skipped;    /* not published: their result in ci-results is terminal */
+    uint64_t skipped;    /* not published: a worker took them, or their result is terminal */
     bool seal_was_there; /* sealed by an earlier submission (with the same total) */
+    bool sealed;         /* the seal is stored, by this submission or an earlier one:
+                            a failure after it (the counts, complete) left every task out */
     bool completed;      /* this submission stored the complete event */
+    bool in_use;         /* it stopped at a task id that a queued task of another
+                            batch has (CI_ERR_INVALID), the tasks before it out */
     struct ci_batch_state counts; /* read after sealing */
 };
 
-/* Called after each task, with how many are done of total. */
-typedef void (*ci_batch_progress_fn)(void *closure, uint64_t done, uint64_t total);
+/* Called after each task, with how many are done of total: first as they
+ * are "checked" (before anything goes out), then "submitted". */
+typedef void (*ci_batch_progress_fn)(void *closure, const char *stage, uint64_t done,
+                                     uint64_t total);
 
-/* Publishes every task of the batch on <batch_subject>.<b> with Nats-Msg-Id = its
- * id, skipping those whose result is terminal already, then the seal, and
+/* Checks every input (and that no task id is in use outside the batch: a
+ * record in ci-results of another batch's task, or of one outside any),
+ * then publishes every task of the batch on <batch_subject>.<b> with
+ * Nats-Msg-Id = its id, skipping those a worker took or whose result is
+ * terminal already, then the seal, and
  * the complete event when every task has ended (contract §20). A JSONL file
  * is read twice: every line is checked before the first task goes out.
  * CI_ERR_INVALID when the caller's input is at fault (err names the file,
@@ -71,13 +82,17 @@ ci_status ci_batch_complete_if_done(struct ci_broker *b, const char *batch,
                                     struct ci_error *err);
 
 /* Calls fn with each end event of the batch, in the order they were
- * stored; only those of the events in mask (bits 1 << CI_BATCH_EV_...),
- * at most max. fn returns false to stop. An event body that is not the
- * contract's is skipped and counted in *ret_unreadable (may be NULL). */
+ * stored, until none is left (ci_broker_batch_read); only those of the
+ * events in mask (bits 1 << CI_BATCH_EV_...). At most max messages are
+ * read (SIZE_MAX: all; with several kinds in mask, all of the batch's
+ * events count, taken and cancel too); *ret_cut (may be NULL) says that
+ * some were left unread. fn returns false to stop. An event body that is
+ * not the contract's is skipped and counted in *ret_unreadable (may be
+ * NULL). */
 typedef bool (*ci_batch_end_fn)(void *closure, const struct ci_batch_end *end);
 ci_status ci_batch_read_ends(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
                              unsigned mask, size_t max, ci_batch_end_fn fn, void *closure,
-                             size_t *ret_unreadable, struct ci_error *err);
+                             size_t *ret_unreadable, bool *ret_cut, struct ci_error *err);
 
 /* The JSON line of an ended task's result (contract §20): its record in
  * ci-results in the JSON mapping whatever its encoding; when the record

@@ -573,7 +573,7 @@ static int cmd_runtimes(struct ci_broker *b, const struct ci_config *cfg, const 
         say(stderr, "ci: no runtime manifest in %s: no worker of this version has published "
             "one in the last %u s (is a worker running?)\n",
             cfg->jetstream.runtimes_bucket, cfg->jetstream.max_age_s);
-        rc = 1;
+        rc = EXIT_USAGE; /* nothing to show, as for a task or batch that is not there */
     } else {
         say(stdout, "%s", (const char *)rl.text.data);
     }
@@ -603,6 +603,19 @@ static void print_end(const Ci__V1__ExecutionResult *r)
     print_session(stderr, "ci: ", r->session);
 }
 
+/* A wait that ended without the task's end: --wait-ms ran out (s
+ * CI_ERR_TIMEOUT, exit 124; the task goes on), or NATS failed (exit 3). */
+static int wait_failed(const char *id, ci_status s, const struct ci_error *e)
+{
+    if (s != CI_ERR_TIMEOUT) {
+        say(stderr, "ci: %s\n", e->msg);
+        return EXIT_INFRA;
+    }
+    say(stderr, "ci: %s (it goes on: 'ci get %s' gives its result once it ends)\n", e->msg,
+        id);
+    return EXIT_TIMEOUT;
+}
+
 /* Waits for the task's end and reads its result into *ret. Without --json,
  * its output is shown as it is written (contract §19), then the rest of it
  * and print_end(). 0, or the exit code of a failure (said on stderr). */
@@ -611,10 +624,10 @@ static int follow_to_end(struct ci_broker *b, const struct opts *o, const char *
 {
     struct ci_error e = {{0}};
     struct ci_follow *live = o->json ? NULL : ci_follow_start(b, id, stdout, stderr);
-    if (wait_terminal(b, id, o->wait_ms, false, false, &e) || get_result(b, id, ret, &e)) {
+    ci_status s = wait_terminal(b, id, o->wait_ms, false, false, &e);
+    if (s || get_result(b, id, ret, &e)) {
         ci_follow_finish(live, NULL);
-        say(stderr, "ci: %s\n", e.msg);
-        return EXIT_INFRA;
+        return wait_failed(id, s, &e);
     }
     if (o->json)
         return 0;
@@ -668,7 +681,7 @@ static int cmd_get(struct ci_broker *b, const struct ci_config *cfg, const struc
     ci_status s = get_result(b, id, &r, &e);
     if (s) {
         say(stderr, "ci: %s\n", e.msg);
-        return s == CI_ERR_NOT_FOUND ? 1 : EXIT_INFRA;
+        return s == CI_ERR_NOT_FOUND ? EXIT_USAGE : EXIT_INFRA;
     }
     if (o->json)
         print_json(&r->base);
@@ -694,11 +707,8 @@ static int cmd_watch(struct ci_broker *b, const struct ci_config *cfg, const str
         ci_message_free(&r->base);
         return rc;
     }
-    if (wait_terminal(b, id, o->wait_ms, true, o->json, &e)) {
-        say(stderr, "ci: %s\n", e.msg);
-        return EXIT_INFRA;
-    }
-    return 0;
+    ci_status s = wait_terminal(b, id, o->wait_ms, true, o->json, &e);
+    return s ? wait_failed(id, s, &e) : 0;
 }
 
 static int cmd_cancel(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o,
@@ -775,7 +785,8 @@ static int session_ls(struct ci_broker *b, const struct ci_config *cfg, const st
     return 0;
 }
 
-/* The record of id: 0 and *ret filled, 1 when there is none, else EXIT_INFRA. */
+/* The record of id: 0 and *ret filled, EXIT_USAGE when there is none, else
+ * EXIT_INFRA. */
 static int session_read(struct ci_broker *b, const char *id, struct ci_session_record *ret,
                         uint8_t **ret_raw, size_t *ret_len)
 {
@@ -783,7 +794,7 @@ static int session_read(struct ci_broker *b, const char *id, struct ci_session_r
     ci_status s = ci_broker_session_get(b, id, ret_raw, ret_len, NULL, &e);
     if (s == CI_ERR_NOT_FOUND) {
         say(stderr, "ci: no session '%s' (never used, or its record expired)\n", id);
-        return 1;
+        return EXIT_USAGE;
     }
     if (s) {
         say(stderr, "ci: %s\n", e.msg);
@@ -849,7 +860,7 @@ static int session_close(struct ci_broker *b, const struct ci_config *cfg, const
         ci_status s = ci_broker_session_get(b, o->session_id, &raw, &len, &rev, &e);
         if (s == CI_ERR_NOT_FOUND) {
             say(stderr, "ci: no session '%s' (never used, or its record expired)\n", o->session_id);
-            return 1;
+            return EXIT_USAGE;
         }
         if (s) {
             say(stderr, "ci: %s\n", e.msg);
@@ -948,6 +959,8 @@ static int cmd_tools(struct ci_broker *b, const struct ci_config *cfg, const str
 #define WAIT_GROUPS_MAX 100
 #define WAIT_FAILURES_READ 10000
 
+/* The terminal's width, asked each time (it may be resized): the
+ * terminal's own (TIOCGWINSZ), else $COLUMNS, else 80. */
 static int terminal_columns(void)
 {
     struct winsize ws;
@@ -959,8 +972,9 @@ static int terminal_columns(void)
 }
 
 /* One line of progress on stderr: on a terminal, text (short) after a
- * bar, redrawn in place ("\r", then erase to the end of the line); a
- * plain line of long_text otherwise. */
+ * bar, fitted to the terminal's width (a line that wraps cannot be redrawn
+ * in place) and redrawn in place ("\r", then erase to the end of the
+ * line); a plain line of long_text otherwise. */
 static void progress_line(bool tty, const uint64_t *segments, size_t n_segments, uint64_t total,
                           const char *text, const char *long_text)
 {
@@ -968,12 +982,11 @@ static void progress_line(bool tty, const uint64_t *segments, size_t n_segments,
         say(stderr, "ci: %s\n", long_text);
         return;
     }
-    char bar[64] = "";
-    int width = ci_progress_width(terminal_columns(), strlen(text));
-    if (width)
-        ci_progress_bar(bar, sizeof(bar), width, segments, "#x>", n_segments, total);
+    char line[512];
+    ci_progress_line(line, sizeof(line), terminal_columns(), segments, "#x>", n_segments, total,
+                     text);
     /* The controls are ours: written as they are, not through say(). */
-    fprintf(stderr, "\r%s%s%s\x1b[K", bar, width ? " " : "", text);
+    fprintf(stderr, "\r%s\x1b[K", line);
     fflush(stderr);
 }
 
@@ -983,7 +996,7 @@ struct submit_progress {
     bool drawn;
 };
 
-static void on_submit_progress(void *closure, uint64_t done, uint64_t total)
+static void on_submit_progress(void *closure, const char *stage, uint64_t done, uint64_t total)
 {
     struct submit_progress *p = closure;
     int64_t now = ci_mono_ms();
@@ -996,7 +1009,7 @@ static void on_submit_progress(void *closure, uint64_t done, uint64_t total)
     p->last_ms = now;
     p->drawn = true;
     char text[96];
-    snprintf(text, sizeof(text), "%" PRIu64 "/%" PRIu64 " tasks submitted", done, total);
+    snprintf(text, sizeof(text), "%" PRIu64 "/%" PRIu64 " tasks %s", done, total, stage);
     progress_line(p->tty, &done, 1, total, text, text);
 }
 
@@ -1011,7 +1024,7 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
         batch = new_id;
     }
     struct ci_batch_submit a = {
-        .batch = batch, .labels = o->labels, .n_labels = o->n_labels,
+        .batch = batch, .batch_new = !c->batch, .labels = o->labels, .n_labels = o->n_labels,
         .timeout_ms = o->timeout_ms, .memory_mb = o->memory_mb, .jsonl_path = c->jsonl_file,
         .wire_json = o->wire_json,
     };
@@ -1044,7 +1057,23 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
     if (s) {
         uint64_t done = r.published + r.duplicates + r.skipped;
         say(stderr, "ci: %s\n", e.msg);
-        if (done)
+        if (r.sealed)
+            say(stderr, "ci: batch %s: all %" PRIu64 " tasks went out and the seal is "
+                "published; what failed came after it (the counts, and the complete event if "
+                "every task had ended already, which a worker that sees the seal publishes "
+                "too): running the same command%s%s again does it (nothing runs twice)\n",
+                batch, r.total, c->batch ? "" : " with --batch ", c->batch ? "" : batch);
+        else if (done && r.in_use && c->jsonl_file)
+            say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
+                "it is not sealed: once the line has another taskId, run the same "
+                "command%s%s again to finish it (run as it is, it would take the other "
+                "batch's task for its own)\n", batch, done, r.total,
+                c->batch ? "" : " with --batch ", c->batch ? "" : batch);
+        else if (done && r.in_use)
+            say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
+                "it is not sealed and cannot be finished under this id: cancel it (ci batch "
+                "cancel %s)\n", batch, done, r.total, batch);
+        else if (done)
             say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
                 "it is not sealed: run the same command%s%s again to finish it (nothing "
                 "runs twice)\n", batch, done, r.total, c->batch ? "" : " with --batch ",
@@ -1067,23 +1096,48 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
     return 0;
 }
 
-/* The counts of the batch: 0, 1 when the streams know nothing of it (said
- * on stderr), EXIT_INFRA. */
+/* A failure of NATS that may pass: a request nobody answered in time, a
+ * connection being made again. */
+static bool nats_transient(ci_status s) { return s == CI_ERR_TIMEOUT || s == CI_ERR_NATS; }
+
+/* Reads the counts of the batch; *ret_known false (and *ret untouched)
+ * when the streams know nothing of it. */
+static ci_status batch_read(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
+                            struct ci_batch_state *ret, bool *ret_known, struct ci_error *err)
+{
+    struct ci_batch_raw raw;
+    *ret_known = false;
+    ci_status s = ci_batch_read_raw(b, cfg, batch, &raw, err);
+    if (s)
+        return s;
+    *ret_known = ci_batch_raw_known(&raw);
+    if (*ret_known)
+        ci_batch_state_compute(&raw, ret);
+    return CI_OK;
+}
+
+static void say_no_batch(const char *batch, const char *waited)
+{
+    say(stderr, "ci: no batch '%s'%s: no task or event of it is stored (never submitted, a "
+        "typo, older than its streams keep messages, or its submission is still checking its "
+        "inputs: nothing goes out before they all pass)\n", batch, waited);
+}
+
+/* The counts of the batch: 0, EXIT_USAGE when the streams know nothing of
+ * it, EXIT_INFRA; said on stderr. */
 static int batch_counts(struct ci_broker *b, const struct ci_config *cfg, const char *batch,
                         struct ci_batch_state *ret)
 {
     struct ci_error e = {{0}};
-    struct ci_batch_raw raw;
-    if (ci_batch_read_raw(b, cfg, batch, &raw, &e)) {
+    bool known = false;
+    if (batch_read(b, cfg, batch, ret, &known, &e)) {
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
-    if (!ci_batch_raw_known(&raw)) {
-        say(stderr, "ci: no batch '%s': no task or event of it is stored (never submitted, a "
-            "typo, or older than its streams keep messages)\n", batch);
-        return 1;
+    if (!known) {
+        say_no_batch(batch, "");
+        return EXIT_USAGE;
     }
-    ci_batch_state_compute(&raw, ret);
     return 0;
 }
 
@@ -1108,7 +1162,7 @@ static int batch_status(struct ci_broker *b, const struct ci_config *cfg, const 
     if (c.sealed)
         say(stdout, "tasks:      %" PRIu64 " (sealed)\n", c.total);
     else
-        say(stdout, "tasks:      at least %" PRIu64 " (not sealed: its submission has not "
+        say(stdout, "tasks:      %" PRIu64 " so far (not sealed: its submission has not "
             "finished)\n", c.total);
     say(stdout, "queued:     %" PRIu64 "\nrunning:    %" PRIu64 "\nsucceeded:  %" PRIu64
         "\nfailed:     %" PRIu64 "\ntimed out:  %" PRIu64 "\ncancelled:  %" PRIu64 "\n",
@@ -1159,7 +1213,7 @@ static int print_failures(struct ci_broker *b, const struct ci_config *cfg, cons
     for (size_t i = 0; !s && i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         size_t bad = 0;
         s = ci_batch_read_ends(b, cfg, batch, 1u << kinds[i], WAIT_FAILURES_READ, on_failure, &f,
-                               &bad, &e);
+                               &bad, NULL, &e);
         unreadable += bad;
     }
     if (s) {
@@ -1201,25 +1255,85 @@ static void sleep_ms(int64_t ms)
     nanosleep(&ts, NULL);
 }
 
+/* How long `ci batch wait` goes on asking while NATS does not answer
+ * (each request itself waits up to 5 s) before it gives up with exit 3. */
+#define WAIT_NATS_RETRY_MS 30000
+/* How long it waits for a batch of which nothing is stored yet to appear
+ * before it says there is none (exit 2): its submission publishes nothing
+ * before every input is checked (contract §20). */
+#define WAIT_APPEAR_MS 60000
+
 static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const struct opts *o)
 {
     const char *batch = o->batch_cmd.batch;
     /* A batch may take hours: by default wait as long as its streams keep
      * it (batches.max_age_s, 24 h). */
     int64_t wait_ms = o->wait_set ? o->wait_ms : 86400000;
-    int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0;
-    bool tty = isatty(STDERR_FILENO), drawn = false;
-    char text[256], said[256] = "", brief[160];
+    int64_t appear_ms = wait_ms < WAIT_APPEAR_MS ? wait_ms : WAIT_APPEAR_MS;
+    int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0, last_ok = start;
+    bool tty = isatty(STDERR_FILENO), drawn = false, failing = false, absent = false;
+    char text[256] = "", said[256] = "", brief[160];
     struct ci_batch_state c;
     for (;;) {
-        int rc = batch_counts(b, cfg, batch, &c);
-        if (rc) {
-            if (drawn && tty)
-                fputc('\n', stderr);
-            return rc;
+        struct ci_error e = {{0}};
+        bool known = false;
+        ci_status s = batch_read(b, cfg, batch, &c, &known, &e);
+        int64_t now = ci_mono_ms();
+        if (s && drawn && tty) {
+            fputc('\n', stderr); /* below the progress line */
+            drawn = false;
+        }
+        if (s && !nats_transient(s)) {
+            say(stderr, "ci: %s\n", e.msg);
+            return EXIT_INFRA;
+        }
+        if (s) {
+            /* A request that timed out once, or a reconnect, is no reason
+             * to stop following a batch that runs for hours: asked again,
+             * within a bound. --wait-ms running out meanwhile is still a
+             * timeout, as the table of exit codes says. */
+            if (now >= deadline) {
+                say(stderr, "ci: batch %s: not every task ended within %" PRId64 " ms%s%s "
+                    "(NATS has not answered for %" PRId64 " s: %s)\n", batch, wait_ms,
+                    text[0] ? ": " : "", text, (now - last_ok) / 1000, e.msg);
+                return EXIT_TIMEOUT;
+            }
+            if (now - last_ok >= WAIT_NATS_RETRY_MS) {
+                say(stderr, "ci: batch %s: %s (no answer for %" PRId64 " s: giving up)\n", batch,
+                    e.msg, (now - last_ok) / 1000);
+                return EXIT_INFRA;
+            }
+            if (!failing)
+                say(stderr, "ci: batch %s: %s; asking again for up to %d s\n", batch, e.msg,
+                    WAIT_NATS_RETRY_MS / 1000);
+            failing = true;
+            int64_t left = deadline - now;
+            sleep_ms(left < 500 ? left : 500);
+            continue;
+        }
+        if (failing)
+            say(stderr, "ci: batch %s: NATS answers again\n", batch);
+        failing = false;
+        last_ok = now;
+        /* `submit --batch B & wait B`: the submission may still be checking
+         * its inputs. Waited for, within a bound: a typo ends in exit 2. */
+        if (!known) {
+            if (now - start >= appear_ms) {
+                char waited[64];
+                snprintf(waited, sizeof(waited), " (waited %" PRId64 " s for it)",
+                         (now - start) / 1000);
+                say_no_batch(batch, waited);
+                return EXIT_USAGE;
+            }
+            if (!absent)
+                say(stderr, "ci: batch %s: nothing of it is stored yet; waiting up to %" PRId64
+                    " s for its submission to publish it\n", batch, appear_ms / 1000);
+            absent = true;
+            int64_t left = start + appear_ms - now;
+            sleep_ms(left < 500 ? left : 500);
+            continue;
         }
         bool done = ci_batch_state_done(&c);
-        int64_t now = ci_mono_ms();
         wait_text(text, sizeof(text), &c);
         /* A terminal shows every poll; a log a line when the counts moved,
          * at most every 5 s, and the last. */
@@ -1295,12 +1409,35 @@ static int batch_results(struct ci_broker *b, const struct ci_config *cfg, const
     unsigned ends = 1u << CI_BATCH_EV_SUCCEEDED | 1u << CI_BATCH_EV_FAILED |
                     1u << CI_BATCH_EV_TIMED_OUT | 1u << CI_BATCH_EV_CANCELLED;
     size_t unreadable = 0;
+    bool cut = false;
     struct ci_error e = {{0}};
-    ci_status s = ci_batch_read_ends(b, cfg, batch, ends, 2 * (size_t)CI_BATCH_MAX_TASKS + 16,
-                                     on_result, &r, &unreadable, &e);
+    /* Every event of the batch goes by (one subject filter: taken and
+     * cancel events too, in any number): read until none is pending, not
+     * up to a guess of how many there are. */
+    ci_status s = ci_batch_read_ends(b, cfg, batch, ends, SIZE_MAX, on_result, &r, &unreadable,
+                                     &cut, &e);
     fflush(stdout);
     if (r.failed || s) {
         say(stderr, "ci: %s\n", r.failed ? r.e.msg : e.msg);
+        return EXIT_INFRA;
+    }
+    /* Ended tasks stay ended: fewer end events than were counted a moment
+     * ago means the read missed some, unless they expired meanwhile (a
+     * batch's events live batches.max_age_s, a day): then the count after
+     * the read is the smaller. */
+    uint64_t ended = ci_batch_state_ended(&c);
+    if (!cut && r.lines + unreadable < ended) {
+        struct ci_batch_state after;
+        bool known = false;
+        if (batch_read(b, cfg, batch, &after, &known, &e) == CI_OK) {
+            uint64_t now = known ? ci_batch_state_ended(&after) : 0;
+            ended = now < ended ? now : ended;
+        }
+    }
+    if (cut || r.lines + unreadable < ended) {
+        say(stderr, "ci: the results are cut: %" PRIu64 " of the %" PRIu64 " ended tasks' end "
+            "events were read%s\n", r.lines, ended,
+            cut ? " (the read stopped with events left)" : "");
         return EXIT_INFRA;
     }
     if (r.expired)
@@ -1323,6 +1460,14 @@ static int batch_cancel(struct ci_broker *b, const struct ci_config *cfg, const 
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
     }
+    /* A cancel of a batch nobody submitted would wait there for a day and
+     * cancel a later batch that happens to get the id (a typo, most
+     * likely): refused. */
+    if (!ci_batch_raw_submitted(&raw)) {
+        say(stderr, "ci: no batch '%s': no task of it is stored (never submitted, a typo, or "
+            "older than its streams keep messages); nothing was cancelled\n", batch);
+        return EXIT_USAGE;
+    }
     if (ci_batch_cancel(b, cfg, batch, &e)) {
         say(stderr, "ci: %s\n", e.msg);
         return EXIT_INFRA;
@@ -1331,14 +1476,10 @@ static int batch_cancel(struct ci_broker *b, const struct ci_config *cfg, const 
     ci_batch_state_compute(&raw, &c);
     say(stdout, "batch %s: cancel published on %s.%s.cancel\n", batch,
         cfg->jetstream.batch_events_prefix, batch);
-    if (!ci_batch_raw_known(&raw))
-        say(stderr, "ci: no task of batch %s is stored yet: the tasks it gets will end cancelled "
-            "when a worker takes them\n", batch);
-    else
-        say(stderr, "ci: its %" PRIu64 "%s tasks not ended yet end cancelled (%" PRIu64
-            " queued are never run, %" PRIu64 " running are stopped); the %" PRIu64
-            " ended keep their results\n", c.queued + c.running,
-            c.sealed ? "" : "+", c.queued, c.running, ci_batch_state_ended(&c));
+    say(stderr, "ci: its %" PRIu64 "%s tasks not ended yet end cancelled (%" PRIu64
+        " queued are never run, %" PRIu64 " running are stopped); the %" PRIu64
+        " ended keep their results\n", c.queued + c.running, c.sealed ? "" : "+", c.queued,
+        c.running, ci_batch_state_ended(&c));
     return 0;
 }
 
@@ -1433,14 +1574,15 @@ static void usage(FILE *out)
           "                     the files' sorted order, so the same command again runs\n"
           "                     nothing twice; prints B (default: b- and 16 hex digits)\n"
           "  batch submit --jsonl FILE [--batch B]\n"
-          "                     one ExecutionRequest per line, JSON (contract §10); a\n"
-          "                     line without taskId gets B-<line number>\n"
+          "                     one ExecutionRequest per line, JSON (contract §10); the\n"
+          "                     n-th request (blank lines not counted) without taskId\n"
+          "                     gets B-<n>\n"
           "  batch status B [--json]\n"
           "                     total, queued, running, succeeded, failed, timed out,\n"
-          "                     cancelled (exit 1: no such batch)\n"
+          "                     cancelled\n"
           "  batch wait B       until every task ended; exit 0 when all succeeded, else 1\n"
           "                     with the failures grouped by error (124: --wait-ms passed,\n"
-          "                     default 86400000)\n"
+          "                     default 86400000; 2: nothing of B stored within 60 s)\n"
           "  batch results B --jsonl\n"
           "                     each ended task's result, one JSON line each, in the\n"
           "                     order they ended (without --jsonl: id, status, error)\n"
@@ -1470,7 +1612,11 @@ static void usage(FILE *out)
           "                     print JSON lines\n"
           "  --url URL          NATS server (default: $CI_NATS_URL, then the config's)\n"
           "  --config FILE      worker.yaml to take names and credentials from\n"
-          "Use '-' as SCRIPT to read the code from standard input.\n",
+          "Use '-' as SCRIPT to read the code from standard input.\n"
+          "exit codes: 0 done; 1 a task failed (ci run exits with the script's own code)\n"
+          "or a batch's task did not succeed; 2 a usage error, or no such task, session,\n"
+          "batch or runtime manifest; 3 NATS or the service failed; 124 timed out (the\n"
+          "task's limit or --wait-ms); 130 cancelled\n",
           out);
 }
 

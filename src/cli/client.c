@@ -145,7 +145,9 @@ ci_status ci_client_submit(struct ci_broker *b, const struct ci_config *cfg,
                 goto out;
             }
             snprintf(object_names[i], n, "inputs/%s/%s", task_id, name);
-            s = ci_objstore_put(ci_broker_objstore(b), object_names[i], file_data[i], len, err);
+            s = a->measure ? CI_OK
+                           : ci_objstore_put(ci_broker_objstore(b), object_names[i],
+                                             file_data[i], len, err);
             if (s)
                 goto out;
             files[i].source_case = CI__V1__INPUT_FILE__SOURCE_OBJECT;
@@ -183,6 +185,10 @@ ci_status ci_client_submit(struct ci_broker *b, const struct ci_config *cfg,
     s = ci_message_encode(enc, &req.base, &wire, &wire_len, err);
     if (s)
         goto out;
+    if (a->measure) {
+        *a->measure = wire_len;
+        goto out;
+    }
 
     if (a->batch) {
         s = ci_broker_submit_batch(b, a->batch, task_id, ci_encoding_content_type(enc), wire,
@@ -222,16 +228,17 @@ out:
     return s;
 }
 
-static Ci__V1__ExecutionResult *decode_result(const uint8_t *buf, size_t len,
-                                              struct ci_error *err)
+ci_status ci_client_result_decode(const uint8_t *buf, size_t len,
+                                  Ci__V1__ExecutionResult **ret, struct ci_error *err)
 {
     ProtobufCMessage *m = NULL;
     /* The encoding follows the request, which may not have been ours. */
     if (ci_message_decode(CI_ENC_PROTOBUF, &ci__v1__execution_result__descriptor, buf, len, &m,
                           NULL) &&
         ci_message_decode(CI_ENC_JSON, &ci__v1__execution_result__descriptor, buf, len, &m, err))
-        return NULL;
-    return (Ci__V1__ExecutionResult *)m;
+        return CI_ERR_INVALID;
+    *ret = (Ci__V1__ExecutionResult *)m;
+    return CI_OK;
 }
 
 ci_status ci_client_result_get(struct ci_broker *b, const char *id,
@@ -242,9 +249,10 @@ ci_status ci_client_result_get(struct ci_broker *b, const char *id,
     ci_status s = ci_broker_result_get(b, id, &buf, &len, NULL, err);
     if (s)
         return s;
-    *ret = decode_result(buf, len, err);
+    *ret = NULL;
+    s = ci_client_result_decode(buf, len, ret, err);
     free(buf);
-    return *ret ? CI_OK : CI_ERR_INVALID;
+    return s;
 }
 
 /* Whether the stored result is terminal; then fn gets it as the event that
@@ -279,7 +287,7 @@ ci_status ci_client_wait(struct ci_broker *b, const char *id, int64_t wait_ms,
     struct ci_watch *w = NULL;
     ci_status s = ci_watch_new(b, id, &w, err);
     if (s)
-        return s;
+        return s == CI_ERR_TIMEOUT ? CI_ERR_NATS : s; /* a request, not wait_ms */
     int64_t deadline = ci_mono_ms() + wait_ms;
     bool warned = !warn, seen = false;
     int64_t started = ci_mono_ms(), last_check = started;
@@ -312,7 +320,7 @@ ci_status ci_client_wait(struct ci_broker *b, const char *id, int64_t wait_ms,
             continue;
         }
         if (s)
-            break;
+            break; /* not CI_ERR_TIMEOUT: that is "none came" above */
         enum ci_encoding enc = CI_ENC_PROTOBUF;
         ci_encoding_from_content_type(ct, &enc, NULL);
         ProtobufCMessage *m = NULL;

@@ -37,6 +37,10 @@ struct ci_submit_args {
      * <batch_subject>.<batch>, and no QUEUED record (a batch's counts say
      * what is queued, for longer than a record lives). */
     const char *batch;
+    /* When set, the request is only built (its inputs read, checked and
+     * encoded) and its encoded length stored here: nothing is uploaded,
+     * written or published. */
+    size_t *measure;
 };
 
 /* Builds the request, uploads large inputs, writes the QUEUED record and
@@ -49,6 +53,11 @@ ci_status ci_client_submit(struct ci_broker *b, const struct ci_config *cfg,
                            const struct ci_submit_args *a, char task_id[65], bool *ret_duplicate,
                            struct ci_error *err);
 
+/* A stored result decoded, protobuf or JSON. CI_ERR_INVALID when it is
+ * neither. Free with ci_message_free(&r->base). */
+ci_status ci_client_result_decode(const uint8_t *buf, size_t len,
+                                  Ci__V1__ExecutionResult **ret, struct ci_error *err);
+
 /* The stored result of id, decoded whatever its encoding. CI_ERR_NOT_FOUND
  * when there is none. Free with ci_message_free(&r->base). */
 ci_status ci_client_result_get(struct ci_broker *b, const char *id,
@@ -59,7 +68,8 @@ ci_status ci_client_result_get(struct ci_broker *b, const char *id,
  * with ev NULL about once a second while none comes. */
 typedef void (*ci_client_event_fn)(const Ci__V1__StatusEvent *ev, void *closure);
 
-/* Waits for the task's terminal event; CI_ERR_TIMEOUT past wait_ms. The
+/* Waits for the task's terminal event; CI_ERR_TIMEOUT past wait_ms, and
+ * only then (a NATS request that timed out is CI_ERR_NATS). The
  * ordered consumer replays the task's events from the first, so it may
  * start after the submit. With warn, says on stderr when no worker took the
  * task within 10 s. */

@@ -124,6 +124,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("nats.connect_timeout_ms", nats.connect_timeout_ms, 5000, 100, 600000),
     KEY_I32("nats.max_reconnects", nats.max_reconnects, -1, -1, 1000000),
     KEY_U32("nats.reconnect_wait_ms", nats.reconnect_wait_ms, 1000, 10, 600000),
+    KEY_U32("nats.write_deadline_ms", nats.write_deadline_ms, 10000, 0, 600000),
 
     KEY_STR("jetstream.tasks_stream", jetstream.tasks_stream, "CI_TASKS", CS_NAME),
     KEY_STR("jetstream.submit_subject", jetstream.submit_subject, "ci.submit", CS_SUBJECT),
@@ -155,6 +156,7 @@ static const struct ci_config_key ci_config_keys[] = {
     KEY_U32("jetstream.files_max_mb", jetstream.files_max_mb, 0, 0, 16777216),
     KEY_BOOL("jetstream.live_output", jetstream.live_output, true),
     KEY_U32("jetstream.output_max_mb", jetstream.output_max_mb, 1024, 1, 16777216),
+    KEY_U32("jetstream.check_s", jetstream.check_s, 15, 1, 3600),
 
     KEY_STR("worker.id", worker.id, "", CS_ID),
     KEY_U32("worker.concurrency", worker.concurrency, 0, 0, 1024),
@@ -1552,7 +1554,10 @@ void ci_config_task_uid_layout(const struct ci_config *cfg, struct ci_task_uid_l
     uint32_t spares = cfg->local.warm_spares ? cfg->local.warm_spares : slots;
     uint32_t pool = cfg->local.warm_pool_size ? cfg->local.warm_pool_size : 1;
     ret->cold = slots;
-    ret->block = slots + spares + 2;
+    /* A zygote frees a task's uid when that task's init is gone, and the
+     * sandbox's reaper lets up to `slots` ended runs finish exiting while
+     * every slot runs a new task: room for both, the spares and two more. */
+    ret->block = 2 * slots + spares + 2;
     ret->need_warm = slots + (pool + 1) * ret->block;
 }
 

@@ -47,6 +47,7 @@ struct ci_config {
         uint32_t connect_timeout_ms; /* 5000 */
         int32_t max_reconnects;      /* -1 = forever */
         uint32_t reconnect_wait_ms;  /* 1000 */
+        uint32_t write_deadline_ms;  /* 10000; 0 = none */
     } nats;
     struct {
         char *tasks_stream;    /* CI_TASKS */
@@ -78,6 +79,7 @@ struct ci_config {
         uint32_t files_max_mb;       /* 0: the files bucket has no size limit of its own */
         bool live_output;            /* true: publish output while the code runs (§19) */
         uint32_t output_max_mb;      /* 1024: the output stream's size limit */
+        uint32_t check_s;            /* 15: how often the worker looks for its streams */
     } jetstream;
     struct {
         char *id;             /* "" = hostname-pid */

@@ -131,6 +131,18 @@ struct ci_output {
     char *artifact;      /* the artifact an image too large to inline is, or NULL */
 };
 
+/* When a local run passed its stages (ci_now_us(), 0: not reached or not
+ * known): for the worker's stage timings (its task.stages log line), never
+ * part of a result. A remote provider leaves them 0. */
+struct ci_run_marks {
+    int64_t cgroup_us;    /* the task's cgroup made (none: the start) */
+    int64_t acquired_us;  /* warm: the spare's init took the task (HELLO); cold: init cloned */
+    int64_t ready_us;     /* init built the task's mounts (READY) */
+    int64_t go_us;        /* the inputs written, GO sent: the code starts */
+    int64_t end_us;       /* the code's end seen (init's DONE, or its exit) */
+    int64_t collected_us; /* output drained, artifacts and outputs read */
+};
+
 /* Everything a run produced. Owned by whoever waited for it. */
 struct ci_outcome {
     enum ci_outcome_kind kind;
@@ -154,6 +166,7 @@ struct ci_outcome {
     struct ci_output *outputs; /* in the order the code made them */
     size_t n_outputs;
     bool outputs_truncated;    /* more were made than kept */
+    struct ci_run_marks marks;
 };
 
 /* Both accept NULL and leave the struct zeroed. */

@@ -118,6 +118,11 @@ static const char *name_problem(const char *name, size_t len, char *buf, size_t 
     return NULL;
 }
 
+const char *ci_input_name_problem(const char *name, size_t len, char *buf, size_t bufsz)
+{
+    return name_problem(name, len, buf, bufsz);
+}
+
 bool ci_input_name_valid(const char *name, size_t len)
 {
     char buf[128];

@@ -18,6 +18,10 @@ bool ci_task_id_valid(const char *id);
 /* [A-Za-z0-9._ -]{1,128}, not starting with '.'; len is the byte length so
  * that embedded NULs are caught. */
 bool ci_input_name_valid(const char *name, size_t len);
+/* Why name is not a valid input name ("use a plain file name, not a
+ * path", ...; a reason naming a character is written into buf), or NULL
+ * when it is. */
+const char *ci_input_name_problem(const char *name, size_t len, char *buf, size_t bufsz);
 
 /* Whether req's labels keep the rules (at most 64; keys 1 to 256 bytes;
  * values at most 1 KiB): only then are they echoed in its result. */

@@ -74,6 +74,9 @@ uint8_t *ci_buf_steal(struct ci_buf *b, size_t *ret_len);
 /* Milliseconds: wall clock since the epoch, and a monotonic clock. */
 int64_t ci_now_ms(void);
 int64_t ci_mono_ms(void);
+/* Microseconds of the wall clock since the epoch: the stage marks of a task
+ * (job.h), which a client on the same machine can line up with its own. */
+int64_t ci_now_us(void);
 
 /* strdup that accepts NULL. */
 char *ci_strdup0(const char *s);

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <nats/nats.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -189,6 +190,15 @@ static ci_status open_connection(struct ci_broker *b, struct ci_error *err)
         s = natsOptions_SetMaxReconnect(o, cfg->nats.max_reconnects);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectWait(o, cfg->nats.reconnect_wait_ms);
+    /* Every write to the server within the deadline, or the publish fails
+     * (NATS_TIMEOUT) and nats.c shuts the socket down and reconnects:
+     * without it a server that stopped reading, or a connection gone
+     * silently, blocks a publish - and every other call on the connection,
+     * which waits for its lock - until TCP gives up. nats.c arms it once
+     * per call, for all of that call's bytes: a whole result must go
+     * within it. */
+    if (s == NATS_OK)
+        s = natsOptions_SetWriteDeadline(o, cfg->nats.write_deadline_ms);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectedCB(o, on_reconnected, b);
     if (s == NATS_OK)
@@ -509,7 +519,7 @@ static ci_status ensure_streams(struct ci_broker *b, struct ci_error *err)
         },
         /* A batch's events (§20): one message per task and event within
          * the window, so that a subject's message count is a task count;
-         * direct gets read the seal and a cancel. */
+         * the seal and a cancel are read from its leader. */
         {
             .name = c->jetstream.batch_events_stream,
             .description = "ci: batch events",
@@ -1264,6 +1274,138 @@ ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t
     return CI_OK;
 }
 
+/* How long a request of ours to the JetStream API waits for its answer:
+ * the JetStream context's own timeout (5 s, nats.c's default). */
+#define JS_API_WAIT_MS 5000
+
+/* One answer of the stream API's message get, as js_GetLastMsg reads it:
+ * CI_OK with the record's bytes (malloc'd, *ret_data NULL when empty),
+ * CI_ERR_NOT_FOUND for none or a deleted record, else a failure. */
+static ci_status lookup_answer(natsMsg *m, const char *id, uint8_t **ret_data, size_t *ret_len,
+                               struct ci_error *err)
+{
+    *ret_data = NULL;
+    *ret_len = 0;
+    if (natsMsg_IsNoResponders(m))
+        return ci_error_set(err, CI_ERR_NATS, "cannot read the results bucket: JetStream did "
+                            "not answer (no responders)");
+    json_auto_t *j = json_loadb(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), 0, NULL);
+    json_t *e = json_object_get(j, "error"), *msg = json_object_get(j, "message");
+    if (json_is_object(e)) {
+        json_int_t code = json_integer_value(json_object_get(e, "err_code"));
+        if (code == JSNoMessageFoundErr)
+            return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", id);
+        const char *d = json_string_value(json_object_get(e, "description"));
+        return ci_error_set(err, CI_ERR_NATS, "cannot read the results bucket: %s (JetStream "
+                            "error %" JSON_INTEGER_FORMAT ")", d ? d : "?", code);
+    }
+    if (!json_is_object(msg))
+        return ci_error_set(err, CI_ERR_NATS, "cannot read the results bucket: an answer that "
+                            "is not the stream API's");
+    /* A deleted or purged record is a marker with the KV-Operation header. */
+    const char *hdrs = json_string_value(json_object_get(msg, "hdrs"));
+    if (hdrs) {
+        CI_AUTOFREE uint8_t *h = NULL;
+        size_t hlen = 0;
+        if (ci_base64_decode(hdrs, strlen(hdrs), CI_B64_STD, &h, &hlen))
+            return ci_error_set(err, CI_ERR_NATS, "cannot read the results bucket: headers "
+                                "that are not base64");
+        for (size_t at = 0; at < hlen;) {
+            const uint8_t *nl = memchr(h + at, '\n', hlen - at);
+            size_t n = nl ? (size_t)(nl - (h + at)) : hlen - at;
+            const char *line = (const char *)h + at, *key = "KV-Operation:";
+            size_t klen = strlen(key);
+            if (n > klen && strncasecmp(line, key, klen) == 0) {
+                size_t v = klen;
+                while (v < n && line[v] == ' ')
+                    v++;
+                if ((n - v >= 3 && strncmp(line + v, "DEL", 3) == 0) ||
+                    (n - v >= 5 && strncmp(line + v, "PURGE", 5) == 0))
+                    return ci_error_set(err, CI_ERR_NOT_FOUND, "no result for task '%s'", id);
+            }
+            at += n + 1;
+        }
+    }
+    const char *data = json_string_value(json_object_get(msg, "data"));
+    if (!data)
+        return CI_OK; /* an empty record */
+    ci_status s = ci_base64_decode(data, strlen(data), CI_B64_STD, ret_data, ret_len);
+    if (s == CI_ERR_NOMEM)
+        return ci_error_set(err, s, "out of memory");
+    if (s)
+        return ci_error_set(err, CI_ERR_NATS, "cannot read the results bucket: a record that "
+                            "is not base64");
+    return CI_OK;
+}
+
+ci_status ci_broker_results_get_many(struct ci_broker *b, const char (*ids)[65], size_t n,
+                                     size_t window, ci_result_each_fn fn, void *closure,
+                                     struct ci_error *err)
+{
+    if (n == 0)
+        return CI_OK;
+    if (window == 0)
+        window = 1;
+    const char *bucket = b->cfg->jetstream.results_bucket;
+    char api[SUBJECT_MAX], wildcard[SUBJECT_MAX];
+    int k = snprintf(api, sizeof(api), "$JS.API.STREAM.MSG.GET.KV_%s", bucket);
+    if (k < 0 || (size_t)k >= sizeof(api))
+        return ci_error_set(err, CI_ERR_INVALID, "results bucket name too long");
+    CI_CLEANUP(natsInbox_Destroy) natsInbox *inbox = NULL;
+    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
+    natsStatus ns = natsInbox_Create(&inbox);
+    if (ns == NATS_OK) {
+        snprintf(wildcard, sizeof(wildcard), "%s.*", (const char *)inbox);
+        ns = natsConnection_SubscribeSync(&sub, b->nc, wildcard);
+    }
+    /* The window bounds what waits here; a record may be a few MiB. */
+    if (ns == NATS_OK)
+        ns = natsSubscription_SetPendingLimits(sub, (int)window + 16, -1);
+    if (ns != NATS_OK)
+        return ci_nats_fail(err, ns, 0, "cannot read the results bucket");
+    ci_status r = CI_OK;
+    size_t sent = 0, in_flight = 0;
+    bool more = true;
+    while (!r && (in_flight || (more && sent < n))) {
+        for (; more && sent < n && in_flight < window; sent++, in_flight++) {
+            char subj[SUBJECT_MAX], reply[SUBJECT_MAX], body[SUBJECT_MAX + 32];
+            snprintf(reply, sizeof(reply), "%s.%zu", (const char *)inbox, sent);
+            k = snprintf(subj, sizeof(subj), "$KV.%s.%s", bucket, ids[sent]);
+            if (k < 0 || (size_t)k >= sizeof(subj))
+                return ci_error_set(err, CI_ERR_INVALID, "task id too long for a results key");
+            k = snprintf(body, sizeof(body), "{\"last_by_subj\":\"%s\"}", subj);
+            ns = natsConnection_PublishRequest(b->nc, api, reply, body, k);
+            if (ns != NATS_OK)
+                return ci_nats_fail(err, ns, 0, "cannot read the results bucket");
+        }
+        if (!in_flight)
+            break;
+        CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+        ns = natsSubscription_NextMsg(&m, sub, JS_API_WAIT_MS);
+        if (ns == NATS_TIMEOUT)
+            return ci_error_set(err, CI_ERR_TIMEOUT, "cannot read the results bucket: %zu "
+                                "lookups were not answered within %d ms", in_flight,
+                                JS_API_WAIT_MS);
+        if (ns != NATS_OK)
+            return ci_nats_fail(err, ns, 0, "cannot read the results bucket");
+        const char *dot = strrchr(natsMsg_GetSubject(m), '.');
+        char *end = NULL;
+        unsigned long long i = dot ? strtoull(dot + 1, &end, 10) : 0;
+        if (!dot || !end || *end || i >= sent)
+            continue; /* not an answer of ours */
+        in_flight--;
+        CI_AUTOFREE uint8_t *data = NULL;
+        size_t len = 0;
+        struct ci_error e = {{0}};
+        ci_status got = lookup_answer(m, ids[i], &data, &len, &e);
+        if (got && got != CI_ERR_NOT_FOUND)
+            r = ci_error_set(err, got, "%s", e.msg); else if (!fn(closure, (size_t)i, got, data, len)) {
+            more = false; /* the requests in flight are still answered */
+        }
+    }
+    return r;
+}
+
 ci_status ci_broker_event_publish(struct ci_broker *b, const char *task_id,
                                   const char *status_short, const char *content_type,
                                   const char *msg_id, const void *data, size_t len,
@@ -2008,9 +2150,11 @@ ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint
     return r;
 }
 
-/* A direct get may be answered by any replica: one that lags may not show
- * a message yet. Callers read what can only be late, never wrong (a seal,
- * a cancel). */
+/* From the stream's leader (a stream "get last message" request), not with
+ * a direct get: a direct get may be answered by a replica that lags, which
+ * can say "none" for a cancel stored a moment ago, and a task of a
+ * cancelled batch taken right after it would run (contract §20). The same
+ * read as ci_broker_cancel_requested's for a task's own cancel. */
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err)
 {
@@ -2018,49 +2162,15 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
     ci_status r = batch_event_subject(b, batch_id, event, subj, sizeof(subj), err);
     if (r)
         return r;
-    jsDirectGetMsgOptions o;
-    jsDirectGetMsgOptions_Init(&o);
-    o.LastBySubject = subj;
     CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
     const char *stream = b->cfg->jetstream.batch_events_stream;
-    natsStatus s = js_DirectGetMsg(&m, b->js, stream, NULL, &o);
-    if (s == NATS_NOT_FOUND)
-        return ci_error_set(err, CI_ERR_NOT_FOUND, "no %s event for batch '%s'", event, batch_id);
-    if (s == NATS_NO_RESPONDERS && recover(b, true))
-        return ci_error_set(err, CI_ERR_NOT_FOUND,
-                            "no %s event for batch '%s' (stream %s had been deleted)", event,
-                            batch_id, stream);
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot read the %s event of batch '%s'", event, batch_id);
-    int n = natsMsg_GetDataLength(m);
-    uint8_t *copy = malloc(n > 0 ? (size_t)n + 1 : 1);
-    if (!copy)
-        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
-    if (n > 0)
-        memcpy(copy, natsMsg_GetData(m), (size_t)n);
-    copy[n > 0 ? n : 0] = '\0';
-    *ret_data = copy;
-    *ret_len = n > 0 ? (size_t)n : 0;
-    return CI_OK;
-}
-
-ci_status ci_broker_batch_last_leader(struct ci_broker *b, const char *batch_id,
-                                     const char *event, uint8_t **ret_data, size_t *ret_len,
-                                     struct ci_error *err)
-{
-    char subj[SUBJECT_MAX];
-    ci_status r = batch_event_subject(b, batch_id, event, subj, sizeof(subj), err);
-    if (r)
-        return r;
-    const char *stream = b->cfg->jetstream.batch_events_stream;
-    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetLastMsg(&m, b->js, stream, subj, NULL, &jerr);
     if (s != NATS_OK && jerr == JSStreamNotFoundErr && recover(b, true))
         return ci_error_set(err, CI_ERR_NOT_FOUND,
                             "no %s event for batch '%s' (stream %s had been deleted)", event,
                             batch_id, stream);
-    if (jerr == JSNoMessageFoundErr || (s == NATS_NOT_FOUND && jerr == 0))
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
         return ci_error_set(err, CI_ERR_NOT_FOUND, "no %s event for batch '%s'", event, batch_id);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read the %s event of batch '%s'", event,
@@ -2081,12 +2191,43 @@ ci_status ci_broker_batch_last_leader(struct ci_broker *b, const char *batch_id,
  * filter; each delivery says how many are left behind it (NumPending), so
  * the read ends at the message that had none left, without waiting for a
  * timeout. An empty filter would never deliver: it is counted first. */
+/* Whether stream holds a message on filter at sequence seq or later (a
+ * message get with next_by_subj, answered by the stream's leader). */
+static ci_status stored_from(struct ci_broker *b, const char *stream, const char *filter,
+                             uint64_t seq, bool *ret_any, struct ci_error *err)
+{
+    char api[SUBJECT_MAX], body[SUBJECT_MAX + 64];
+    snprintf(api, sizeof(api), "$JS.API.STREAM.MSG.GET.%s", stream);
+    int n = snprintf(body, sizeof(body), "{\"seq\":%" PRIu64 ",\"next_by_subj\":\"%s\"}", seq,
+                     filter);
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *reply = NULL;
+    natsStatus s = natsConnection_Request(&reply, b->nc, api, body, n, JS_API_WAIT_MS);
+    if (s == NATS_OK && natsMsg_IsNoResponders(reply))
+        s = NATS_NO_RESPONDERS;
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, 0, "cannot read stream %s", stream);
+    json_auto_t *j =
+        json_loadb(natsMsg_GetData(reply), (size_t)natsMsg_GetDataLength(reply), 0, NULL);
+    json_t *e = json_object_get(j, "error");
+    json_int_t code = json_integer_value(json_object_get(e, "err_code"));
+    if (json_is_object(json_object_get(j, "message")) || code == JSNoMessageFoundErr) {
+        *ret_any = !json_is_object(e);
+        return CI_OK;
+    }
+    const char *d = json_string_value(json_object_get(e, "description"));
+    return ci_error_set(err, CI_ERR_NATS, "cannot read stream %s: %s (JetStream error %"
+                        JSON_INTEGER_FORMAT ")", stream, d ? d : "an answer that is not the "
+                        "stream API's", code);
+}
+
 ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const char *event,
                                size_t max, ci_batch_msg_fn fn, void *closure, size_t *ret_read,
-                               struct ci_error *err)
+                               bool *ret_cut, struct ci_error *err)
 {
     if (ret_read)
         *ret_read = 0;
+    if (ret_cut)
+        *ret_cut = false;
     char filter[SUBJECT_MAX];
     ci_status r = batch_event_subject(b, batch_id, event, filter, sizeof(filter), err);
     if (r)
@@ -2094,6 +2235,8 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
     const char *stream = b->cfg->jetstream.batch_events_stream;
     uint64_t stored = 0;
     r = subject_counts(b, stream, filter, count_one, &stored, err);
+    if (!r && ret_cut)
+        *ret_cut = stored > 0 && max == 0;
     if (r || stored == 0 || max == 0)
         return r;
     jsSubOptions so;
@@ -2103,29 +2246,56 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
     jsErrCode jerr = 0;
     CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
     natsStatus s = js_SubscribeSync(&sub, b->js, filter, NULL, &so, &jerr);
+    /* The server's flow control bounds what it sends ahead in bytes (32
+     * MiB); a batch's events are small, more of them than the library's
+     * default of 65,536 messages: a reader that fell behind lost them
+     * ("slow consumer"). Bounded in bytes only. */
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(sub, -1, 64 * 1024 * 1024);
     if (s != NATS_OK)
         return ci_nats_fail(err, s, jerr, "cannot read %s from stream %s", filter, stream);
     size_t seen = 0;
+    uint64_t last_seq = 0; /* of the last message read */
+    int64_t quiet_since = ci_mono_ms();
     for (;;) {
         CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
-        s = natsSubscription_NextMsg(&m, sub, 10000);
-        if (s == NATS_TIMEOUT)
+        s = natsSubscription_NextMsg(&m, sub, 1000);
+        if (s == NATS_TIMEOUT) {
+            /* The server counts a message that expires (max_age), or is
+             * deleted, after the consumer was made into its pending count
+             * still (nats-server 2.9): the count never reaches 0 then. The
+             * read is done when nothing is stored past what it read. */
+            bool more = true;
+            r = stored_from(b, stream, filter, last_seq + 1, &more, err);
+            if (r || !more)
+                return r;
+            if (ci_mono_ms() - quiet_since < 10000)
+                continue;
             return ci_error_set(err, CI_ERR_TIMEOUT,
                                 "reading %s from stream %s: nothing came for 10 s after %zu "
                                 "messages", filter, stream, seen);
+        }
         if (s != NATS_OK)
             return ci_nats_fail(err, s, 0, "cannot read %s from stream %s", filter, stream);
+        quiet_since = ci_mono_ms();
         CI_CLEANUP(jsMsgMetaData_Destroy) jsMsgMetaData *md = NULL;
         uint64_t left = 0;
-        if (natsMsg_GetMetaData(&md, m) == NATS_OK)
+        if (natsMsg_GetMetaData(&md, m) == NATS_OK) {
             left = md->NumPending;
+            last_seq = md->Sequence.Stream;
+        }
         seen++;
         if (ret_read)
             *ret_read = seen;
         bool go_on = fn(closure, natsMsg_GetSubject(m), (const uint8_t *)natsMsg_GetData(m),
                         (size_t)natsMsg_GetDataLength(m));
-        if (!go_on || left == 0 || seen >= max)
+        if (left == 0)
             return CI_OK;
+        if (!go_on || seen >= max) {
+            if (ret_cut)
+                *ret_cut = true;
+            return CI_OK;
+        }
     }
 }
 

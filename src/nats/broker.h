@@ -146,6 +146,21 @@ ci_status ci_broker_result_create(struct ci_broker *b, const char *task_id, cons
 ci_status ci_broker_result_get(struct ci_broker *b, const char *task_id, uint8_t **ret_data,
                                size_t *ret_len, uint64_t *ret_rev, struct ci_error *err);
 
+/* The latest record of each of n tasks (ids[0] .. ids[n-1]), read as
+ * ci_broker_result_get reads one (from the bucket stream's leader), with
+ * up to window requests in flight at once instead of one round trip each.
+ * fn gets each answer as it comes, in any order: the index of its id, and
+ * CI_OK with the record (len bytes, valid during the call) or
+ * CI_ERR_NOT_FOUND (none, or a deleted one). fn returns false to ask
+ * nothing more; the requests in flight are still answered, and given to
+ * fn, before this returns. Another status when a request fails, or a
+ * lookup goes unanswered for 5 s (CI_ERR_TIMEOUT). */
+typedef bool (*ci_result_each_fn)(void *closure, size_t i, ci_status s, const uint8_t *data,
+                                  size_t len);
+ci_status ci_broker_results_get_many(struct ci_broker *b, const char (*ids)[65], size_t n,
+                                     size_t window, ci_result_each_fn fn, void *closure,
+                                     struct ci_error *err);
+
 /* Publishes an encoded StatusEvent on <status_prefix>.<task_id> through
  * JetStream, with the Ci-Task-Id, Ci-Status and Content-Type headers. With
  * msg_id (Nats-Msg-Id), the stream keeps one event per id within its
@@ -267,27 +282,27 @@ ci_status ci_broker_batch_counts(struct ci_broker *b, const char *batch_id,
 ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint64_t *ret,
                                  struct ci_error *err);
 /* The body of the last message on <batch_events_prefix>.<batch_id>.<event>
- * (a direct get; NUL-terminated copy, the caller's). CI_ERR_NOT_FOUND when
- * there is none. A replica that lags may not show the newest yet. */
+ * (NUL-terminated copy, the caller's), read from the stream's leader, so
+ * that one stored is never missed (a worker reads a batch's cancel so).
+ * CI_ERR_NOT_FOUND when there is none. */
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err);
-/* The same, read from the stream's leader (a message get request, not a
- * direct get): it shows every message whose publish was acked, also on a
- * cluster whose replicas lag. One JetStream API request. */
-ci_status ci_broker_batch_last_leader(struct ci_broker *b, const char *batch_id,
-                                     const char *event, uint8_t **ret_data, size_t *ret_len,
-                                     struct ci_error *err);
 /* Calls fn with each message on <batch_events_prefix>.<batch_id>.<event>
- * (event "*": all of the batch's events), oldest first, from the first to
- * the last stored when the read began (an ordered consumer); at most max
- * of them. fn returns false to stop early. *ret_read (may be NULL) gets how
- * many fn saw. CI_ERR_NOT_FOUND when the stream does not exist;
+ * (event "*": all of the batch's events), oldest first, from the first
+ * until the consumer has none pending (an ordered consumer; its num_pending
+ * is 0 with the last, or, when none comes for a second, the stream has no
+ * message past the last one read: the pending count of the server keeps
+ * messages that expired during the read), or until max of them
+ * (SIZE_MAX: no limit). fn
+ * returns false to stop early. *ret_read (may be NULL) gets how many fn
+ * saw, *ret_cut (may be NULL) whether messages were left unread (max, or
+ * fn stopped). CI_ERR_NOT_FOUND when the stream does not exist;
  * CI_ERR_TIMEOUT when the server sent nothing for 10 s in the middle. */
 typedef bool (*ci_batch_msg_fn)(void *closure, const char *subject, const uint8_t *data,
                                 size_t len);
 ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const char *event,
                                size_t max, ci_batch_msg_fn fn, void *closure, size_t *ret_read,
-                               struct ci_error *err);
+                               bool *ret_cut, struct ci_error *err);
 /* Calls fn (on a NATS thread) with the batch id of every message published
  * on <batch_events_prefix>.*.cancel from now on. */
 ci_status ci_broker_on_batch_cancel(struct ci_broker *b, ci_cancel_fn fn, void *closure,

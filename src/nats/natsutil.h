@@ -27,6 +27,7 @@ static inline bool ci_nats_gone(natsStatus ns, jsErrCode jerr)
 }
 
 CI_DEFINE_CLEANUP(natsMsg, natsMsg_Destroy)
+CI_DEFINE_CLEANUP(natsInbox, natsInbox_Destroy)
 CI_DEFINE_CLEANUP(natsOptions, natsOptions_Destroy)
 CI_DEFINE_CLEANUP(natsSubscription, natsSubscription_Destroy)
 CI_DEFINE_CLEANUP(natsConnection, natsConnection_Destroy)

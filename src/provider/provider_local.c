@@ -281,7 +281,7 @@ static void local_release(void *ctx, struct ci_run *run)
     (void)ctx;
     if (!run)
         return;
-    ci_sandbox_run_free(run->sb_run);
+    ci_sandbox_run_release(run->sb_run);
     free(run);
 }
 
@@ -333,26 +333,34 @@ ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider 
     if (s == CI_ERR_NOMEM)
         return ci_error_set(err, s, "out of memory while probing the sandbox");
     /* Any other failure: ci_sandbox_new() refuses with the probe's reason. */
+    return ci_provider_local_new_probed(cfg, &probe, ret, err);
+}
+
+ci_status ci_provider_local_new_probed(const struct ci_config *cfg,
+                                       const struct ci_sandbox_probe *probe,
+                                       struct ci_provider **ret, struct ci_error *err)
+{
     CI_AUTOFREE struct local *l = calloc(1, sizeof(*l));
     CI_AUTOFREE struct ci_provider *p = calloc(1, sizeof(*p));
     if (!l || !p)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     l->cfg = cfg;
-    if ((s = ci_sandbox_new(cfg, &probe, &l->sb, err)))
+    ci_status s = ci_sandbox_new(cfg, probe, &l->sb, err);
+    if (s)
         return s;
     const struct ci_sandbox *sb = l->sb;
     p->ops = &local_ops;
     p->ctx = CI_STEAL(&l);
-    if (err && probe.warning[0])
-        snprintf(err->msg, sizeof(err->msg), "%s", probe.warning);
-    else if (err && cfg->local.mode == CI_MODE_WARM && probe.sandboxed &&
+    if (err && probe->warning[0])
+        snprintf(err->msg, sizeof(err->msg), "%s", probe->warning);
+    else if (err && cfg->local.mode == CI_MODE_WARM && probe->sandboxed &&
              strcmp(ci_sandbox_mode(sb), "warm") != 0)
         snprintf(err->msg, sizeof(err->msg), "warm mode is unavailable, tasks run cold: %.400s",
-                 probe.warm_failure[0] ? probe.warm_failure : "the zygotes did not start");
-    else if (err && probe.task_uids_off)
+                 probe->warm_failure[0] ? probe->warm_failure : "the zygotes did not start");
+    else if (err && probe->task_uids_off)
         snprintf(err->msg, sizeof(err->msg), "every task runs as local.sandbox_uid: the task "
                  "uids (local.task_uid_first, task_uid_count) could not be used: %.380s",
-                 probe.task_uids_failure);
+                 probe->task_uids_failure);
     else if (err)
         err->msg[0] = '\0';
     *ret = CI_STEAL(&p);

@@ -51,13 +51,23 @@ static bool drain(int fd, struct capture *c, uint8_t *scratch, size_t size, ci_s
     return true;
 }
 
+/* The code's end, the first time it is seen (mono: ci_mono_ms() then). */
+static void mark_end(struct ci_sandbox_run *run, int64_t mono)
+{
+    if (run->t_end)
+        return;
+    run->t_end = mono;
+    run->marks.end_us = ci_now_us();
+}
+
 static void kill_run(struct ci_sandbox_run *run, enum ci_sandbox_end why,
                      enum ci_sandbox_end *end)
 {
     if (run->pid <= 0 || *end != CI_SANDBOX_EXITED)
         return;
     *end = why;
-    run->t_end = ci_mono_ms();
+    run->t_end = 0; /* the end is the kill's */
+    mark_end(run, ci_mono_ms());
     if (run->sb->ns) {
         /* Init kills and reaps everything and reports; if it has not within
          * the grace time, SIGKILL on init kills the whole pid namespace. */
@@ -178,8 +188,7 @@ static void read_news(struct ci_sandbox_run *run, struct run_news *news)
     if (m.type == MSG_DONE) {
         news->done = m;
         news->have_done = true;
-        if (!run->t_end)
-            run->t_end = ci_mono_ms();
+        mark_end(run, ci_mono_ms());
     } else if (m.type == MSG_FAILED) {
         describe_failure(run->sb, &m, news->why, sizeof(news->why));
         if (m.step == STEP_EXEC)
@@ -220,8 +229,7 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
         }
         /* Without a pidfd, and after a kill, look for the exit directly. */
         if (run->pid > 0 && (run->pidfd < 0 || end != CI_SANDBOX_EXITED) && has_exited(run)) {
-            if (!run->t_end)
-                run->t_end = now;
+            mark_end(run, now);
             reap(run, &init_status, &ru);
             drain_until = ci_mono_ms() + DRAIN_MS; /* after reap(), which may sweep (bare) */
         }
@@ -234,8 +242,7 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
          * say. Its exit, and the cgroup's removal, wait for
          * ci_sandbox_run_free(). */
         if (run->warm && news.have_done && !pipes_open) {
-            if (!run->t_end)
-                run->t_end = now;
+            mark_end(run, now);
             break;
         }
 
@@ -289,8 +296,7 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
         if (i_sock >= 0 && p[i_sock].revents)
             read_news(run, &news);
         if (i_pid >= 0 && p[i_pid].revents && run->pid > 0) {
-            if (!run->t_end)
-                run->t_end = ci_mono_ms();
+            mark_end(run, ci_mono_ms());
             reap(run, &init_status, &ru);
             drain_until = ci_mono_ms() + DRAIN_MS;
         }
@@ -394,6 +400,10 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
         ci_sandbox_result_release(&r);
         return s;
     }
+    run->marks.collected_us = ci_now_us();
+    r.outcome.marks = run->marks;
+    run->waited = true;
+    run->peak_mb = r.outcome.memory_mb;
     *ret = r;
     return CI_OK;
 }

@@ -498,6 +498,7 @@ ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job,
     struct msg m;
     int fds[2]; /* the /workspace; a cold init's task process (a pidfd) */
     ci_status s = recv_msg_fds(run->sock, READY_TIMEOUT_MS, &m, fds, 2);
+    run->marks.ready_us = ci_now_us();
     int ws = fds[0];
     if (fds[1] >= 0) {
         if (!run->warm && m.type == MSG_READY)
@@ -558,6 +559,7 @@ static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_job *job,
     ci_status s = new_task_cgroup(run, job, err);
     if (s)
         return s;
+    run->marks.cgroup_us = ci_now_us();
     const char *uid_map = sb->uid_map;
     if (sb->uids.on) {
         if (uids_take_cold(&run->sb->uids, &run->uid_slot) != CI_OK)
@@ -597,6 +599,7 @@ static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_job *job,
         return s;
     if (send_byte(run) != CI_OK)
         return ci_error_set(err, CI_ERR_SYS, "the sandbox's init died before its setup");
+    run->marks.acquired_us = ci_now_us();
     return finish_start(run, job, NULL, err);
 }
 
@@ -746,6 +749,7 @@ ci_status run_start(struct ci_sandbox *sb, const struct ci_job *job, bool warm,
         return s;
     }
     run->t_go = ci_mono_ms();
+    run->marks.go_us = ci_now_us();
     run->deadline = run->t_go + job->timeout_ms;
     send_code(run); /* usually all of it fits in the socket buffer now */
     *ret = run;

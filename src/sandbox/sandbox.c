@@ -20,6 +20,7 @@
  *   probe.c      what this machine allows, and the mode it gets;
  *   warm.c       warm mode: the zygotes' setup and launch, a run's start
  *                in one (the pool is zygote.c, a zygote src/zygote/main.c);
+ *   reaper.c     warm mode: ended runs freed beside the next tasks;
  *   cgroup.c     the task's cgroup;
  *   uids.c       the task uids: a uid of its own for each task's code;
  *   report.c     the driver's report, read;
@@ -67,7 +68,8 @@ void ci_sandbox_free(struct ci_sandbox *sb)
 {
     if (!sb)
         return;
-    ci_zygote_pool_free(sb->warm); /* first: its zygotes use the plan */
+    reaper_stop(sb); /* first: its runs' inits are the zygotes' children */
+    ci_zygote_pool_free(sb->warm); /* its zygotes use the plan */
     uids_release(&sb->uids);
     free(sb->seccomp.filter);
     ci_cgroup_root_free(sb->cgroups);

@@ -233,4 +233,11 @@ void ci_sandbox_cancel(struct ci_sandbox_run *run);
  * was never waited for is killed and reaped first. Accepts NULL. */
 void ci_sandbox_run_free(struct ci_sandbox_run *run);
 
+/* As ci_sandbox_run_free(), except that a warm run that was waited for and
+ * used at most a few hundred MiB may be freed on the sandbox's own thread
+ * (at most one per task slot at a time): the caller does not wait for its
+ * processes' exit and its cgroup's removal. Its fds are closed already;
+ * what is left is the kernel's teardown. Accepts NULL. */
+void ci_sandbox_run_release(struct ci_sandbox_run *run);
+
 #endif

@@ -46,6 +46,17 @@ struct task_uids {
 /* A prepared sandbox: the plan every run of it follows (plan.c, seccomp.c),
  * built once by ci_sandbox_new() and then only read, from several threads
  * at once and in the children. */
+/* Warm runs freed on the sandbox's own thread (reaper.c). */
+struct reaper {
+    bool running; /* the thread runs: set before the first run, cleared after the last */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool stopping;
+    struct ci_sandbox_run *head, *tail; /* the queue, oldest first */
+    unsigned pending, max_pending;      /* queued or being freed; the most allowed */
+};
+
 struct ci_sandbox {
     const struct ci_config *cfg;
     bool ns;             /* false: the no-isolation fallback */
@@ -77,6 +88,7 @@ struct ci_sandbox {
     int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
     size_t n_warm_ops;
     bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
+    struct reaper reaper; /* warm mode: ended runs freed beside the next tasks */
     /* Every string the plan points to, freed with the sandbox. */
     char **strs;
     size_t n_strs, cap_strs;
@@ -138,6 +150,10 @@ struct ci_sandbox_run {
     char *code;         /* our copy: the job is only borrowed during start */
     size_t code_len, code_off;
     int64_t t_go, t_end, deadline;
+    struct ci_run_marks marks; /* its stages, for the outcome (job.h) */
+    bool waited;        /* ci_sandbox_wait() returned: nothing of it runs any more */
+    uint32_t peak_mb;   /* its peak memory, as the outcome says */
+    struct ci_sandbox_run *reap_next; /* in the reaper's queue */
     int64_t kill_at;    /* when init gets SIGKILL if it has not stopped by itself */
     uint32_t timeout_ms;
     struct input_digest *inputs;
@@ -170,6 +186,12 @@ static inline void close_fd(int *fd)
         close(*fd);
     *fd = -1;
 }
+
+/* reaper.c: ended warm runs freed on a thread of the sandbox's own, at
+ * most max_pending at a time (ci_sandbox_run_release). stop() frees what is
+ * queued, then ends the thread. */
+ci_status reaper_start(struct ci_sandbox *sb, unsigned max_pending);
+void reaper_stop(struct ci_sandbox *sb);
 
 /* sandbox.c: a sandbox built as o says, whatever the probe found. */
 ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,

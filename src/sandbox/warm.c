@@ -311,6 +311,9 @@ ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error 
     };
     s = ci_zygote_pool_new(&zc, &sb->warm, err);
     ci_buf_release(&setup);
+    /* Without the thread, runs are freed by the slots (as they are cold). */
+    if (!s && reaper_start(sb, ci_config_slots(cfg)) == CI_ERR_NOMEM)
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     return s;
 }
 
@@ -328,6 +331,7 @@ ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
     ci_status s = new_task_cgroup(run, job, err);
     if (s)
         return s;
+    run->marks.cgroup_us = ci_now_us();
     struct zmsg_spawn req;
     memset(&req, 0, sizeof(req));
     req.type = ZMSG_SPAWN;
@@ -344,6 +348,7 @@ ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
     struct msg m;
     int pfd[2]; /* init, and its task process: forked ahead, warm, waiting */
     s = recv_msg_fds(run->sock, READY_TIMEOUT_MS, &m, pfd, 2);
+    run->marks.acquired_us = ci_now_us();
     if (s || m.type != MSG_HELLO || pfd[0] < 0 || pfd[1] < 0) {
         char what[256] = "";
         if (!s && m.type == MSG_FAILED)

@@ -36,7 +36,7 @@
 
 /* How long a look that found no cancel stands in for the next looks. A
  * cancel the subscription missed (published in the moment before it was
- * made, or read from a replica that lags) is still seen this long after. */
+ * made) is still seen this long after. */
 #define CI_BATCH_MEMO_NO_CANCEL_MS 2000
 
 struct ci_batch_memo;

@@ -231,6 +231,8 @@ void ci_liveout_flush(struct ci_liveout *lo)
 {
     if (!lo)
         return;
+    if (lo->o.ops->run_ended)
+        lo->o.ops->run_ended(lo->o.ctx);
     for (int i = 0; i < 2; i++)
         if (lo->s[i].pending.len)
             send_pending(lo, &lo->s[i]);

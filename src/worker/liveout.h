@@ -33,9 +33,16 @@ struct ci_liveout;
 
 struct ci_liveout_ops {
     /* Publishes one chunk of stream ("stdout" or "stderr") numbered seq
-     * (from 1 per stream). Not CI_OK: the chunk is lost, err says why. */
+     * (from 1 per stream). Not CI_OK: the chunk is lost, err says why.
+     * Called on the thread that waits for the run: it must not wait for
+     * NATS while the run goes on (the worker's hands the chunk to a
+     * publisher, publisher.h; after run_ended it may wait a little). */
     ci_status (*publish)(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
                          size_t len, struct ci_error *err);
+    /* Optional: the run ended (ci_liveout_flush), and its last chunks are
+     * about to be published. The worker's lets them wait a little for room
+     * in its publisher's queue from now on (publisher.h, end()). */
+    void (*run_ended)(void *ctx);
 };
 
 struct ci_liveout_opts {
@@ -69,8 +76,9 @@ void ci_liveout_write(struct ci_liveout *lo, enum ci_output_stream stream, const
 /* Publishes what is due at now_ms; returns the ms until the next chunk is
  * due, or -1 when nothing is pending. */
 int64_t ci_liveout_tick(struct ci_liveout *lo, int64_t now_ms);
-/* The run ended: publishes everything pending now. Bytes of a character
- * not complete yet stay for finish(), which knows how the result ends. */
+/* The run ended: tells ops->run_ended, then publishes everything pending
+ * now. Bytes of a character not complete yet stay for finish(), which
+ * knows how the result ends. */
 void ci_liveout_flush(struct ci_liveout *lo);
 /* The result's text of stdout and of stderr (NUL-terminated, as the stored
  * result keeps them): publishes of each what was not published yet, after

@@ -40,7 +40,6 @@
 #define BATCH_MEMO_CAP 64
 #define ROOM_POLL_MS 25 /* how often the room looks up its sessions */
 #define TICK_MS 250
-#define STREAM_CHECK_MS 15000 /* how often the streams are looked for (main loop) */
 #define VERSIONS_TIMEOUT_MS 20000 /* the runtime's Python saying its versions, at start */
 
 static volatile sig_atomic_t g_stop; /* set by the signal handler only */
@@ -796,9 +795,11 @@ static int run_worker(const struct ci_config *cfg)
                    ci_provider_name(w.env.provider), "nats", urls, "metrics_addr",
                    ci_monitor_address(w.monitor), NULL);
 
-    /* Now and then, what no failing write would reveal: a deleted CI_TASKS
-     * (idle fetches just time out) is made again with its consumer. */
-    int64_t next_check = ci_mono_ms() + STREAM_CHECK_MS;
+    /* Now and then (jetstream.check_s), what no failing write would reveal:
+     * a deleted CI_TASKS (idle fetches just time out) is made again with its
+     * consumer. */
+    const int64_t check_every = (int64_t)cfg->jetstream.check_s * 1000;
+    int64_t next_check = ci_mono_ms() + check_every;
     /* The manifest with the heartbeat; without heartbeats, often enough
      * that it never expires (a third of the bucket's TTL). */
     int64_t manifest_every = cfg->worker.heartbeat_s
@@ -810,7 +811,7 @@ static int run_worker(const struct ci_config *cfg)
         nanosleep(&ts, NULL);
         if (ci_mono_ms() >= next_check) {
             ci_broker_check(w.env.broker);
-            next_check = ci_mono_ms() + STREAM_CHECK_MS;
+            next_check = ci_mono_ms() + check_every;
         }
         if (ci_mono_ms() >= next_manifest) {
             publish_manifest(&w);

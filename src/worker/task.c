@@ -4,6 +4,7 @@
 #include "worker/task.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "core/session.h"
 #include "worker/batchmemo.h"
 #include "worker/liveout.h"
+#include "worker/publisher.h"
 
 /* Room kept in a KV value or event for headers and framing. */
 #define PAYLOAD_SLACK 8192
@@ -61,24 +63,43 @@ struct task {
     uint8_t *state;               /* the state to restore; NULL: none */
     size_t state_len;
     char state_note[400];         /* why the previous state could not be had, or "" */
-    struct ci_liveout *live;      /* the attempt's live output (§19); NULL: none */
-    bool live_dropped;            /* a chunk was lost, and said so */
+    /* The attempt's live output (§19): made into chunks on the thread that
+     * waits for the run (live), published from a thread of its own (pub),
+     * so that a NATS that blocks never holds up the run's time limit or
+     * cancel. Both NULL: none. */
+    struct ci_liveout *live;
+    struct ci_publisher *pub;
+    uint32_t attempt;             /* for pub's thread, which does not touch d */
+    atomic_bool live_dropped;     /* a chunk was lost, and said so (on either thread) */
     /* A batch's task (docs/contract.md §20): the batch whose events count
      * it, or "" (batch_choose). */
     char batch[65];
     bool batch_held; /* the memo counts it among the tasks of its batch slots hold */
+    /* When it passed its stages (ci_now_us(), 0: not reached): the
+     * task.stages line (log_stages). */
+    struct {
+        int64_t taken, checked, running, inputs, started, waited, artifacts, stored, event,
+            acked, released;
+        struct ci_run_marks run; /* the sandbox's, from the outcome */
+    } at;
 };
 
-/* The live output's counts go to the metrics when the task is done. */
-static void live_release(struct task *t)
+/* The live output's counts go to the metrics when the attempt is done
+ * with it. Its publisher stops here: what it still holds is dropped, and
+ * told why (the first one lost is logged), and the publish under way ends
+ * first. An attempt that stored its result has drained it already. */
+static void live_release(struct task *t, const char *why)
 {
-    if (!t->live)
+    if (!t->pub)
         return;
-    struct ci_liveout_stats st;
-    ci_liveout_stats(t->live, &st);
-    ci_metrics_output_chunks(t->env->metrics, st.chunks, st.dropped);
     ci_liveout_free(t->live);
     t->live = NULL;
+    ci_publisher_stop(t->pub, why);
+    struct ci_publisher_stats st;
+    ci_publisher_stats(t->pub, &st);
+    ci_metrics_output_chunks(t->env->metrics, st.published, st.refused + st.failed + st.left);
+    ci_publisher_free(t->pub);
+    t->pub = NULL;
 }
 
 static void task_release(struct task *t)
@@ -88,7 +109,7 @@ static void task_release(struct task *t)
     if (t->batch_held)
         ci_batch_memo_let_go(t->env->batches, t->batch);
     t->batch_held = false;
-    live_release(t);
+    live_release(t, "the attempt ended without storing its result: its last chunks are dropped");
     free(t->state);
     ci_message_free(t->req ? &t->req->base : NULL);
     for (size_t i = 0; i < t->n_files; i++) {
@@ -308,19 +329,31 @@ static ci_status store_result(struct task *t, struct result *r, struct ci_error 
     if (s)
         return s;
     /* The live output's last chunks: what this result keeps (as encoded,
-     * cuts included) beyond what went out while the code ran. Before the
-     * record, so that a worker that dies after storing it has left none
-     * behind; a redelivery then only repairs the event. */
-    if (t->live && ci_task_status_terminal(r->msg.status))
+     * cuts included) beyond what went out while the code ran. Out before
+     * the record, so that a worker that dies after storing it has left
+     * none behind; a redelivery then only repairs the event. A NATS that
+     * does not take them holds the result CI_PUBLISHER_DRAIN_MS at most
+     * (and the publish under way): what is still queued then is lost. The
+     * run's own last chunks waited as long for room (live_run_ended). */
+    if (t->live && ci_task_status_terminal(r->msg.status)) {
+        ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
         ci_liveout_finish(t->live, r->msg.stdout, r->msg.stderr);
+        (void)ci_publisher_drain(t->pub); /* the lost ones were told */
+    }
     s = ci_broker_result_swap(t->env->broker, t->id, buf, len, t->rev, &t->rev, err);
     free(buf);
     if (s)
         return s;
-    if (ci_task_status_terminal(r->msg.status))
+    bool terminal = ci_task_status_terminal(r->msg.status);
+    if (terminal) {
         t->final_stored = true;
+        t->at.stored = ci_now_us();
+    }
     const char *msg = r->text.error[0] ? r->text.error : NULL;
-    return publish_event(t, r->msg.status, msg, &r->msg, err);
+    s = publish_event(t, r->msg.status, msg, &r->msg, err);
+    if (!s && terminal)
+        t->at.event = ci_now_us();
+    return s;
 }
 
 /* The task's stored result, if it has one that decodes; t->rev becomes
@@ -841,6 +874,9 @@ static enum ci_task_end give_up_or_retry(struct task *t, struct result *r, const
          * event failed): the redelivery must find it and not run again. */
         if (t->running_stored && !t->final_started)
             note_retry(t, r, what, e);
+        /* No chunk of this attempt after the message is given back. */
+        live_release(t, "the attempt gave up and the task will be tried again: its last chunks "
+                        "are dropped");
         slot_detach(t->slot);
         ci_delivery_nak(t->d, 2000);
         return CI_TASK_END_RETRY;
@@ -932,6 +968,7 @@ static enum ci_task_end finish(struct task *t, struct result *r)
     }
     slot_detach(t->slot);
     ci_delivery_ack(t->d);
+    t->at.acked = ci_now_us();
     task_ended(t, r);
     return CI_TASK_END_DONE;
 }
@@ -1099,7 +1136,7 @@ static ci_status batch_seal(const struct ci_worker_env *env, const char *batch_i
         return CI_OK;
     CI_AUTOFREE uint8_t *seal = NULL;
     size_t len = 0;
-    ci_status s = ci_broker_batch_last_leader(env->broker, batch_id, "sealed", &seal, &len, err);
+    ci_status s = ci_broker_batch_last(env->broker, batch_id, "sealed", &seal, &len, err);
     if (s)
         return s;
     struct ci_error pe = {{0}};
@@ -1212,10 +1249,11 @@ static enum ci_task_end batch_retry(struct task *t)
     return CI_TASK_END_RETRY;
 }
 
-/* Before the task runs: a cancel of its batch on the stream (a direct get
- * of the last message on <prefix>.<b>.cancel) ends it CANCELLED. Not
- * looked for again while the memo says a look found none moments ago: a
- * cancel published since has come through the worker's subscription
+/* Before the task runs: a cancel of its batch on the stream (the last
+ * message on <prefix>.<b>.cancel, read from the stream's leader: a replica
+ * that lags could say "none" for a cancel just stored) ends it CANCELLED.
+ * Not looked for again while the memo says a look found none moments ago:
+ * a cancel published since has come through the worker's subscription
  * (which made the memo forget, or else finds this slot: its batch_id is
  * set). true when it goes on; false with *ret_end when it ended or is
  * retried. */
@@ -1579,41 +1617,99 @@ static void session_end(struct task *t, struct result *r, struct ci_outcome *o)
     }
 }
 
-/* The publish of the live output's ops: a chunk of this attempt. The
- * first one lost is logged when it happens (once per task), so that an
- * operator sees it while the task still runs. */
+/* A chunk of the live output was lost: the first one is logged when it
+ * happens (once per task), so that an operator sees it while the task
+ * still runs. On the run's thread (the queue was full) or the publisher's
+ * (NATS refused it). */
+static void live_dropped(void *ctx, const char *stream, uint64_t seq, ci_status s,
+                         const char *why)
+{
+    (void)s;
+    struct task *t = ctx;
+    if (atomic_exchange(&t->live_dropped, true))
+        return;
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("attempt", t->attempt),
+        CI_LOG_S("stream", stream),
+        CI_LOG_N("seq", seq),
+        CI_LOG_S("error", why),
+    };
+    ci_log_fields(CI_LOG_WARN, "task.output_dropped", f, sizeof(f) / sizeof(f[0]));
+}
+
+/* The publisher's publish: a chunk of this attempt, on its own thread. */
 static ci_status live_publish(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
                               size_t len, struct ci_error *err)
 {
     struct task *t = ctx;
-    ci_status s = ci_broker_output_publish(t->env->broker, t->id, stream,
-                                           ci_delivery_attempt(t->d), seq, data, len, err);
-    if (s && !t->live_dropped) {
-        t->live_dropped = true;
-        const struct ci_log_field f[] = {
-            CI_LOG_S("task_id", t->id),
-            CI_LOG_N("attempt", ci_delivery_attempt(t->d)),
-            CI_LOG_S("stream", stream),
-            CI_LOG_N("seq", seq),
-            CI_LOG_S("error", err ? err->msg : ""),
-        };
-        ci_log_fields(CI_LOG_WARN, "task.output_dropped", f, sizeof(f) / sizeof(f[0]));
-    }
-    return s;
+    return ci_broker_output_publish(t->env->broker, t->id, stream, t->attempt, seq, data, len,
+                                    err);
 }
 
-static const struct ci_liveout_ops live_ops = {.publish = live_publish};
+static const struct ci_publisher_ops live_pub_ops = {.publish = live_publish,
+                                                     .dropped = live_dropped};
 
-/* Makes the attempt's live output, when the config wants one and its
- * stream is there. Without memory for it the task runs without: the
- * result has the output. */
+/* The live output's publish: hands the chunk to the publisher, at once
+ * while the code runs (a full queue drops it, and live_dropped tells). */
+static ci_status live_put(void *ctx, const char *stream, uint64_t seq, const uint8_t *data,
+                          size_t len, struct ci_error *err)
+{
+    struct task *t = ctx;
+    return ci_publisher_put(t->pub, stream, seq, data, len, err);
+}
+
+/* The run ended: its last chunks (what was pending) may wait for room in
+ * the queue now, as the result's tail will (store_result), rather than be
+ * dropped by a queue full for a moment. */
+static void live_run_ended(void *ctx)
+{
+    struct task *t = ctx;
+    ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
+}
+
+static const struct ci_liveout_ops live_ops = {.publish = live_put, .run_ended = live_run_ended};
+
+/* The attempt runs without live output: said once, as a lost chunk is. */
+static void live_off(struct task *t, const struct ci_error *e)
+{
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("attempt", t->attempt),
+        CI_LOG_S("error", e->msg),
+    };
+    ci_log_fields(CI_LOG_WARN, "task.output_off", f, sizeof(f) / sizeof(f[0]));
+}
+
+/* Makes the attempt's live output and starts its publisher, when the
+ * config wants one and its stream is there. Without memory or a thread
+ * for it the task runs without (task.output_off): the result has the
+ * output. */
 static bool live_start(struct task *t)
 {
     const struct ci_config *cfg = t->env->cfg;
+    struct ci_error e = {{0}};
     if (!ci_broker_live_output(t->env->broker, NULL, 0))
         return false;
+    t->attempt = ci_delivery_attempt(t->d);
+    struct ci_publisher_opts po = {.ops = &live_pub_ops, .ctx = t};
+    /* Room for all the output the attempt may publish, both streams up to
+     * the cap: a NATS that takes the chunks loses none, however much
+     * faster than it the code writes (the queue drops only what a NATS
+     * that stopped taking them leaves behind). */
+    ci_publisher_size(&po, 2 * (uint64_t)cfg->limits.max_output_bytes, CI_LIVEOUT_FLUSH_BYTES);
+    if (ci_publisher_new(&po, &t->pub, &e) != CI_OK) {
+        live_off(t, &e);
+        return false;
+    }
     struct ci_liveout_opts o = {.ops = &live_ops, .ctx = t, .cap = cfg->limits.max_output_bytes};
-    return ci_liveout_new(&o, &t->live, NULL) == CI_OK;
+    if (ci_liveout_new(&o, &t->live, &e) != CI_OK) {
+        ci_publisher_free(t->pub);
+        t->pub = NULL;
+        live_off(t, &e);
+        return false;
+    }
+    return true;
 }
 
 static enum ci_task_end run_task(struct task *t, struct result *r)
@@ -1637,6 +1733,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         result_fail(r, "%s", cancelled_before(t->slot));
         return finish(t, r);
     }
+    t->at.checked = ci_now_us();
     if (!subject_fits(t, r) || !batch_subject_fits(t, r))
         return finish(t, r);
     enum ci_task_end batch_end;
@@ -1670,6 +1767,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     if (s)
         return give_up_or_retry(t, r, "record the task as running", &e);
     t->running_stored = true;
+    t->at.running = ci_now_us();
 
     s = fetch_inputs(t, r, &e);
     if (s == CI_ERR_NATS || s == CI_ERR_TIMEOUT)
@@ -1681,6 +1779,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         result_fail(r, "%s", cancelled_before(t->slot));
         return finish(t, r);
     }
+    t->at.inputs = ci_now_us();
 
     struct ci_job job = {
         .task_id = t->id,
@@ -1709,6 +1808,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         result_fail(r, "%s", e.msg);
         return finish(t, r);
     }
+    t->at.started = ci_now_us();
     pthread_mutex_lock(&t->slot->lock);
     t->slot->run = run;
     if (t->slot->cancel_requested)
@@ -1718,6 +1818,8 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     struct ci_outcome o;
     memset(&o, 0, sizeof(o));
     s = ci_provider_wait(env->provider, run, &o);
+    t->at.waited = ci_now_us();
+    t->at.run = o.marks;
 
     pthread_mutex_lock(&t->slot->lock);
     t->slot->run = NULL;
@@ -1742,6 +1844,17 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         fence = still_ours(t);
     if (s == CI_ERR_CONFLICT && fence == FENCE_WRITE_AGAIN)
         fence = FENCE_SUPERSEDED; /* it was not ours a moment ago */
+    t->at.artifacts = ci_now_us();
+    /* This attempt's result will not be stored: its chunks still queued
+     * are worth nothing, and must not follow the terminal event that
+     * ended_meanwhile may publish (or repair). The publish under way ends
+     * first. */
+    if (fence == FENCE_ENDED)
+        live_release(t, "the task ended meanwhile (another attempt stored its result): this "
+                        "attempt's last chunks are dropped");
+    else if (fence == FENCE_SUPERSEDED)
+        live_release(t, "a later attempt took the task over: this attempt's last chunks are "
+                        "dropped");
     if (fence == FENCE_ENDED) {
         end = ended_meanwhile(t, r);
     } else if (fence == FENCE_SUPERSEDED) {
@@ -1754,11 +1867,47 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
             session_end(t, r, &o);
         end = finish(t, r);
     }
-    /* Only now: freeing a warm run waits for its init to be gone, while the
-     * task's memory is torn down (sandbox/warm.c, zygote/main.c). */
+    /* Only now: freeing a run may wait for its init to be gone, while the
+     * task's memory is torn down (zygote/main.c); a small warm run is
+     * usually handed to the sandbox's reaper thread (sandbox/reaper.c). */
     ci_provider_release(env->provider, run);
+    t->at.released = ci_now_us();
     ci_outcome_release(&o);
     return end;
+}
+
+/* The task.stages line (debug level): when a task that ran passed each
+ * stage, in us since it was taken (-1: not reached), and when it was taken
+ * (us of the wall clock, which a client on the same machine can line up
+ * with its own). Timings only, no content. */
+static void log_stages(const struct task *t)
+{
+    if (!t->at.started)
+        return;
+    const int64_t t0 = t->at.taken;
+#define SINCE(x) ((x) ? (x) - t0 : -1)
+    const struct ci_log_field f[] = {
+        CI_LOG_S("task_id", t->id),
+        CI_LOG_N("taken_at_us", t0),
+        CI_LOG_N("checked_us", SINCE(t->at.checked)),
+        CI_LOG_N("running_us", SINCE(t->at.running)),
+        CI_LOG_N("inputs_us", SINCE(t->at.inputs)),
+        CI_LOG_N("cgroup_us", SINCE(t->at.run.cgroup_us)),
+        CI_LOG_N("acquired_us", SINCE(t->at.run.acquired_us)),
+        CI_LOG_N("ready_us", SINCE(t->at.run.ready_us)),
+        CI_LOG_N("go_us", SINCE(t->at.run.go_us)),
+        CI_LOG_N("started_us", SINCE(t->at.started)),
+        CI_LOG_N("end_us", SINCE(t->at.run.end_us)),
+        CI_LOG_N("collected_us", SINCE(t->at.run.collected_us)),
+        CI_LOG_N("waited_us", SINCE(t->at.waited)),
+        CI_LOG_N("artifacts_us", SINCE(t->at.artifacts)),
+        CI_LOG_N("stored_us", SINCE(t->at.stored)),
+        CI_LOG_N("event_us", SINCE(t->at.event)),
+        CI_LOG_N("acked_us", SINCE(t->at.acked)),
+        CI_LOG_N("released_us", SINCE(t->at.released)),
+    };
+#undef SINCE
+    ci_log_fields(CI_LOG_DEBUG, "task.stages", f, sizeof(f) / sizeof(f[0]));
 }
 
 enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot *slot,
@@ -1769,6 +1918,7 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
     struct task t = {.env = env, .slot = slot, .d = d, .started_at_ms = ci_now_ms(),
                      .taken_mono_ms = ci_mono_ms(), .queue_wait_ms = -1,
                      .turn_checked = turn_checked, .wait = ret_wait};
+    t.at.taken = ci_now_us();
     enum ci_task_end end;
     struct ci_error e = {{0}};
     const char *msg_id = ci_delivery_header(d, "Nats-Msg-Id");
@@ -1865,6 +2015,7 @@ enum ci_task_end ci_task_process(const struct ci_worker_env *env, struct ci_slot
         end = run_task(&t, &r);
     }
     result_release(&r);
+    log_stages(&t);
 out:
     slot_set(slot, NULL, NULL);
     task_release(&t);

@@ -4,7 +4,8 @@
 // refused request, and the NATS password must leave none of them in the
 // log, at log level debug. Each canary is first shown to reach the result
 // (so this test fails if the log had them). The task.done line has the
-// metadata the issue lists, with the right values.
+// metadata the issue lists, with the right values; task.stages (debug) the
+// stages of a run, in order.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
@@ -157,5 +158,22 @@ no_auth_user: anon`,
     assert.equal(r.exit_code, undefined, "no exit code for code that never ran");
     const start = lines.find((l) => l.event === "task.start" && l.task_id === okId);
     assert.ok(start && start.attempt === 1 && start.queue_wait_ms >= 0, JSON.stringify(start));
+
+    // The stages of a run (debug level): us since the worker took the
+    // message, in the order they happen; -1 for one this run has not (a
+    // cgroup, an init). A task that never ran has none.
+    const stages = (id) => lines.find((l) => l.event === "task.stages" && l.task_id === id);
+    const st = stages(okId);
+    assert.ok(st, `a task.stages line for ${okId}`);
+    const order = ["checked", "running", "inputs", "cgroup", "acquired", "ready", "go", "started", "end",
+                   "collected", "waited", "artifacts", "stored", "event", "acked", "released"];
+    for (const k of ["checked", "running", "inputs", "go", "started", "end", "collected", "waited",
+                     "artifacts", "stored", "event", "acked", "released"])
+      assert.ok(st[`${k}_us`] >= 0, `${k}_us: ${JSON.stringify(st)}`);
+    const at = order.map((k) => st[`${k}_us`]).filter((v) => v >= 0);
+    assert.deepEqual(at, [...at].sort((a, b) => a - b), `stages in order: ${JSON.stringify(st)}`);
+    assert.ok(st.taken_at_us / 1000 <= d.ts && d.ts - st.taken_at_us / 1000 < 60000, `taken_at_us ${st.taken_at_us}, task.done at ${d.ts}`);
+    assert.ok(stages(failId), "a run that failed has its stages too");
+    assert.equal(stages(refusedId), undefined, "a refused task never ran");
   });
 });

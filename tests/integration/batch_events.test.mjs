@@ -10,12 +10,15 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { Kvm } from "@nats-io/kv";
+import { Objm } from "@nats-io/obj";
+import { startNatsServer } from "./lib/nats-server.mjs";
 import { startStack } from "./lib/stack.mjs";
 import { CLI_BIN } from "./lib/worker.mjs";
-import { decodeMessage, normalize, proto } from "./lib/client.mjs";
+import { connectClient, decodeMessage, FILES_BUCKET, normalize, proto, RESULTS_BUCKET } from "./lib/client.mjs";
 import {
   BATCH_CONSUMER, BATCH_STREAM, BATCHES_STREAM, BATCHES_PREFIX, BATCH_PREFIX, batchEvents, batchLeft, batchSubjectCounts, ci,
   fakeBatchWorker, until,
@@ -25,7 +28,8 @@ import {
 // streams, buckets and consumers are the worker's own, and nobody but the
 // test takes a task.
 async function stackWithoutWorker() {
-  const stack = await startStack({ workers: 1 });
+  // Cold: it runs no task, and a warm start is two zygotes.
+  const stack = await startStack({ workers: 1, worker: { local: { mode: "cold" } } });
   const x = await stack.workers[0].stop("SIGTERM", 90000);
   assert.equal(x.code, 0, "the worker drained and exited");
   return stack;
@@ -66,16 +70,30 @@ describe("ci batch with a stand-in worker", () => {
     return got;
   };
 
-  test("an unknown batch: status, wait and results exit 1 with a sentence; a bad id exits 2", async () => {
-    for (const cmd of [["status", "nope"], ["status", "nope", "--json"], ["wait", "nope"], ["results", "nope", "--jsonl"]]) {
+  test("an unknown batch: status, wait and results exit 2 with a sentence (1 is wait's 'a task did not succeed'), as a bad id does", async () => {
+    // wait gives a batch's submission time to publish it (60 s, or --wait-ms).
+    for (const cmd of [["status", "nope"], ["status", "nope", "--json"], ["wait", "nope", "--wait-ms", "300"], ["results", "nope", "--jsonl"]]) {
       const r = await ci(["batch", ...cmd], { url });
-      assert.equal(r.code, 1, `${cmd}: ${r.stderr}`);
+      assert.equal(r.code, 2, `${cmd}: ${r.stderr}`);
       assert.equal(r.stdout, "");
       assert.match(r.stderr, /no batch 'nope'/);
     }
     const bad = await ci(["batch", "status", "a.b"], { url });
     assert.equal(bad.code, 2);
     assert.match(bad.stderr, /not a batch id/);
+  });
+
+  test("cancel of an unknown batch is refused (exit 2) and publishes nothing: it would wait a day for a batch that gets the id", async () => {
+    const r = await ci(["batch", "cancel", "nope-cancel"], { url });
+    assert.equal(r.code, 2, r.stderr);
+    assert.equal(r.stdout, "");
+    assert.match(r.stderr, /no batch 'nope-cancel': no task of it is stored .*nothing was cancelled/);
+    assert.deepEqual(await batchSubjectCounts(client.jsm, "nope-cancel"), {}, "no cancel event");
+    // A cancel alone (published by hand) is no batch either.
+    await client.js.publish(`${BATCHES_PREFIX}.nope-cancel.cancel`, new Uint8Array());
+    const again = await ci(["batch", "cancel", "nope-cancel"], { url });
+    assert.equal(again.code, 2, again.stderr);
+    assert.equal((await batchSubjectCounts(client.jsm, "nope-cancel")).cancel, 1);
   });
 
   let b1, files, tasks;
@@ -251,7 +269,7 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal((await client.jsm.streams.info(BATCH_STREAM)).state.last_seq, before);
   });
 
-  test("submit --jsonl: taskId kept or <b>-<line>, batchId checked, blank lines skipped, --wire-json sends JSON", async () => {
+  test("submit --jsonl: taskId kept or <b>-<n> for the n-th request (blank lines are not counted), batchId checked, --wire-json sends JSON", async () => {
     const cwd = fresh("jsonl");
     const b = "bj-" + Date.now().toString(36);
     const lines = [
@@ -267,7 +285,8 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal(r.stdout, `${b}\n`);
     assert.match(r.stderr, /3 tasks: 3 submitted; sealed\n/);
     const got = await takeAll(3);
-    assert.deepEqual(got.map((t) => t.taskId), ["own-id-" + b, `${b}-3`, `${b}-5`]);
+    // Requests 2 and 3 (on lines 3 and 5): a blank line changes no id.
+    assert.deepEqual(got.map((t) => t.taskId), ["own-id-" + b, `${b}-2`, `${b}-3`]);
     for (const t of got) {
       assert.equal(t.contentType, "application/json");
       assert.equal(t.subject, `${BATCH_PREFIX}.${b}`);
@@ -311,7 +330,7 @@ describe("ci batch with a stand-in worker", () => {
     assert.equal((await batchSubjectCounts(client.jsm, b)).complete, undefined, "no seal, no complete");
     assert.equal((await status(b)).stdout, '{"total":3,"queued":0,"running":0,"succeeded":3,"failed":0,"timed_out":0,"cancelled":0}\n');
     const human = await ci(["batch", "status", b], { url });
-    assert.match(human.stdout, /^tasks: +at least 3 \(not sealed/m);
+    assert.match(human.stdout, /^tasks: +3 so far \(not sealed/m);
 
     const again = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
     assert.equal(again.code, 0, again.stderr);
@@ -328,6 +347,61 @@ describe("ci batch with a stand-in worker", () => {
     const n = await batchSubjectCounts(client.jsm, b);
     assert.equal(n.sealed, 1);
     assert.equal(n.complete, 1);
+  });
+
+  test("a submission that fails after its seal (publishing complete) says the seal is published, not that the batch is not sealed", async () => {
+    const cwd = fresh("sealfail");
+    const b = "bz-" + Date.now().toString(36);
+    const reqs = [1, 2].map((n) => ({ language: "python", code: `print(${n})` }));
+    writeFileSync(join(cwd, "r.jsonl"), reqs.map((r) => JSON.stringify(r)).join("\n") + "\n");
+    // A first run that died before its seal; its tasks have ended since.
+    for (const [i, r] of reqs.entries()) await client.submit({ ...r, taskId: `${b}-${i + 1}`, batchId: b }, { subject: `${BATCH_PREFIX}.${b}` });
+    for (const t of await takeAll(2)) {
+      await worker.taken(t);
+      await worker.end(t, { status: "TASK_STATUS_SUCCEEDED" });
+    }
+    // CI_BATCHES takes one message more (the seal), then refuses (complete).
+    const { config, state } = await client.jsm.streams.info(BATCHES_STREAM);
+    await client.jsm.streams.update(BATCHES_STREAM, { ...config, discard: "new", max_msgs: state.messages + 1 });
+    let r;
+    try {
+      r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    } finally {
+      await client.jsm.streams.update(BATCHES_STREAM, config);
+    }
+    assert.equal(r.code, 3, r.stderr);
+    assert.match(r.stderr, new RegExp(`batch ${b}: all 2 tasks went out and the seal is published; what failed came after it`));
+    assert.doesNotMatch(r.stderr, /not sealed/);
+    const n = await batchSubjectCounts(client.jsm, b);
+    assert.equal(n.sealed, 1);
+    assert.equal(n.complete, undefined);
+    const again = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stderr, /every task has ended; the complete event is published/);
+  });
+
+  test("before the seal, total is taken + the batch's tasks left in the queue not running: a task that ended and is not acked yet counts twice for that moment", async () => {
+    const b = "bs-" + Date.now().toString(36);
+    // What a submission got out so far: two tasks, no seal.
+    for (const n of [1, 2]) await client.submit({ taskId: `${b}-${n}`, batchId: b, language: "python", code: `print(${n})` }, { subject: `${BATCH_PREFIX}.${b}` });
+    const json = async () => JSON.parse((await status(b)).stdout);
+    assert.deepEqual(await json(), { total: 2, queued: 2, running: 0, succeeded: 0, failed: 0, timed_out: 0, cancelled: 0 });
+    const t1 = await worker.take(5000);
+    assert.equal(t1.taskId, `${b}-1`);
+    await worker.taken(t1);
+    assert.deepEqual(await json(), { total: 2, queued: 1, running: 1, succeeded: 0, failed: 0, timed_out: 0, cancelled: 0 });
+    // Its end event is stored; its worker has not acked it yet: in taken
+    // and in the queue both (contract §20, "Before the seal").
+    await worker.end(t1, { ack: false });
+    assert.deepEqual(await json(), { total: 3, queued: 2, running: 0, succeeded: 1, failed: 0, timed_out: 0, cancelled: 0 });
+    const human = await ci(["batch", "status", b], { url });
+    assert.match(human.stdout, /^tasks: +3 so far \(not sealed: its submission has not finished\)$/m);
+    await t1.msg.ackAck();
+    await until("the ack removed it from the queue", async () => (await batchLeft(client.jsm, b)) === 1);
+    assert.deepEqual(await json(), { total: 2, queued: 1, running: 0, succeeded: 1, failed: 0, timed_out: 0, cancelled: 0 });
+    const t2 = await worker.take(5000);
+    await worker.taken(t2);
+    await worker.end(t2);
   });
 
   test("submit refuses bad input with exit 2 before anything goes out: a bad JSONL line is named, no match, a folder, a long batch id", async () => {
@@ -351,18 +425,136 @@ describe("ci batch with a stand-in worker", () => {
     }
     writeFileSync(join(cwd, "s.py"), "print(1)\n");
     mkdirSync(join(cwd, "d.csv"));
+    // Every input is checked before the first task goes out: a bad one
+    // sorted after good ones left those published and the batch unsealed.
+    mkdirSync(join(cwd, "names"));
+    mkdirSync(join(cwd, "sizes"));
+    for (const d of ["names", "sizes"]) for (const f of ["a.csv", "b.csv"]) writeFileSync(join(cwd, d, f), "x\n");
+    writeFileSync(join(cwd, "names", "c;d.csv"), "x\n");
+    writeFileSync(join(cwd, "sizes", "z.csv"), "");
+    truncateSync(join(cwd, "sizes", "z.csv"), 21 * 1024 * 1024); // sparse: over the 20 MiB limit
     for (const [args, re] of [
       [["--file-each", "none/*.csv"], /matches no file/],
       [["--file-each", "*.csv"], /'d\.csv' is not a regular file/],
       [["--file-each", "s.py", "--batch", "b".repeat(63)], /leave room for 62/],
       [["--file-each", "s.py", "--file", "s.py"], /does not take --file/],
+      [["--file-each", "names/*.csv"], /--file-each: 'names\/c;d\.csv' cannot be an input: its name 'c;d\.csv' is not allowed \(use only letters.*nothing was submitted/],
+      [["--file-each", "sizes/*.csv"], /--file-each: 'sizes\/z\.csv' is 22020096 bytes; an input may be at most 20971520 bytes .*nothing was submitted/],
+      [["--file-each", "names/a.csv", "--label", "novalue"], /label 'novalue' is not KEY=VALUE; nothing was submitted/],
     ]) {
       const r = await ci(["batch", "submit", "s.py", ...args, ...(args.includes("--batch") ? [] : ["--batch", b])], { cwd, url });
       assert.equal(r.code, 2, `${args}: ${r.stderr}`);
       assert.match(r.stderr, re);
+      assert.doesNotMatch(r.stderr, /went out before this/, `${args}`);
+      assert.equal(await batchLeft(client.jsm, b), 0, `${args}: nothing was published`);
     }
     assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
     assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});
+  });
+
+  test("submit refuses a task id in use outside the batch (its record says another batch, or none) before anything goes out", async () => {
+    const cwd = fresh("used");
+    const b = "bu-" + Date.now().toString(36);
+    const kv = await client.kvBucket();
+    const rec = (id, status, batchId) => Buffer.from(JSON.stringify({ taskId: id, status, ...(batchId ? { batchId } : {}) }));
+    await kv.put(`solo-${b}`, rec(`solo-${b}`, "TASK_STATUS_SUCCEEDED"));
+    await kv.put(`other-${b}`, rec(`other-${b}`, "TASK_STATUS_RUNNING", "another-batch"));
+    const fresh1 = JSON.stringify({ taskId: `new-${b}`, language: "python", code: "print(1)" });
+    for (const [id, re] of [
+      [`solo-${b}`, new RegExp(`r\\.jsonl:3: task id 'solo-${b}' is in use: a task outside any batch has it \\(succeeded in the results bucket\\); task ids must be unique .*give the line another taskId; nothing was submitted`)],
+      [`other-${b}`, new RegExp(`r\\.jsonl:3: task id 'other-${b}' is in use: a task of batch 'another-batch' has it \\(running`)],
+    ]) {
+      writeFileSync(join(cwd, "r.jsonl"), [fresh1, "", JSON.stringify({ taskId: id, language: "python", code: "print(2)" })].join("\n") + "\n");
+      const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+      assert.equal(r.code, 2, r.stderr);
+      assert.match(r.stderr, re);
+      assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
+    }
+    // --file-each: <b>-<n> of another batch's task (or a task submitted
+    // alone under that id).
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "b.csv"), "b\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    await kv.put(`${b}-2`, rec(`${b}-2`, "TASK_STATUS_FAILED"));
+    const f = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", b], { cwd, url });
+    assert.equal(f.code, 2, f.stderr);
+    assert.match(f.stderr, new RegExp(`--file-each: the task of 'b\\.csv': task id '${b}-2' is in use: a task outside any batch has it \\(failed .*submit under another --batch; nothing was submitted`));
+    assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
+    assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});
+  });
+
+  test("submit of a new batch stops at a task id that another batch's queued task has (CI_BATCH drops it as a copy): exit 2, naming the line, not sealed", async () => {
+    const cwd = fresh("queued");
+    const b = "bq-" + Date.now().toString(36);
+    // Another batch's task, queued: it has no record in ci-results yet.
+    await client.submit({ taskId: `x-${b}`, batchId: `other-${b}`, language: "python", code: "print(0)" }, { subject: `${BATCH_PREFIX}.other-${b}` });
+    const lines = [1, 2, 3].map((n) => JSON.stringify({ ...(n === 2 ? { taskId: `x-${b}` } : {}), language: "python", code: `print(${n})` }));
+    writeFileSync(join(cwd, "r.jsonl"), lines.join("\n") + "\n");
+    const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, new RegExp(`r\\.jsonl:2: task id 'x-${b}' is in use: a task of another batch, queued and not taken yet, has it \\(CI_BATCH dropped this one as a copy of it\\); .*give the line another taskId`));
+    assert.match(r.stderr, new RegExp(`batch ${b}: 1 of 3 tasks went out before this; it is not sealed: once the line has another taskId, run the same command again`));
+    assert.equal((await batchSubjectCounts(client.jsm, b)).sealed, undefined, "not sealed");
+    // --file-each: <b>-<n> is another batch's queued task.
+    const f = "bf-" + Date.now().toString(36);
+    await client.submit({ taskId: `${f}-2`, batchId: `other-${f}`, language: "python", code: "print(0)" }, { subject: `${BATCH_PREFIX}.other-${f}` });
+    for (const n of ["a", "b"]) writeFileSync(join(cwd, `${n}.csv`), `${n}\n`);
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const e = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", f], { cwd, url });
+    assert.equal(e.code, 2, e.stderr);
+    assert.match(e.stderr, new RegExp(`--file-each: the task of 'b\\.csv': task id '${f}-2' is in use: .*submit under another --batch`));
+    assert.match(e.stderr, new RegExp(`batch ${f}: 1 of 2 tasks went out before this; it is not sealed and cannot be finished under this id: cancel it \\(ci batch cancel ${f}\\)`));
+    // The queue as the tests after this one expect it: empty.
+    for (const t of await takeAll(4)) await t.msg.ackAck();
+  });
+
+  test("submit looks task ids up many at a time, and not at all for the <b>-<n> of a batch id it made", async () => {
+    const cwd = fresh("lookups");
+    const b = "bl-" + Date.now().toString(36);
+    const kv = await client.kvBucket();
+    await kv.put(`used-${b}`, Buffer.from(JSON.stringify({ taskId: `used-${b}`, status: "TASK_STATUS_SUCCEEDED", batchId: "another-batch" })));
+    // 300 requests, the last one's id in use: refused once every id was looked up.
+    const lines = [];
+    for (let n = 1; n < 300; n++) lines.push(JSON.stringify({ language: "python", code: `print(${n})` }));
+    lines.push(JSON.stringify({ taskId: `used-${b}`, language: "python", code: "print(0)" }));
+    writeFileSync(join(cwd, "r.jsonl"), lines.join("\n") + "\n");
+    // The lookups as the server sees them: each request and its answer (the
+    // server may pass the answer on before its copy of the request).
+    const nc = client.nc;
+    const waiting = new Set();
+    const early = new Set();
+    let asked = 0;
+    let most = 0;
+    const requests = nc.subscribe("$JS.API.STREAM.MSG.GET.KV_ci-results", {
+      callback: (_, m) => {
+        if (!m.reply) return;
+        asked++;
+        if (!early.delete(m.reply)) waiting.add(m.reply);
+        most = Math.max(most, waiting.size);
+      },
+    });
+    const answers = nc.subscribe("_INBOX.>", { callback: (_, m) => waiting.delete(m.subject) || early.add(m.subject) });
+    await nc.flush();
+    try {
+      const given = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+      assert.equal(given.code, 2, given.stderr);
+      assert.match(given.stderr, new RegExp(`r\\.jsonl:300: task id 'used-${b}' is in use: a task of batch 'another-batch' has it`));
+      await nc.flush();
+      assert.equal(asked, 300);
+      assert.ok(most > 1, `at most ${most} lookup(s) were in flight at once`);
+      assert.ok(most <= 64, `${most} lookups in flight at once: the window is 64`);
+      // Without --batch the id is made now: no task can have <b>-<n> yet.
+      asked = 0;
+      const made = await ci(["batch", "submit", "--jsonl", "r.jsonl"], { cwd, url });
+      assert.equal(made.code, 2, made.stderr);
+      assert.match(made.stderr, new RegExp(`r\\.jsonl:300: task id 'used-${b}' is in use`));
+      await nc.flush();
+      assert.equal(asked, 1, "only the line's own taskId was looked up");
+    } finally {
+      requests.unsubscribe();
+      answers.unsubscribe();
+    }
+    assert.equal(await batchLeft(client.jsm, b), 0, "nothing was published");
   });
 
   test("submit without --batch makes and prints an id; cancel publishes on ci.batches.<b>.cancel and status says so", async () => {
@@ -410,7 +602,7 @@ describe("ci batch with a stand-in worker", () => {
     for (const t of await takeAll(2)) await t.msg.ackAck();
   });
 
-  test("wait on a terminal draws a progress bar in place", async () => {
+  test("wait on a terminal draws a progress bar in place, never wider than the terminal", async () => {
     const cwd = fresh("tty");
     writeFileSync(join(cwd, "a.csv"), "a\n");
     writeFileSync(join(cwd, "s.py"), "print(1)\n");
@@ -419,18 +611,240 @@ describe("ci batch with a stand-in worker", () => {
     const task = await worker.take(5000);
     await worker.taken(task);
     await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
-    // script(1) gives ci a terminal; -e passes its exit code on.
-    const w = await new Promise((resolve) => {
+    // script(1) gives ci a terminal (-e passes its exit code on) whose
+    // size it does not know (stdin is no terminal): ci takes $COLUMNS.
+    const onTerminal = (columns) => new Promise((resolve) => {
       const child = spawn("script", ["-qec", `${CLI_BIN} batch wait ${b}`, "/dev/null"], {
-        env: { ...process.env, CI_NATS_URL: url, COLUMNS: "100" }, stdio: ["ignore", "pipe", "pipe"],
+        env: { ...process.env, CI_NATS_URL: url, COLUMNS: String(columns) }, stdio: ["ignore", "pipe", "pipe"],
       });
       let out = "";
       child.stdout.on("data", (d) => (out += d));
       child.on("close", (code) => resolve({ code, out }));
     });
+    const w = await onTerminal(100);
     assert.equal(w.code, 0, w.out);
     assert.match(w.out, /\r\[#{10,40}\] 1\/1 ended \(1 ok, 0 not\), 0 running, 0 queued\x1b\[K/);
     assert.match(w.out, new RegExp(`batch ${b}: all 1 tasks succeeded`));
+    // A narrow terminal: a line that wrapped could not be redrawn in place.
+    // Each redraw ("\r" ... erase) fits in 29 columns: the bar goes first,
+    // then the text is cut.
+    for (const columns of [30, 57, 58]) {
+      const n = await onTerminal(columns);
+      assert.equal(n.code, 0, n.out);
+      const redraws = [...n.out.matchAll(/\r([^\r\n]*)\x1b\[K/g)].map((m) => m[1]);
+      assert.ok(redraws.length > 0, n.out);
+      for (const line of redraws) assert.ok(line.length <= columns - 1, `${columns} columns: ${JSON.stringify(line)} is ${line.length} wide`);
+      assert.equal(redraws.at(-1).startsWith("["), columns >= 58, `${columns}: ${redraws.at(-1)}`);
+    }
+  });
+
+  test("wait rides out NATS not answering for a while (its request timed out): it asks again, then ends as usual", async () => {
+    const cwd = fresh("hiccup");
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    const b = r.stdout.trim();
+    let err = "";
+    let exited = false;
+    const waiting = ci(["batch", "wait", b], { url, timeoutMs: 120000, onStderr: (e) => (err = e) }).then((x) => {
+      exited = true;
+      return x;
+    });
+    await until("wait printed its first progress line", async () => /0\/1 ended/.test(err));
+    // The server stops answering until wait's request (5 s) times out.
+    assert.ok(stack.server.signal("SIGSTOP"));
+    try {
+      await until("wait saw a request time out", async () => exited || /asking again/.test(err), 60000);
+    } finally {
+      stack.server.signal("SIGCONT");
+    }
+    assert.ok(!exited, `wait gave up at the first timeout: ${err}`);
+    assert.match(err, new RegExp(`batch ${b}: .*; asking again for up to 30 s`));
+    const task = await worker.take(5000);
+    await worker.taken(task);
+    await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+    const w = await waiting;
+    assert.equal(w.code, 0, w.stderr);
+    assert.match(w.stderr, /NATS answers again/);
+    assert.equal(w.stdout, `batch ${b}: all 1 tasks succeeded\n`);
+  });
+
+  test("wait whose --wait-ms runs out while NATS does not answer exits 124 (timed out), not 3 (NATS failed)", async () => {
+    const cwd = fresh("waitnats");
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    const b = r.stdout.trim();
+    let err = "";
+    const waiting = ci(["batch", "wait", b, "--wait-ms", "2500"], { url, timeoutMs: 60000, onStderr: (e) => (err = e) });
+    await until("wait printed its first progress line", async () => /0\/1 ended/.test(err));
+    // Its next request waits 5 s for an answer, past --wait-ms.
+    assert.ok(stack.server.signal("SIGSTOP"));
+    let w;
+    try {
+      w = await waiting;
+    } finally {
+      stack.server.signal("SIGCONT");
+    }
+    assert.equal(w.code, 124, w.stderr);
+    assert.match(w.stderr, new RegExp(`batch ${b}: not every task ended within 2500 ms: 0/1 ended: .*\\(NATS has not answered for \\d+ s: `));
+    const task = await worker.take(5000);
+    await worker.taken(task);
+    await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+  });
+
+  test("wait on a batch whose submission has not published anything yet waits for it (submit --batch B & wait B)", async () => {
+    const cwd = fresh("appear");
+    writeFileSync(join(cwd, "a.csv"), "a\n");
+    writeFileSync(join(cwd, "s.py"), "print(1)\n");
+    const b = "ba-" + Date.now().toString(36);
+    let err = "";
+    const waiting = ci(["batch", "wait", b, "--wait-ms", "30000"], { url, timeoutMs: 60000, onStderr: (e) => (err = e) });
+    await until("wait said it waits for the batch", async () => /nothing of it is stored yet; waiting up to 30 s for its submission to publish it/.test(err));
+    const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", b], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    const task = await worker.take(5000);
+    await worker.taken(task);
+    await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+    const w = await waiting;
+    assert.equal(w.code, 0, w.stderr);
+    assert.equal(w.stdout, `batch ${b}: all 1 tasks succeeded\n`);
+    // A batch that never comes: exit 2 once the bound (here --wait-ms) passed.
+    const t0 = Date.now();
+    const never = await ci(["batch", "wait", b + "-typo", "--wait-ms", "1500"], { url });
+    assert.equal(never.code, 2, never.stderr);
+    assert.match(never.stderr, new RegExp(`no batch '${b}-typo' \\(waited 1 s for it\\)`));
+    assert.ok(Date.now() - t0 >= 1500);
+  });
+
+  // Last in this stack: it leaves 200,000 messages in CI_BATCHES.
+  test("results reads every end event however many other events come first (200,020 cancels before them)", async () => {
+    const cwd = fresh("many");
+    const b = "bm-" + Date.now().toString(36);
+    writeFileSync(join(cwd, "r.jsonl"), [1, 2].map((n) => JSON.stringify({ language: "python", code: `print(${n})` })).join("\n") + "\n");
+    const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    assert.equal(r.code, 0, r.stderr);
+    // More events than the read once stopped at (2 x 100,000 + 16, a
+    // guess of taken + ended): cancels are kept however many come. Core
+    // publishes, which the stream stores; flushed, then counted.
+    const N = 200020;
+    const subj = `${BATCHES_PREFIX}.${b}.cancel`;
+    for (let i = 0; i < N; i++) {
+      client.nc.publish(subj);
+      if (i % 10000 === 9999) await client.nc.flush();
+    }
+    await client.nc.flush();
+    await until("the cancels are stored", async () => (await batchSubjectCounts(client.jsm, b)).cancel === N, 120000);
+    for (const t of await takeAll(2)) {
+      await worker.taken(t);
+      await worker.end(t, { status: "TASK_STATUS_CANCELLED", error: "the batch was cancelled" });
+    }
+    const res = await ci(["batch", "results", b, "--jsonl"], { url, timeoutMs: 300000 });
+    assert.equal(res.code, 0, res.stderr);
+    const lines = res.stdout.split("\n").filter(Boolean).map((l) => JSON.parse(l));
+    assert.deepEqual(lines.map((l) => l.taskId), [`${b}-1`, `${b}-2`]);
+    assert.doesNotMatch(res.stderr, /cut/);
+
+    // An end event that expires (here: is deleted; the oldest go first)
+    // after results counted the ended tasks and before its read reached it
+    // (behind the 200,020 cancels) is not read and not counted after the
+    // read: the results are not cut.
+    const first = await client.jsm.direct.getMessage(BATCHES_STREAM, { next_by_subj: `${BATCHES_PREFIX}.${b}.cancelled`, seq: 1 });
+    const consumers = async () => (await client.jsm.consumers.list(BATCHES_STREAM).next()).map((c) => c.name);
+    const earlier = new Set(await consumers());
+    const reading = ci(["batch", "results", b, "--jsonl"], { url, timeoutMs: 300000 });
+    await until("results began to read the events", async () => (await consumers()).some((n) => !earlier.has(n)), 60000);
+    await client.jsm.streams.deleteMessage(BATCHES_STREAM, first.seq);
+    const less = await reading;
+    assert.equal(less.code, 0, less.stderr);
+    assert.deepEqual(less.stdout.split("\n").filter(Boolean).map((l) => JSON.parse(l).taskId), [`${b}-2`], "the read was under way when the event went");
+    assert.doesNotMatch(less.stderr, /cut/);
+  });
+});
+
+describe("ci batch submit against a server that takes messages of at most 64 KiB", () => {
+  const MAX = 65536;
+  let server, client, url, dir;
+  before(async () => {
+    assert.ok(existsSync(CLI_BIN), `${CLI_BIN} is built`);
+    server = await startNatsServer({ config: `max_payload: ${MAX}` });
+    url = server.url;
+    client = await connectClient(url);
+    // What ci binds to and the batch lane, made here: a worker, which would
+    // make them, takes seconds to start, and none needs to run.
+    await new Kvm(client.js).create(RESULTS_BUCKET);
+    await new Objm(client.js).create(FILES_BUCKET);
+    await client.jsm.streams.add({ name: BATCH_STREAM, subjects: [`${BATCH_PREFIX}.*`], retention: "workqueue", duplicate_window: 3600 * 1e9 });
+    await client.jsm.streams.add({ name: BATCHES_STREAM, subjects: [`${BATCHES_PREFIX}.>`] });
+    dir = mkdtempSync(join(tmpdir(), "ci-batch-small-"));
+    writeFileSync(join(dir, "s.py"), "print(1)\n");
+  });
+  after(async () => {
+    await client?.close().catch(() => {});
+    await server?.stop();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  // Every batch id here has 2 characters: a task's id, in each message, is
+  // as long in all of them, and the sizes add up. Each gets its own folder.
+  let nth = 0;
+  const batchId = () => `m${nth++}`;
+  const folder = (files) => {
+    const cwd = mkdtempSync(join(dir, "in-"));
+    for (const [name, size] of Object.entries(files)) writeFileSync(join(cwd, name), "x".repeat(size));
+    return cwd;
+  };
+  const submitEach = (files) => ci(["batch", "submit", join(dir, "s.py"), "--file-each", "*.csv", "--batch", batchId()], { cwd: folder(files), url });
+  // The message of a task with one file of n bytes inline, as ci measures it
+  // (from its refusal of a file of MAX bytes): n plus what the rest takes.
+  let rest;
+  const messageOf = (n) => n + rest;
+
+  test("--file-each: the largest message is checked against max_payload, headers included", async () => {
+    const probe = await submitEach({ "a.csv": MAX });
+    assert.equal(probe.code, 2, probe.stderr);
+    const m = probe.stderr.match(/the task for 'a\.csv' would be a message of (\d+) bytes; the server takes messages of at most 65536 bytes \(headers included\)/);
+    assert.ok(m, probe.stderr);
+    rest = Number(m[1]) - MAX;
+    // Under max_payload, but not with the headers (256 bytes kept for them).
+    const close = await submitEach({ "a.csv": MAX - 100 - rest });
+    assert.equal(close.code, 2, close.stderr);
+    assert.match(close.stderr, new RegExp(`would be a message of ${MAX - 100} bytes; .*\\(headers included\\).*nothing was submitted`));
+    const fits = await submitEach({ "a.csv": MAX - 256 - rest });
+    assert.equal(fits.code, 0, fits.stderr);
+    assert.match(fits.stderr, /1 tasks: 1 submitted; sealed/);
+  });
+
+  test("--file-each: of files sent inline, the one making the largest message is checked, its name counted", async () => {
+    // The same size, a name 123 characters longer: its message is the
+    // larger, and only it goes over (a check by size alone took a.csv).
+    const size = MAX - 256 - rest - 50;
+    const long = "x".repeat(124) + ".csv";
+    const r = await submitEach({ "a.csv": size, [long]: size });
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, new RegExp(`the task for '${long}' would be a message of ${messageOf(size) + 124} bytes`));
+    assert.doesNotMatch(r.stderr, /went out before this/);
+  });
+
+  test("--jsonl: a request is checked against max_payload, headers included", async () => {
+    const cwd = mkdtempSync(join(dir, "jsonl-"));
+    const line = (n) => JSON.stringify({ language: "python", code: "#" + "x".repeat(n - 1) });
+    const submitLine = (n) => {
+      writeFileSync(join(cwd, "r.jsonl"), line(n) + "\n");
+      return ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", batchId()], { cwd, url });
+    };
+    const probe = await submitLine(MAX);
+    assert.equal(probe.code, 2, probe.stderr);
+    const m = probe.stderr.match(/r\.jsonl:1: the request is (\d+) bytes; the server takes messages of at most 65536 bytes \(headers included\)/);
+    assert.ok(m, probe.stderr);
+    const extra = Number(m[1]) - MAX;
+    const close = await submitLine(MAX - 100 - extra);
+    assert.equal(close.code, 2, close.stderr);
+    assert.match(close.stderr, new RegExp(`r\\.jsonl:1: the request is ${MAX - 100} bytes; .*\\(headers included\\)`));
+    const fits = await submitLine(MAX - 256 - extra);
+    assert.equal(fits.code, 0, fits.stderr);
   });
 });
 

@@ -178,11 +178,11 @@ describe("ci command-line client", () => {
     assert.equal(sha256hex(saved), r.artifacts[0].sha256);
   });
 
-  test("ci get of an unknown task fails", async () => {
+  test("ci get of an unknown task exits 2 (as a usage error: no such task)", async () => {
     const cwd = fresh("unknown");
     const res = await ci(["get", "no-such-task-here"], { cwd, url });
-    assert.notEqual(res.code, 0);
-    assert.ok(res.stderr.length > 0);
+    assert.equal(res.code, 2, res.stderr);
+    assert.match(res.stderr, /no result for task 'no-such-task-here'/);
   });
 
   // Every path under root, without following symlinks: "d/", "f", "l -> target".
@@ -463,5 +463,21 @@ describe("ci command-line client", () => {
     const again = await ci(["watch", taskId, "--output"], { cwd, url });
     assert.equal(again.stdout, "line 1\n");
     assert.equal(again.code, 3);
+  });
+
+  test("--wait-ms running out is exit 124 (timed out) in ci run and ci watch, not 3 (NATS failed); the task goes on", async () => {
+    const cwd = fresh("waitms");
+    writeFileSync(join(cwd, "slow.py"), "import time\ntime.sleep(60)\n");
+    const id = newTaskId("waitms");
+    const run = await ci(["run", "slow.py", "--id", id, "--wait-ms", "1500"], { cwd, url });
+    assert.equal(run.code, 124, run.stderr);
+    assert.match(run.stderr, new RegExp(`task ${id} did not end within 1500 ms \\(it goes on: 'ci get ${id}' gives its result once it ends\\)`));
+    const watches = [["watch", id], ["watch", id, "--output"], ["watch", id, "--json"], ["watch", newTaskId("never")]];
+    const got = await Promise.all(watches.map((args) => ci([...args, "--wait-ms", "1000"], { cwd, url })));
+    got.forEach((w, i) => {
+      assert.equal(w.code, 124, `${watches[i]}: ${w.stderr}`);
+      assert.match(w.stderr, new RegExp(`task ${watches[i][1]} did not end within 1000 ms`));
+    });
+    assert.equal((await ci(["cancel", id], { cwd, url })).code, 0);
   });
 });

@@ -126,6 +126,11 @@ plt.plot([1, 2, 3], [3, 1, 2])
 // The executor's limits are smaller than the worker's, so that a request the
 // worker accepts can be refused at the executor's edge (413).
 const EXECUTOR_LIMITS = { max_input_bytes: MiB };
+// An executor of a test that is not about its sandbox starts cold: a warm
+// one first starts two zygotes (the probe's and the pool's, ~5 s on a loaded
+// machine). The shared executor, which runs most tasks here, and the one
+// stopped with a task running through a worker stay warm, the default.
+const COLD = { mode: "cold" };
 
 describe("cloudrun provider", () => {
   let stack, executor, md;
@@ -281,7 +286,7 @@ describe("cloudrun provider", () => {
   });
 
   test("the executor stopped: retries, then a clear FAILED within the task's deadline", async () => {
-    const gone = await startExecutor({ limits: EXECUTOR_LIMITS });
+    const gone = await startExecutor({ limits: EXECUTOR_LIMITS, local: COLD });
     const url = gone.url;
     await gone.cleanup();
     const w = await cloudrunWorker({ service_url: url, timeout_margin_ms: 3000, max_attempts: 4, backoff_initial_ms: 100, backoff_max_ms: 400 });
@@ -399,7 +404,7 @@ describe("cloudrun provider", () => {
   });
 
   test("an executor that restarts while a task waits: tried until the task's deadline, then the task succeeds", async () => {
-    const ex = await startExecutor({ limits: EXECUTOR_LIMITS });
+    const ex = await startExecutor({ limits: EXECUTOR_LIMITS, local: COLD });
     const port = ex.port;
     // Default tries (no cap), short backoff; deadline = 15 s + 10 s.
     const w = await cloudrunWorker({ service_url: ex.url, backoff_initial_ms: 100, backoff_max_ms: 1000 });
@@ -416,7 +421,7 @@ describe("cloudrun provider", () => {
       await sleep(6000);
       const mid = await c.getResult(taskId);
       assert.ok(!mid || mid.result.status === "TASK_STATUS_RUNNING", `still running while the executor was down: ${show(mid?.result)}`);
-      ex2 = await startExecutor({ limits: EXECUTOR_LIMITS, port });
+      ex2 = await startExecutor({ limits: EXECUTOR_LIMITS, local: COLD, port });
       assert.equal(ex2.port, port, "the executor came back where it was");
       const { result: res } = await c.waitResult(taskId, 30000);
       checkResultBasics(res, { taskId });
@@ -732,7 +737,7 @@ describe("cloudrun provider", () => {
   });
 
   test("an executor told to stop: a task it had to stop ran, so 500 (no Ci-Not-Run); one that comes during the drain is 503 with Ci-Not-Run; exit 0", async () => {
-    const ex2 = await startExecutor({ worker: { drain_timeout_s: 2 } });
+    const ex2 = await startExecutor({ worker: { drain_timeout_s: 2 }, local: COLD });
     try {
       const pending = fetch(`${ex2.url}/execute`, {
         method: "POST",
@@ -1196,7 +1201,7 @@ describe("cloudrun provider", () => {
 
   test("executor.auth google-id-token: a good ID token runs the task; every bad one is 401 with WWW-Authenticate and runs nothing", async () => {
     const k = authSetup();
-    const ex = await startExecutor({ executor: authConfig() });
+    const ex = await startExecutor({ executor: authConfig(), local: COLD });
     const issued = [];
     const tok = (payload, opts = {}) => {
       const t = signJwt(payload, { privateKey: k.k1.privateKey, kid: "itest-1", ...opts });
@@ -1281,7 +1286,7 @@ describe("cloudrun provider", () => {
 
   test("executor.auth end to end: the worker's ID token from the metadata server passes; another service account's does not", async () => {
     const k = authSetup();
-    const ex = await startExecutor({ executor: authConfig() });
+    const ex = await startExecutor({ executor: authConfig(), local: COLD });
     try {
       const mdg = await startMetadataServer({ signer: { privateKey: k.k1.privateKey, kid: "itest-1" }, claims: { email: EMAIL, email_verified: true } });
       others.push(mdg);
@@ -1309,7 +1314,7 @@ describe("cloudrun provider", () => {
 
   test("callers without a token cannot hold connections: a trickled request is cut after 10 s, a 401 or /healthz answer closes the connection, a refused body is read 1 MiB at most, one address holds max_connections_per_ip", async () => {
     const k = authSetup();
-    const ex = await startExecutor({ executor: authConfig({ max_connections_per_ip: 3 }) });
+    const ex = await startExecutor({ executor: authConfig({ max_connections_per_ip: 3 }), local: COLD });
     const opened = [];
     try {
       // One address: 3 connections; the 4th and 5th are closed at once.
@@ -1392,7 +1397,7 @@ describe("cloudrun provider", () => {
     const dir = mkdtempSync(join(tmpdir(), "ci-jwks-rot-"));
     const file = join(dir, "certs.json");
     writeFileSync(file, k.jwks1);
-    const ex = await startExecutor({ executor: authConfig({ jwks_file: file }) });
+    const ex = await startExecutor({ executor: authConfig({ jwks_file: file }), local: COLD });
     const call = async (key, kid) => {
       const r = await postJson(ex.url, { taskId: `rot-${Date.now()}`, code: "print(1)" }, { Authorization: `Bearer ${signJwt(claims(), { privateKey: key.privateKey, kid })}` });
       await r.arrayBuffer();

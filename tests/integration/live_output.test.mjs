@@ -8,7 +8,10 @@
 // 3 MiB of output publishes the cap and no more; a timed-out task's kept
 // output is published; a redelivered attempt publishes its own chunks from
 // Ci-Seq 1 with Ci-Attempt 2; cold and warm sandboxes and a session step
-// stream; with jetstream.live_output false nothing is published.
+// stream; with jetstream.live_output false nothing is published; 16 MiB
+// written at once (cap 16 MiB) arrive whole; a task that prints while the
+// server is frozen (SIGSTOP) is still killed at its limit, and the publish
+// that blocks gives up at the connection's write deadline.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer, connect as tcpConnect } from "node:net";
@@ -16,7 +19,7 @@ import { performance } from "node:perf_hooks";
 
 import { startStack } from "./lib/stack.mjs";
 import { newTaskId, OUTPUT_STREAM, runTask } from "./lib/client.mjs";
-import { blockUntilReleased, releaseMarker, show, waitProcessWith } from "./lib/checks.mjs";
+import { blockUntilReleased, processesWith, releaseMarker, show, waitProcessWith } from "./lib/checks.mjs";
 import { skipTest } from "./lib/skip.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -271,10 +274,12 @@ describe("live output, replay, caps, ends, redelivery", () => {
   });
 });
 
+// A cold worker: one print task does not need the warm runtime, whose start
+// (two zygotes) takes longer than it does.
 describe("live output off", () => {
   let stack;
   before(async () => {
-    stack = await startStack({ workers: 1, worker: { jetstream: { live_output: false } } });
+    stack = await startStack({ workers: 1, worker: { jetstream: { live_output: false }, local: { mode: "cold" } } });
   });
   after(async () => {
     await stack?.stop();
@@ -291,10 +296,12 @@ describe("live output off", () => {
 
 // JetStream counts a stream's max_bytes against its store from the start: a
 // server without room for output_max_mb (1024 MiB) must not stop a worker.
+// Its workers look for the stream every second (jetstream.check_s; 15 s by
+// default).
 describe("live output on a small JetStream store", () => {
   let stack;
   before(async () => {
-    stack = await startStack({ workers: 1, jetstreamConfig: "max_file_store: 64MB" });
+    stack = await startStack({ workers: 1, worker: { jetstream: { check_s: 1 } }, jetstreamConfig: "max_file_store: 64MB" });
   });
   after(async () => {
     await stack?.stop();
@@ -310,9 +317,10 @@ describe("live output on a small JetStream store", () => {
     assert.equal(r0.w.chunks.length, 0);
     await assert.rejects(stack.client.jsm.streams.info(OUTPUT_STREAM), /stream not found/i);
 
-    // A worker that asks for 16 MiB makes the stream; the first one finds it
-    // at its next look (every 15 s) and publishes into it as it is.
-    const w2 = await stack.addWorker({ jetstream: { output_max_mb: 16 } });
+    // A worker that asks for 16 MiB makes the stream (it runs no task: cold
+    // starts faster); the first one finds it at its next look and publishes
+    // into it as it is.
+    const w2 = await stack.addWorker({ jetstream: { output_max_mb: 16 }, local: { mode: "cold" } });
     assert.equal(w2.events("worker.live_output_off").length, 0);
     const si = await stack.client.jsm.streams.info(OUTPUT_STREAM);
     assert.equal(si.config.max_bytes, 16 * 1024 * 1024);
@@ -409,6 +417,113 @@ describe("live output, NATS down mid-task", () => {
       assert.equal(dropped.length, 1, "said once");
       assert.equal(dropped[0].seq, 2);
       assert.equal(dropped[0].level, "warn");
+    } finally {
+      watch_.stop();
+    }
+  });
+});
+
+// The server the worker is connected to is frozen (SIGSTOP) while a task
+// prints: the worker's publishes cannot go out, and once the socket's
+// buffers are full a publish blocks. The run's wait loop must not block with
+// it: the time limit is enforced on time (issue 15: a 3 s limit took ~24 s).
+// The output cap is 16 MiB here: 32 MiB of chunks are more than the kernel's
+// socket buffers take (4 MiB and a few), so that the old code blocked for sure.
+// And the publish that blocks is bounded: the connection's write deadline
+// (1 s here) makes it fail, and the worker reconnects once the server is
+// back, where it once waited for the server as long as it was frozen.
+describe("live output, the NATS server frozen mid-task", () => {
+  let stack;
+  let frozen = false;
+  const markers = [];
+  // Counted from the run's start: what the test does before the freeze
+  // (seconds on a loaded machine) comes out of it, and the freeze must come
+  // first. The test lasts about that long.
+  const LIMIT_MS = 10000;
+  before(async () => {
+    stack = await startStack({
+      workers: 1,
+      worker: { limits: { max_output_bytes: 16 << 20 }, nats: { write_deadline_ms: 1000, reconnect_wait_ms: 100 } },
+    });
+  });
+  after(async () => {
+    if (frozen) stack?.server.signal("SIGCONT");
+    for (const m of markers) releaseMarker(m);
+    await stack?.stop();
+  });
+
+  // The queue between the run and NATS holds all an attempt may publish
+  // (both streams up to the cap): a server that takes the chunks loses none,
+  // however much faster than it the code writes. It held 1 MiB once, and
+  // 16 MiB written at once lost a third to half of its chunks.
+  test("16 MiB written at once (cap 16 MiB) into a server that takes it: every chunk, no gap in Ci-Seq", async () => {
+    const code = "import sys\nsys.stdout.write('x' * (1 << 24)); sys.stdout.flush()\n";
+    const r = await watched(stack.client, { code, limits: { timeoutMs: 30000 } });
+    assert.equal(r.result.status, "TASK_STATUS_SUCCEEDED", show(r.result));
+    // The result is cut to fit max_payload (8 MB): the chunks are the whole text.
+    const out = joined(r.w.chunks, { taskId: r.taskId, stream: "stdout" }); // Ci-Seq 1..n
+    assert.equal(out.length, 1 << 24, `${r.w.chunks.length} chunks, ${out.length} bytes`);
+    assert.ok(out.equals(Buffer.alloc(1 << 24, "x")));
+    assert.equal(r.end.chunksBefore, r.w.chunks.length, "every chunk arrived before the terminal event");
+  });
+
+  test("a task printing 32 MiB into a frozen server is still killed at its time limit, the blocked publish gives up (the worker reconnects); its chunks stay in Ci-Seq order", async () => {
+    const c = stack.client;
+    const [w] = stack.workers;
+    const base = `ci-itest-livefrozen-${process.pid}-${Date.now()}`;
+    const go = `${base}-go`; // the code waits for it before the burst
+    const alive = `${base}-alive`; // a child that lives as long as the run
+    markers.push(go, alive);
+    const taskId = newTaskId("live-frozen");
+    const watch_ = await watch(c, taskId);
+    try {
+      const code = [
+        "import subprocess, sys, time",
+        `subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '${alive}'])`,
+        "print('start', flush=True)",
+        blockUntilReleased(go).trimEnd(),
+        "sys.stdout.write('x' * (1 << 24)); sys.stdout.flush()",
+        "sys.stderr.write('y' * (1 << 24)); sys.stderr.flush()",
+        "time.sleep(600)",
+      ].join("\n") + "\n";
+      await c.submit({ taskId, language: "python", code, limits: { timeoutMs: LIMIT_MS } });
+      await watch_.until((cs) => cs.some((x) => x.data.toString() === "start\n"), "the first chunk");
+      await waitProcessWith(go);
+      await waitProcessWith(alive);
+      const frozenAt = Date.now();
+      assert.ok(stack.server.signal("SIGSTOP"), "the server was frozen");
+      frozen = true;
+      // Not killed at its limit yet: the freeze came first.
+      assert.ok(processesWith(alive).length > 0, `the run was over before the server froze (limit ${LIMIT_MS} ms)`);
+      releaseMarker(go); // 32 MiB of output now, none of which can reach NATS
+      // The run is killed at its limit: its child goes with it. Old code
+      // blocked in a publish and killed it only once the server went on.
+      const t0 = Date.now();
+      while (processesWith(alive).length && Date.now() - t0 < 20000) await sleep(50);
+      const killedWhileFrozen = processesWith(alive).length === 0;
+      const frozenMs = Date.now() - t0;
+      // The publish that blocked gave up within the write deadline, and the
+      // worker dropped the connection, while the server was still frozen.
+      let gaveUp = true;
+      await w.waitLog((l) => l.event === "worker.nats_disconnected" && l.ts >= frozenAt, 5000).catch(() => (gaveUp = false));
+      assert.ok(stack.server.signal("SIGCONT"));
+      frozen = false;
+      const { result } = await c.waitResult(taskId, 60000);
+      const end = await watch_.terminal();
+      assert.equal(result.status, "TASK_STATUS_TIMED_OUT", show(result));
+      assert.ok(killedWhileFrozen, `the run was still alive ${frozenMs} ms after the server froze (limit ${LIMIT_MS} ms; result duration ${result.usage.durationMs} ms)`);
+      assert.ok(gaveUp, "the worker was still connected to the frozen server: a publish blocked with no deadline");
+      assert.ok(result.usage.durationMs >= LIMIT_MS - 100 && result.usage.durationMs < LIMIT_MS + 6000, `duration ${result.usage.durationMs} ms is about the ${LIMIT_MS} ms limit`);
+      assert.ok(result.stdout.startsWith("start\n"), show(result));
+      // Chunks may have been dropped (a gap), never reordered, and none came
+      // after the terminal event.
+      for (const stream of ["stdout", "stderr"]) {
+        const seqs = watch_.chunks.filter((x) => x.stream === stream).map((x) => Number(x.seq));
+        for (let i = 1; i < seqs.length; i++) assert.ok(seqs[i] > seqs[i - 1], `${stream} chunks out of order: ${seqs.join(",")}`);
+      }
+      assert.equal(end.chunksBefore, watch_.chunks.length, "every chunk arrived before the terminal event");
+      assert.equal(watch_.chunks[0].seq, "1");
+      assert.ok(!w.crashed());
     } finally {
       watch_.stop();
     }

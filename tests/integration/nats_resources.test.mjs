@@ -11,42 +11,50 @@ import { startStack } from "./lib/stack.mjs";
 import { newTaskId, runTask } from "./lib/client.mjs";
 import { show } from "./lib/checks.mjs";
 
+// Runs n tasks at once; each must succeed on its first attempt with one
+// terminal event that matches it. The events of the tasks are read at the
+// same time: each read waits 1 s past the terminal event for another one.
+async function tasksEndWell(c, n, label) {
+  const ids = [];
+  for (let i = 0; i < n; i++) {
+    const taskId = newTaskId(label);
+    ids.push(taskId);
+    await c.submit({ taskId, language: "python", code: `print(${i})` });
+  }
+  const results = [];
+  for (let i = 0; i < n; i++) {
+    const { result: r } = await c.waitResult(ids[i], 60000);
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.stdout, `${i}\n`);
+    assert.equal(r.attempt, 1, "not an infrastructure failure retried");
+    results.push(r);
+  }
+  const events = await Promise.all(ids.map((id) => c.events(id)));
+  for (let i = 0; i < n; i++) {
+    const terminal = events[i].filter((e) => e.event.status !== "TASK_STATUS_RUNNING");
+    assert.equal(terminal.length, 1);
+    assert.equal(terminal[0].event.status, results[i].status);
+  }
+}
+
+// A write that fails tells the worker at once that what it writes to is
+// gone: these tests delete streams and buckets that a worker writes to. Its
+// look for its streams now and then (jetstream.check_s) is put off here, so
+// that it cannot make one again before the write that must find it gone.
 describe("deleted streams and buckets come back", () => {
   let stack;
   let worker;
   before(async () => {
-    stack = await startStack({ workers: 1, worker: { worker: { concurrency: 2 } } });
+    stack = await startStack({ workers: 1, worker: { worker: { concurrency: 2 }, jetstream: { check_s: 3600 } } });
     worker = stack.workers[0];
   });
   after(async () => {
     await stack?.stop();
   });
 
-  // Runs n tasks at once; each must succeed on its first attempt with one
-  // terminal event that matches it.
-  async function tasksEndWell(n, label) {
-    const c = stack.client;
-    const ids = [];
-    for (let i = 0; i < n; i++) {
-      const taskId = newTaskId(label);
-      ids.push(taskId);
-      await c.submit({ taskId, language: "python", code: `print(${i})` });
-    }
-    for (let i = 0; i < n; i++) {
-      const { result: r } = await c.waitResult(ids[i], 60000);
-      assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
-      assert.equal(r.stdout, `${i}\n`);
-      assert.equal(r.attempt, 1, "not an infrastructure failure retried");
-      const evs = await c.events(ids[i]);
-      const terminal = evs.filter((e) => e.event.status !== "TASK_STATUS_RUNNING");
-      assert.equal(terminal.length, 1);
-      assert.equal(terminal[0].event.status, r.status);
-    }
-  }
-
   test("CI_STATUS deleted: it is created again and every task ends with its event", async () => {
     await stack.client.jsm.streams.delete("CI_STATUS");
-    await tasksEndWell(4, "nostatus");
+    await tasksEndWell(stack.client, 4, "nostatus");
     const si = await stack.client.jsm.streams.info("CI_STATUS");
     assert.deepEqual(si.config.subjects, ["ci.status.>"]);
     assert.equal(si.config.max_age, 3600 * 1e9, "with the configured settings");
@@ -55,9 +63,42 @@ describe("deleted streams and buckets come back", () => {
 
   test("the results bucket deleted: it is created again and every task has its result", async () => {
     await stack.client.jsm.streams.delete("KV_ci-results");
-    await tasksEndWell(4, "nokv");
+    await tasksEndWell(stack.client, 4, "nokv");
     const si = await stack.client.jsm.streams.info("KV_ci-results");
     assert.equal(si.config.max_msgs_per_subject, 1);
+  });
+
+  test("the files bucket deleted: artifacts are stored again; an input that was in it is reported missing", async () => {
+    const c = stack.client;
+    // An input object, then the bucket goes.
+    const inputObj = `inputs/${newTaskId("in")}/d.csv`;
+    await c.putObject(inputObj, Buffer.from("a\n1\n"));
+    await c.jsm.streams.delete("OBJ_ci-files");
+    const { result: r, taskId } = await runTask(c, { code: "open('out.csv', 'w').write('x,y\\n1,2\\n')" });
+    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
+    assert.equal(r.attempt, 1);
+    assert.equal(r.artifacts.length, 1);
+    const bytes = await c.getObject(`${taskId}/out.csv`);
+    assert.equal(Buffer.from(bytes).toString(), "x,y\n1,2\n");
+    const { result: m } = await runTask(c, { code: "print(open('d.csv').read())", files: [{ name: "d.csv", object: inputObj }] });
+    assert.equal(m.status, "TASK_STATUS_FAILED", show(m));
+    assert.match(m.error, /not in bucket 'ci-files'|not found/);
+    assert.equal(m.attempt, 1, "a missing input is the request's problem, said at once");
+  });
+});
+
+// What no write tells (idle fetches only time out on a deleted CI_TASKS;
+// chunks are core publishes): the worker looks for its streams every
+// jetstream.check_s, 1 s here rather than 15 s. A cold worker: these few
+// print tasks do not need the warm runtime, whose start (two zygotes) takes
+// longer than they do.
+describe("deleted streams a worker only looks for come back", () => {
+  let stack;
+  before(async () => {
+    stack = await startStack({ workers: 1, worker: { worker: { concurrency: 2 }, jetstream: { check_s: 1 }, local: { mode: "cold" } } });
+  });
+  after(async () => {
+    await stack?.stop();
   });
 
   test("CI_TASKS deleted with its consumer: the worker makes both again, and takes tasks again", async () => {
@@ -76,7 +117,7 @@ describe("deleted streams and buckets come back", () => {
       await new Promise((r) => setTimeout(r, 200));
     }
     await c.jsm.consumers.info("CI_TASKS", "ci-workers");
-    await tasksEndWell(3, "notasks");
+    await tasksEndWell(c, 3, "notasks");
   });
 
   test("CI_OUTPUT deleted: tasks end as always, the worker makes it again, and later tasks stream into it", async () => {
@@ -102,24 +143,6 @@ describe("deleted streams and buckets come back", () => {
     assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
     const chunks = await c.outputChunks(taskId, { stdout: 6, stderr: 0 });
     assert.equal(Buffer.concat(chunks.map((x) => x.data)).toString(), "again\n");
-  });
-
-  test("the files bucket deleted: artifacts are stored again; an input that was in it is reported missing", async () => {
-    const c = stack.client;
-    // An input object, then the bucket goes.
-    const inputObj = `inputs/${newTaskId("in")}/d.csv`;
-    await c.putObject(inputObj, Buffer.from("a\n1\n"));
-    await c.jsm.streams.delete("OBJ_ci-files");
-    const { result: r, taskId } = await runTask(c, { code: "open('out.csv', 'w').write('x,y\\n1,2\\n')" });
-    assert.equal(r.status, "TASK_STATUS_SUCCEEDED", show(r));
-    assert.equal(r.attempt, 1);
-    assert.equal(r.artifacts.length, 1);
-    const bytes = await c.getObject(`${taskId}/out.csv`);
-    assert.equal(Buffer.from(bytes).toString(), "x,y\n1,2\n");
-    const { result: m } = await runTask(c, { code: "print(open('d.csv').read())", files: [{ name: "d.csv", object: inputObj }] });
-    assert.equal(m.status, "TASK_STATUS_FAILED", show(m));
-    assert.match(m.error, /not in bucket 'ci-files'|not found/);
-    assert.equal(m.attempt, 1, "a missing input is the request's problem, said at once");
   });
 });
 

@@ -143,13 +143,13 @@ describe("runtime manifest", () => {
     assert.ok(result.hint.includes(`available: ${listed} and the Python ${maj}.${min} standard library`), result.hint);
   });
 
-  test("ci runtimes says so when no manifest is there", async () => {
+  test("ci runtimes says so when no manifest is there: exit 2, as for anything named that is not there (1 is 'a task failed')", async () => {
     await kv.purge(RUNTIME);
     // The worker writes it again within a second: stop it first.
     await stack.workers[0].stop("SIGTERM", 90000);
     await kv.purge(RUNTIME);
     const h = await ci(["runtimes"], stack.server.url);
-    assert.equal(h.code, 1, h.stdout);
+    assert.equal(h.code, 2, h.stdout);
     assert.match(h.stderr, /no runtime manifest in ci-runtimes/);
     const j = await ci(["runtimes", "--json"], stack.server.url);
     assert.equal(j.code, 0);

@@ -237,7 +237,8 @@ describe("sessions", () => {
     const two = await run(CLI_BIN, ["run", "--session", s, "--no-save", join(dir, "step2.py")], { env });
     assert.equal(two.stdout, "False\n");
     assert.match(two.stderr, /new session \(the earlier state is gone/);
-    await assert.rejects(run(CLI_BIN, ["session", "show", "no-such-session-x"], { env }), (e) => e.code === 1 && /no session/.test(e.stderr));
+    await assert.rejects(run(CLI_BIN, ["session", "show", "no-such-session-x"], { env }), (e) => e.code === 2 && /no session/.test(e.stderr));
+    await assert.rejects(run(CLI_BIN, ["session", "close", "no-such-session-x"], { env }), (e) => e.code === 2 && /no session/.test(e.stderr));
     await assert.rejects(run(CLI_BIN, ["session", "close", "a.b"], { env }), (e) => e.code === 2);
   });
 

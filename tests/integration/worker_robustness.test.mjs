@@ -271,9 +271,11 @@ describe("worker robustness: several workers on one machine", () => {
       holder.listen(9464, "127.0.0.1", () => resolve());
     });
     const workers = [];
+    // Cold: they run no task, and a warm start is two zygotes each.
+    const local = { mode: "cold" };
     try {
       for (let i = 0; i < 2; i++)
-        workers.push(await startWorker({ natsUrl: srv.url, worker: { metrics_addr: undefined } }));
+        workers.push(await startWorker({ natsUrl: srv.url, worker: { metrics_addr: undefined }, local }));
       const addrs = workers.map((w) => w.monitorUrl);
       assert.ok(addrs.every((a) => a && !a.endsWith(":9464")), `each worker took a free port: ${addrs}`);
       assert.notEqual(addrs[0], addrs[1]);
@@ -287,7 +289,7 @@ describe("worker robustness: several workers on one machine", () => {
       // An address set in the config is kept: taken, the worker exits 1.
       const port = Number(new URL(addrs[0]).port);
       await assert.rejects(
-        startWorker({ natsUrl: srv.url, worker: { metrics_addr: `127.0.0.1:${port}` } }),
+        startWorker({ natsUrl: srv.url, worker: { metrics_addr: `127.0.0.1:${port}` }, local }),
         (e) => /exited before it was ready \(exit code 1/.test(e.message) && /cannot listen on metrics address 127\.0\.0\.1:\d+: Address already in use/.test(e.message),
       );
     } finally {

@@ -274,6 +274,13 @@ static void t_counts(void)
     struct ci_batch_raw only_cancel = {0};
     only_cancel.events.cancel = 1;
     CHECK(ci_batch_raw_known(&only_cancel));
+    /* ... but a cancel alone is no batch to cancel (ci batch cancel). */
+    CHECK(!ci_batch_raw_submitted(&only_cancel));
+    CHECK(!ci_batch_raw_submitted(&(struct ci_batch_raw){0}));
+    CHECK(ci_batch_raw_submitted(&(struct ci_batch_raw){.left = 1}));
+    CHECK(ci_batch_raw_submitted(&(struct ci_batch_raw){.sealed = true}));
+    CHECK(ci_batch_raw_submitted(&(struct ci_batch_raw){.events.taken = 1}));
+    CHECK(ci_batch_raw_submitted(&(struct ci_batch_raw){.events.failed = 1, .events.cancel = 2}));
     ci_batch_state_compute(&only_cancel, &c);
     CHECK(c.cancel_requested && !c.complete && c.total == 0);
 }
@@ -382,7 +389,7 @@ static void t_jsonl(void)
         ci_message_free(&r->base);
         r = NULL;
     }
-    /* The request keeps its taskId whatever the line. */
+    /* The request keeps its taskId whatever its number. */
     CHECK(line(cfg, 99, "{\"task_id\":\"snake\",\"language\":\"python\",\"code\":\"x\"}", &r,
                &e) == CI_OK);
     if (r) {
@@ -507,6 +514,81 @@ static void t_glob(void)
     CHECK(rmdir(dir) == 0);
 }
 
+/* Every input of --file-each is checked before anything goes out: its
+ * name, its size, that it opens; and which make the largest messages. */
+static void t_files_check(void)
+{
+    char dir[] = "/tmp/ci-test-batch-XXXXXX";
+    REQUIRE(mkdtemp(dir));
+    touch(dir, "a.csv", "12345");
+    touch(dir, "b.csv", "123");
+    touch(dir, "big-with-long-name.csv", "123456789012");
+    touch(dir, "big.csv", "1234567890123");
+    touch(dir, "c;d.csv", "x");
+    touch(dir, ".hidden.csv", "x");
+    char p[6][512];
+    const char *names[] = {"a.csv", "b.csv", "big-with-long-name.csv", "big.csv", "c;d.csv",
+                           ".hidden.csv"};
+    char *paths[6];
+    for (int i = 0; i < 6; i++) {
+        snprintf(p[i], sizeof(p[i]), "%s/%s", dir, names[i]);
+        paths[i] = p[i];
+    }
+    struct ci_batch_files_extremes x;
+    struct ci_error e = {{0}};
+    /* Inline up to 10 bytes, at most 20 bytes an input. */
+    REQUIRE(ci_batch_files_check(paths, 4, 20, 10, false, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 0);   /* a.csv, 5 bytes */
+    CHECK(x.longest_uploaded == 2); /* the longer name of the two above 10 */
+    REQUIRE(ci_batch_files_check(paths, 2, 20, 10, false, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 0 && x.longest_uploaded == SIZE_MAX);
+    CHECK(ci_batch_files_check(paths, 4, 12, 10, false, &x, &e) == CI_ERR_INVALID);
+    CHECK_CONTAINS(e.msg, "big.csv' is 13 bytes; an input may be at most 12 bytes");
+    CHECK_CONTAINS(e.msg, "nothing was submitted");
+    CHECK(ci_batch_files_check(paths, 5, 20, 10, false, &x, &e) == CI_ERR_INVALID);
+    CHECK_CONTAINS(e.msg, "c;d.csv' cannot be an input: its name 'c;d.csv' is not allowed");
+    CHECK(ci_batch_files_check(paths + 5, 1, 20, 10, false, &x, &e) == CI_ERR_INVALID);
+    CHECK_CONTAINS(e.msg, "must not start with '.'");
+    /* The message with a file inline grows with its name too: a.csv (5
+     * bytes) against a 4-byte file with a name 6 characters longer. */
+    char q[2][512];
+    char *pair[] = {q[0], q[1]};
+    snprintf(q[0], sizeof(q[0]), "%s/a.csv", dir);
+    snprintf(q[1], sizeof(q[1]), "%s/longer-x.csv", dir);
+    touch(dir, "longer-x.csv", "1234");
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, false, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 1);
+    /* In JSON the content is base64: 5 bytes make 8 characters, 4 make 8
+     * too, and the name decides; 3 bytes make 4. */
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, true, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 1);
+    touch(dir, "longer-x.csv", "123");
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, false, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 1); /* 3 + 12 against 5 + 5 */
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, true, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 1); /* 4 + 12 against 8 + 5 */
+    unlink(q[1]);
+    /* Where the encodings disagree: 9 bytes under an 8-character name
+     * against 10 under a 5-character one (protobuf 9 + 8 against 10 + 5;
+     * base64 12 + 8 against 16 + 5). */
+    snprintf(q[0], sizeof(q[0]), "%s/abcd.csv", dir);
+    snprintf(q[1], sizeof(q[1]), "%s/e.csv", dir);
+    touch(dir, "abcd.csv", "123456789");
+    touch(dir, "e.csv", "1234567890");
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, false, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 0);
+    REQUIRE(ci_batch_files_check(pair, 2, 20, 10, true, &x, &e) == CI_OK);
+    CHECK(x.largest_inline == 1);
+    unlink(q[0]);
+    unlink(q[1]);
+    for (int i = 0; i < 6; i++)
+        unlink(p[i]);
+    char *gone[] = {p[0]};
+    CHECK(ci_batch_files_check(gone, 1, 20, 10, false, &x, &e) == CI_ERR_INVALID);
+    CHECK_CONTAINS(e.msg, "a.csv' cannot be read");
+    CHECK(rmdir(dir) == 0);
+}
+
 /* --- the progress bar --- */
 
 static void t_progress(void)
@@ -549,12 +631,36 @@ static void t_progress(void)
     CHECK_STR(small, "[###x");
     CHECK(ci_progress_bar(small, 0, 10, mix, "#x>", 3, 10) == 0);
 
-    CHECK(ci_progress_width(80, 40) == 37);
+    /* The last column stays free. */
+    CHECK(ci_progress_width(80, 40) == 36);
     CHECK(ci_progress_width(200, 40) == 40);
     CHECK(ci_progress_width(50, 40) == 0); /* no room for 10 cells */
-    CHECK(ci_progress_width(53, 40) == 10);
+    CHECK(ci_progress_width(53, 40) == 0);
+    CHECK(ci_progress_width(54, 40) == 10);
+
+    /* A whole line never wider than the terminal less one column: the
+     * bar when it fits, else the text alone, cut. */
+    const char *text = "3/10 ended (2 ok, 1 not), 1 running, 6 queued"; /* 45 */
+    char line[256];
+    CHECK(ci_progress_line(line, sizeof(line), 100, mix, "#x>", 3, 10, text) == 40 + 3 + 45);
+    CHECK_STR(line, "[############xxxx>>>>>>>>................] 3/10 ended (2 ok, 1 not), 1 "
+                    "running, 6 queued");
+    CHECK(ci_progress_line(line, sizeof(line), 60, mix, "#x>", 3, 10, text) == 59);
+    CHECK_STR(line, "[###x>>.....] 3/10 ended (2 ok, 1 not), 1 running, 6 queued");
+    for (int cols = 1; cols <= 120; cols++) {
+        size_t len = ci_progress_line(line, sizeof(line), cols, mix, "#x>", 3, 10, text);
+        CHECK(len == strlen(line));
+        CHECK(len <= (size_t)(cols - 1));
+        if (cols >= 47) /* the text whole, a bar only from 59 columns */
+            CHECK(strstr(line, text) != NULL);
+        CHECK((line[0] == '[') == (cols >= 59));
+    }
+    CHECK(ci_progress_line(line, sizeof(line), 30, mix, "#x>", 3, 10, text) == 29);
+    CHECK_STR(line, "3/10 ended (2 ok, 1 not), 1 r");
+    CHECK(ci_progress_line(line, sizeof(line), 0, mix, "#x>", 3, 10, text) == 79); /* 80 */
+    CHECK(ci_progress_line(small, sizeof(small), 80, mix, "#x>", 3, 10, text) == 5);
 }
 
 TEST_MAIN(T(t_cmdline_verbs), T(t_cmdline_submit), T(t_ids), T(t_event_status), T(t_counts),
-          T(t_status_json), T(t_failures), T(t_jsonl), T(t_ids_unique), T(t_glob),
+          T(t_status_json), T(t_failures), T(t_jsonl), T(t_ids_unique), T(t_glob), T(t_files_check),
           T(t_progress))

@@ -4,7 +4,7 @@
  * and their update from other settings; the per-subject counts of a stream
  * info with subjects_filter (nats.c 3.4.1's jsOptions.Stream.Info.
  * SubjectsFilter, which the server must answer), deduplicated by
- * Nats-Msg-Id; the last seal and cancel by direct get; the cancel
+ * Nats-Msg-Id; the last seal and cancel, read from the stream's leader; the cancel
  * subscription; pulls that do not wait, and their acks by hand. Each case
  * exits 77 (skipped) without a nats-server. */
 #include <stdatomic.h>
@@ -191,9 +191,9 @@ static void t_counts_by_subject(void)
     server_stop(&srv);
 }
 
-/* The seal and a cancel are read with a direct get of the subject's last
- * message, and (workers, before they count) from the stream's leader; both
- * give the last of several. */
+/* The seal and a cancel are read as the subject's last message (from the
+ * stream's leader: t_last_read_from_leader), the last of several, as a
+ * NUL-terminated copy. */
 static void t_last_seal_and_cancel(void)
 {
     START(srv);
@@ -219,21 +219,74 @@ static void t_last_seal_and_cancel(void)
     free(data);
     data = NULL;
 
-    CHECK(ci_broker_batch_last_leader(b, "b3", "sealed", &data, &len, &e) == CI_ERR_NOT_FOUND);
-    CHECK(ci_broker_batch_last_leader(b, "b1", "cancel", &data, &len, &e) == CI_ERR_NOT_FOUND);
-    REQUIRE(ci_broker_batch_last_leader(b, "b1", "sealed", &data, &len, &e) == CI_OK);
+    CHECK(ci_broker_batch_last(b, "b3", "sealed", &data, &len, &e) == CI_ERR_NOT_FOUND);
+    REQUIRE(ci_broker_batch_last(b, "b1", "sealed", &data, &len, &e) == CI_OK);
     CHECK(len == strlen("{\"total\":\"200\"}") && memcmp(data, "{\"total\":\"200\"}", len) == 0);
     CHECK(data[len] == '\0');
     free(data);
     data = NULL;
     CHECK(event(b, "b3", "sealed", NULL, "{\"total\":\"1\"}", NULL) == CI_OK);
     CHECK(event(b, "b3", "sealed", NULL, "{\"total\":\"2\"}", NULL) == CI_OK);
-    REQUIRE(ci_broker_batch_last_leader(b, "b3", "sealed", &data, &len, &e) == CI_OK);
+    REQUIRE(ci_broker_batch_last(b, "b3", "sealed", &data, &len, &e) == CI_OK);
     CHECK(ci_batch_seal_total(data, len, &total, &e) == CI_OK && total == 2);
     free(data);
     data = NULL;
-    CHECK(ci_broker_batch_last_leader(b, "b..d", "sealed", &data, &len, &e) == CI_ERR_INVALID);
+    CHECK(ci_broker_batch_last(b, "b..d", "sealed", &data, &len, &e) == CI_ERR_INVALID);
     ci_broker_free(b);
+    ci_config_free(cfg);
+    server_stop(&srv);
+}
+
+/* Counts the requests a raw connection sees on a subject. */
+static void on_request(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    atomic_fetch_add((atomic_int *)closure, 1);
+    natsMsg_Destroy(msg);
+}
+
+/* A worker reads a batch's cancel (and the seal) from the stream's leader,
+ * as a task's own cancel, never with a direct get: any replica answers a
+ * direct get, and one that lags says "none" for a cancel just stored, so a
+ * task taken right after the cancel would run. The requests are watched on
+ * their API subjects: direct gets on $JS.API.DIRECT.GET.<stream>, leader
+ * reads on $JS.API.STREAM.MSG.GET.<stream>. */
+static void t_last_read_from_leader(void)
+{
+    START(srv);
+    struct ci_config *cfg = config_for(&srv);
+    REQUIRE(cfg);
+    struct raw r = {0};
+    REQUIRE(raw_open(&r, srv.url));
+    struct ci_broker *b = worker_broker(cfg);
+    REQUIRE(b);
+    atomic_int direct = 0, leader = 0;
+    natsSubscription *ds = NULL, *ls = NULL;
+    REQUIRE(natsConnection_Subscribe(&ds, r.nc, "$JS.API.DIRECT.GET.CI_BATCHES.>", on_request,
+                                     &direct) == NATS_OK);
+    REQUIRE(natsConnection_Subscribe(&ls, r.nc, "$JS.API.STREAM.MSG.GET.CI_BATCHES", on_request,
+                                     &leader) == NATS_OK);
+    natsSubscription *ds2 = NULL;
+    REQUIRE(natsConnection_Subscribe(&ds2, r.nc, "$JS.API.DIRECT.GET.CI_BATCHES", on_request,
+                                     &direct) == NATS_OK);
+    REQUIRE(natsConnection_Flush(r.nc) == NATS_OK);
+    CHECK(event(b, "b2", "cancel", NULL, "", NULL) == CI_OK);
+    uint8_t *data = NULL;
+    size_t len = 0;
+    struct ci_error e = {{0}};
+    CHECK(ci_broker_batch_last(b, "b1", "cancel", &data, &len, &e) == CI_ERR_NOT_FOUND);
+    REQUIRE(ci_broker_batch_last(b, "b2", "cancel", &data, &len, &e) == CI_OK);
+    free(data);
+    /* The raw connection has seen both requests once it has seen the
+     * second (one connection to the server delivers in order). */
+    for (int i = 0; i < 200 && atomic_load(&leader) + atomic_load(&direct) < 2; i++)
+        sleep_ms(10);
+    CHECK(atomic_load(&leader) == 2);
+    CHECK(atomic_load(&direct) == 0);
+    natsSubscription_Destroy(ds);
+    natsSubscription_Destroy(ds2);
+    natsSubscription_Destroy(ls);
+    ci_broker_free(b);
+    raw_close(&r);
     ci_config_free(cfg);
     server_stop(&srv);
 }
@@ -443,6 +496,85 @@ static void t_deleted_events_stream(void)
     server_stop(&srv);
 }
 
+/* What ci_broker_results_get_many gave for each id. */
+struct many {
+    int calls, stop_at; /* stop_at: the call that returns false (0: none) */
+    ci_status s[300];
+    char data[300][16];
+    int seen[300];
+};
+
+static bool on_many(void *closure, size_t i, ci_status s, const uint8_t *data, size_t len)
+{
+    struct many *m = closure;
+    m->calls++;
+    if (i < 300) {
+        m->s[i] = s;
+        m->seen[i]++;
+        snprintf(m->data[i], sizeof(m->data[i]), "%.*s", (int)len, data ? (const char *)data : "");
+    }
+    return m->calls != m->stop_at;
+}
+
+/* `ci batch submit`'s lookups (contract §20): many records read with a
+ * window of requests in flight, each answer given to its id: a record, none,
+ * a deleted or purged one (none); asking stops when fn says so, with the
+ * requests in flight still answered. */
+static void t_results_get_many(void)
+{
+    START(srv);
+    struct ci_config *cfg = config_for(&srv);
+    REQUIRE(cfg);
+    struct raw r = {0};
+    REQUIRE(raw_open(&r, srv.url));
+    struct ci_broker *b = worker_broker(cfg);
+    REQUIRE(b);
+    kvStore *kv = NULL;
+    REQUIRE(js_KeyValue(&kv, r.js, cfg->jetstream.results_bucket) == NATS_OK);
+    static char ids[300][65];
+    for (int i = 0; i < 300; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "t-%d", i);
+        char v[16];
+        snprintf(v, sizeof(v), "rec-%d", i);
+        if (i % 3 == 0)
+            REQUIRE(kvStore_PutString(NULL, kv, ids[i], v) == NATS_OK);
+    }
+    REQUIRE(kvStore_PutString(NULL, kv, "t-1", "gone") == NATS_OK);
+    REQUIRE(kvStore_Delete(kv, "t-1") == NATS_OK);
+    REQUIRE(kvStore_PutString(NULL, kv, "t-2", "gone") == NATS_OK);
+    REQUIRE(kvStore_Purge(kv, "t-2", NULL) == NATS_OK);
+    static struct many m;
+    memset(&m, 0, sizeof(m));
+    struct ci_error e = {{0}};
+    CHECK(ci_broker_results_get_many(b, (const char(*)[65])ids, 300, 8, on_many, &m, &e) ==
+          CI_OK);
+    CHECK(m.calls == 300);
+    for (int i = 0; i < 300; i++) {
+        CHECK(m.seen[i] == 1);
+        if (i % 3 == 0) {
+            char v[16];
+            snprintf(v, sizeof(v), "rec-%d", i);
+            CHECK(m.s[i] == CI_OK);
+            CHECK_STR(m.data[i], v);
+        } else {
+            CHECK(m.s[i] == CI_ERR_NOT_FOUND);
+        }
+    }
+    /* Stopped at the first answer: the other 7 requests in flight are
+     * answered, and nothing more is asked. */
+    memset(&m, 0, sizeof(m));
+    m.stop_at = 1;
+    CHECK(ci_broker_results_get_many(b, (const char(*)[65])ids, 300, 8, on_many, &m, &e) ==
+          CI_OK);
+    CHECK(m.calls == 8);
+    CHECK(ci_broker_results_get_many(b, (const char(*)[65])ids, 0, 8, on_many, &m, &e) == CI_OK);
+    kvStore_Destroy(kv);
+    ci_broker_free(b);
+    raw_close(&r);
+    ci_config_free(cfg);
+    server_stop(&srv);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -451,6 +583,7 @@ int main(int argc, char **argv)
         T_OWN(t_counts_by_subject),         T_OWN(t_last_seal_and_cancel),
         T_OWN(t_cancel_subscription),       T_OWN(t_pull_without_waiting),
         T_OWN(t_nowait_takes_queued_first), T_OWN(t_deleted_events_stream),
+        T_OWN(t_last_read_from_leader),     T_OWN(t_results_get_many),
     };
     int rc = t_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
     ci_broker_library_close();

@@ -95,6 +95,7 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK(c->nats.connect_timeout_ms == 5000);
     CHECK(c->nats.max_reconnects == -1);
     CHECK(c->nats.reconnect_wait_ms == 1000);
+    CHECK(c->nats.write_deadline_ms == 10000);
     CHECK_STR(c->jetstream.tasks_stream, "CI_TASKS");
     CHECK_STR(c->jetstream.submit_subject, "ci.submit");
     CHECK_STR(c->jetstream.consumer, "ci-workers");
@@ -106,6 +107,7 @@ static void check_all_defaults(const struct ci_config *c)
     CHECK_STR(c->jetstream.output_prefix, "ci.out");
     CHECK(c->jetstream.live_output == true);
     CHECK(c->jetstream.output_max_mb == 1024);
+    CHECK(c->jetstream.check_s == 15);
     CHECK_STR(c->jetstream.results_bucket, "ci-results");
     CHECK_STR(c->jetstream.files_bucket, "ci-files");
     CHECK_STR(c->jetstream.batch_stream, "CI_BATCH");
@@ -565,6 +567,8 @@ static void test_cross_field_rules(void)
          "jetstream.status_prefix ('ci.status'): the streams' subjects must not overlap"},
         {"jetstream:\n  output_max_mb: 0\n",
          "worker.yaml:2: key 'jetstream.output_max_mb': 0 is below the minimum 1"},
+        {"jetstream:\n  check_s: 0\n",
+         "worker.yaml:2: key 'jetstream.check_s': 0 is below the minimum 1"},
         {"jetstream:\n  status_prefix: ci\n",
          "worker.yaml:2: key 'jetstream.status_prefix': 'ci' overlaps jetstream.submit_subject "
          "('ci.submit'): the streams' subjects must not overlap"},
@@ -653,15 +657,15 @@ static void test_task_uids(void)
         {"local:\n  task_uid_first: 4294967000\n",
          "worker.yaml:2: key 'local.task_uid_count': 5000 uids from 4294967000 go past the last "
          "uid (4294967294)"},
-        {"worker:\n  concurrency: 4\nlocal:\n  task_uid_count: 17\n",
-         "worker.yaml:4: key 'local.task_uid_count': 17 is too small: 4 task slots and the warm "
-         "pool need 18 uids (0 runs every task as local.sandbox_uid)"},
+        {"worker:\n  concurrency: 4\nlocal:\n  task_uid_count: 25\n",
+         "worker.yaml:4: key 'local.task_uid_count': 25 is too small: 4 task slots and the warm "
+         "pool need 26 uids (0 runs every task as local.sandbox_uid)"},
         {"worker:\n  concurrency: 4\nlocal:\n  mode: cold\n  task_uid_count: 3\n",
          "worker.yaml:5: key 'local.task_uid_count': 3 is too small: 4 task slots need 4 uids "
          "(0 runs every task as local.sandbox_uid)"},
     };
     check_errors(cases, sizeof(cases) / sizeof(cases[0]));
-    load_ok("worker:\n  concurrency: 4\nlocal:\n  task_uid_count: 18\n");
+    load_ok("worker:\n  concurrency: 4\nlocal:\n  task_uid_count: 26\n");
     load_ok("worker:\n  concurrency: 4\nlocal:\n  mode: cold\n  task_uid_count: 4\n");
     load_ok("local:\n  task_uid_first: 65000\n  task_uid_count: 0\n");
 }

@@ -153,9 +153,10 @@ export function fakeBatchWorker(client, { id = "fake-worker" } = {}) {
       return publish(`${BATCHES_PREFIX}.${t.batchId}.taken`, t.taskId, `${t.taskId}.taken`);
     },
     // The terminal record (in the request's encoding, as a worker writes
-    // it), the end event, the ack, and complete when the batch is done.
-    // Returns the record as canonical JSON (an object).
-    async end(t, { status = "TASK_STATUS_SUCCEEDED", error = "", stdout = "", exitCode, complete = true } = {}) {
+    // it), the end event, the ack (ack: false leaves it to the caller, as a
+    // worker between its end event and its ack), and complete when the
+    // batch is done. Returns the record as canonical JSON (an object).
+    async end(t, { status = "TASK_STATUS_SUCCEEDED", error = "", stdout = "", exitCode, complete = true, ack = true } = {}) {
       const rec = { taskId: t.taskId, status, worker: id, attempt: 1, startedAtMs: "1700000000000", finishedAtMs: "1700000001000", runtime: "python-data-analysis-v1", batchId: t.batchId };
       if (stdout) rec.stdout = stdout;
       if (error) rec.error = error;
@@ -167,7 +168,7 @@ export function fakeBatchWorker(client, { id = "fake-worker" } = {}) {
       const body = { taskId: t.taskId, status };
       if (error) body.error = error.slice(0, 256);
       await publish(`${BATCHES_PREFIX}.${t.batchId}.${SHORT[status]}`, JSON.stringify(body), `${t.taskId}.end`, "application/json");
-      await t.msg.ackAck();
+      if (ack) await t.msg.ackAck();
       if (complete) await this.completeIfDone(t.batchId);
       return rec;
     },

@@ -213,6 +213,22 @@ function headersToObject(h) {
 
 export async function connectClient(url) {
   const nc = await connect({ servers: url, name: "ci-itest", maxReconnectAttempts: 10 });
+  // The connection's last status changes, so that a test that finds it closed
+  // says why instead of timing out on "closed connection".
+  const history = [];
+  let closedWhy = null;
+  (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === "ping") continue;
+      history.push(`${new Date().toISOString()} ${s.type}${s.error ? ` ${s.error}` : ""}${s.server ? ` ${s.server}` : ""}`);
+      if (history.length > 20) history.shift();
+    }
+  })().catch(() => {});
+  nc.closed().then((e) => { closedWhy = e ? String(e) : "closed by the test"; });
+  const checkConnection = () => {
+    if (nc.isClosed())
+      throw new Error(`the test's NATS connection is closed (${closedWhy ?? "reason not known yet"}); its last status changes:\n${history.join("\n") || "(none)"}`);
+  };
   const js = jetstream(nc, { timeout: 10000 });
   const jsm = await jetstreamManager(nc, { timeout: 10000 });
   let kv = null;
@@ -225,7 +241,8 @@ export async function connectClient(url) {
   const client = {
     // Called on every poll of the wait loops below; a test stack sets it to
     // throw as soon as a worker crashed, rather than wait for a timeout.
-    check: () => {},
+    check: checkConnection,
+    checkConnection,
     nc,
     js,
     jsm,

@@ -133,11 +133,21 @@ export async function startNatsServer(opts = {}) {
     monitorUrl: monitor && ports.monitoring ? ports.monitoring[0] : undefined,
     dir,
     logs: () => log,
+    // { code, signal } once it exited unasked, else null.
+    died: () => (stopped ? null : exited),
+    // Sends signal to the server (SIGSTOP freezes it with its connections
+    // open, SIGCONT lets it go on) and returns at once; false when it has
+    // exited.
+    signal(signal) {
+      if (exited) return false;
+      return child.kill(signal);
+    },
     async stop() {
       if (stopped) return;
       stopped = true;
       if (!exited) {
         child.kill("SIGTERM");
+        child.kill("SIGCONT"); // a frozen server must run to exit
         const t = setTimeout(() => child.kill("SIGKILL"), 5000);
         await exitPromise;
         clearTimeout(t);

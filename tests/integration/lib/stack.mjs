@@ -27,7 +27,9 @@ export async function startStack({ workers = 1, worker = {}, serverConfig = SERV
     },
     async stop() {
       if (stack.client) await stack.client.close().catch(() => {});
-      for (const w of stack.workers) {
+      // The workers stop at the same time: each drain takes a second or so
+      // (a slot's fetch runs out first), whatever the others do.
+      await Promise.all(stack.workers.map(async (w) => {
         // A worker still running must drain on SIGTERM and exit 0, and no
         // worker may have printed a sanitizer report (ASan, LSan at exit,
         // UBSan): that is how "no input leaks or corrupts memory" is checked.
@@ -48,7 +50,7 @@ export async function startStack({ workers = 1, worker = {}, serverConfig = SERV
           process.stderr.write(`--- log of ${w.id} ---\n${log}\n`);
         }
         await w.cleanup().catch(() => {});
-      }
+      }));
       await server.stop().catch(() => {});
     },
   };
@@ -61,6 +63,9 @@ export async function startStack({ workers = 1, worker = {}, serverConfig = SERV
         const x = dead.exited();
         throw new Error(`worker ${dead.id} died (exit code ${x.code}, signal ${x.signal}); log:\n${dead.logText().slice(-8000)}`);
       }
+      const gone = server.died?.();
+      if (gone) throw new Error(`nats-server died (exit code ${gone.code}, signal ${gone.signal}); log:\n${server.logs().slice(-8000)}`);
+      stack.client.checkConnection();
     };
   } catch (e) {
     await stack.stop();
