@@ -3,7 +3,8 @@
 //
 //   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
 //                [--soak 0] [--gap 0] [--concurrency 0] [--spares 0] [--bursts 10]
-//                [--sessions 10] [--mcp 30] [--live 30] [--batch 0] [--out FILE]
+//                [--sessions 10] [--mcp 30] [--live 30] [--batch 0] [--batch-rounds 2]
+//                [--batch-progress] [--out FILE]
 //                [--fanout-scenario pandas] [--baseline 1] [--perf FILE]
 //                [--compare BUILD_DIR [--rounds 2]]
 //
@@ -37,10 +38,12 @@
 // the same with a client subscribed to the task's chunks, and on a worker with
 // jetstream.live_output false; the three run in turn, each on its own server,
 // so that the machine's drift falls on all alike. --batch N (warm mode) runs
-// N print(1) tasks as one batch on the batch lane (§20, §21) three times on
-// one worker: without a progress view, with `ci batch status B --json` run
-// every second (as a person watching would), and without again; each from
-// the first publish to the batch's complete event.
+// N print(1) tasks as one batch on the batch lane (§20, §21), first publish
+// to the batch's complete event, against N print(1) tasks on the interactive
+// lane, first publish to the last terminal event, on one worker:
+// --batch-rounds R (2) rounds of both, in alternating order.
+// --batch-progress adds a batch with `ci batch status B --json` run every
+// second meanwhile (as a person watching would).
 //
 // Where the time goes: for each scenario and the fan-out, the bench joins
 // the worker's task.stages lines (it runs the worker at log level debug)
@@ -90,6 +93,8 @@ const { values: args } = parseArgs({
     mcp: { type: "string", default: "30" },
     live: { type: "string", default: "30" },
     batch: { type: "string", default: "0" },
+    "batch-rounds": { type: "string", default: "2" },
+    "batch-progress": { type: "boolean", default: false },
     "fanout-scenario": { type: "string", default: "pandas" },
     baseline: { type: "string", default: "1" },
     perf: { type: "string", default: "" },
@@ -111,6 +116,8 @@ const SESSIONS = Number(args.sessions);
 const MCP_CALLS = Number(args.mcp);
 const LIVE = Number(args.live);
 const BATCH = Number(args.batch);
+const BATCH_ROUNDS = Math.max(1, Number(args["batch-rounds"]));
+const BATCH_PROGRESS = args["batch-progress"];
 const FLOOR_FANOUT = 60; // pandas runs per forking process in the floor's throughput
 // The fan-out's task (--fanout-scenario print|pandas|matplotlib).
 const FANOUT_SCENARIO = args["fanout-scenario"];
@@ -157,6 +164,7 @@ function stats(ms) {
   return { n: s.length, p50: pct(s, 50), p95: pct(s, 95), p99: pct(s, 99), min: s[0], max: s[s.length - 1] };
 }
 const round = (x) => Math.round(x * 10) / 10;
+const round2 = (x) => Math.round(x * 100) / 100;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function baseline(name) {
@@ -807,15 +815,52 @@ async function liveOutput() {
 }
 
 // A batch of BATCH print(1) tasks, from the first publish to its complete
-// event; with poll, `ci batch status B --json` runs every second meanwhile
-// (and must say the batch's true counts at the end).
+// event, against as many print(1) tasks on the interactive lane (ci.submit),
+// from the first publish to the last one's terminal event, on the same
+// worker: BATCH_ROUNDS rounds of both, their order alternating, so that the
+// machine's drift falls on both lanes alike. With --batch-progress, one more
+// batch with `ci batch status B --json` run every second meanwhile (which
+// must say the batch's true counts at the end).
 async function batchThroughput() {
   const local = { isolation: "required", mode: "warm", warm_spares: SPARES };
-  const worker = { local, ...(CONCURRENCY > 0 ? { concurrency: CONCURRENCY } : {}) };
-  const st = await startStack({ workers: 1, worker });
+  // concurrency 0: the worker's default, one slot per CPU, as in service()
+  // (left out, the test harness's default of one slot would apply).
+  const st = await startStack({ workers: 1, worker: { concurrency: CONCURRENCY, local } });
   const c = st.client;
   const execP = promisify(execFile);
   const env = { ...process.env, CI_NATS_URL: st.server.url };
+  const watch = terminalWatch(c);
+  // CPU seconds of the nats-server and of the worker process itself (not
+  // the sandboxes: the same code runs on both lanes), from /proc.
+  const cpuS = (pid) => {
+    const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ");
+    return (Number(f[11]) + Number(f[12])) / 100; // utime + stime, clock ticks
+  };
+  const cpu = () => ({ server: cpuS(st.server.pid), worker: cpuS(st.workers[0].pid) });
+  // What the worker sends NATS, counted by kind from copies (a core
+  // subscription gets every message on these subjects): pull requests,
+  // other JetStream API requests (infos, gets, direct gets), KV writes,
+  // status and batch events, acks. Noise-free, unlike the clock.
+  const sent = { pulls: 0, api: 0, kv: 0, events: 0, acks: 0 };
+  const kinds = [["$JS.API.CONSUMER.MSG.NEXT.>", "pulls"], ["$JS.API.>", "api"], ["$KV.>", "kv"], ["ci.status.>", "events"], ["ci.batches.>", "events"], ["$JS.ACK.>", "acks"]];
+  const counters = kinds.map(([subj, kind]) => c.nc.subscribe(subj, { callback: (err, m) => {
+    if (err) return;
+    if (kind === "api" && m.subject.startsWith("$JS.API.CONSUMER.MSG.NEXT.")) return; // counted as a pull
+    sent[kind]++;
+  } }));
+  const measured = async (n, fn) => {
+    await c.nc.flush();
+    const c0 = cpu();
+    const s0 = { ...sent };
+    const x = await fn();
+    const c1 = cpu();
+    const per = Object.fromEntries(Object.keys(sent).map((k) => [k, round2((sent[k] - s0[k]) / n)]));
+    return { ...x, server_cpu_ms_per_task: round2(((c1.server - c0.server) * 1000) / n), worker_cpu_ms_per_task: round2(((c1.worker - c0.worker) * 1000) / n), sent_per_task: per };
+  };
+  const publishAll = async (n, publish) => {
+    for (let i = 0; i < n; i += 200)
+      await Promise.all(Array.from({ length: Math.min(200, n - i) }, (_, k) => publish(i + k + 1)));
+  };
   const one = async (poll, n = BATCH) => {
     const b = newTaskId(poll ? "bbp" : "bbn");
     const complete = c.nc.subscribe(`ci.batches.${b}.complete`, { max: 1 });
@@ -832,29 +877,57 @@ async function batchThroughput() {
         if (wait > 0) await new Promise((res) => setTimeout(res, wait));
       }
     })() : null;
-    for (let i = 0; i < n; i += 200) {
-      const ids = [];
-      for (let k = i + 1; k <= Math.min(i + 200, n); k++) ids.push(`${b}-${k}`);
-      await Promise.all(ids.map((taskId) => c.submit({ language: "python", code: "print(1)", taskId, batchId: b }, { json: true, subject: `ci.batch.${b}` })));
-    }
+    await publishAll(n, (k) => c.submit({ language: "python", code: "print(1)", taskId: `${b}-${k}`, batchId: b }, { json: true, subject: `ci.batch.${b}` }));
     await c.js.publish(`ci.batches.${b}.sealed`, JSON.stringify({ total: String(n) }), { msgID: `${b}.sealed`, timeout: 10000 });
     for await (const m of complete) break;
     const seconds = (performance.now() - t0) / 1000;
     stop = true;
     await poller;
-    if (poll) {
-      const r = await execP(CLI_BIN, ["batch", "status", b, "--json"], { env });
-      last = JSON.parse(r.stdout);
-      if (last.succeeded !== n || last.total !== n) throw new Error(`batch ${b}: ${r.stdout}`);
-    }
+    const r = await execP(CLI_BIN, ["batch", "status", b, "--json"], { env });
+    last = JSON.parse(r.stdout);
+    if (last.succeeded !== n || last.total !== n || last.running !== 0) throw new Error(`batch ${b}: ${r.stdout}`);
     return { seconds: round(seconds), tasks_per_s: round(n / seconds), polls };
+  };
+  const interactive = async (n = BATCH) => {
+    const tag = newTaskId("bbi");
+    const done = [];
+    const t0 = performance.now();
+    await publishAll(n, (k) => {
+      const taskId = `${tag}-${k}`;
+      done.push(new Promise((resolve) => watch.terminal.set(taskId, resolve)));
+      return c.submit({ language: "python", code: "print(1)", taskId }, { json: true });
+    });
+    const ends = await Promise.all(done);
+    const seconds = (performance.now() - t0) / 1000;
+    const bad = ends.filter((s) => s !== "succeeded").length;
+    if (bad) throw new Error(`${bad} interactive tasks did not succeed`);
+    return { seconds: round(seconds), tasks_per_s: round(n / seconds) };
   };
   try {
     await one(false, Math.min(BATCH, 200)); // warm-up: the spares, the streams
-    const runs = { without: await one(false), with_progress: await one(true), without_again: await one(false) };
-    const mean = (runs.without.tasks_per_s + runs.without_again.tasks_per_s) / 2;
-    return { n: BATCH, slots: SLOTS, ...runs, ratio: runs.with_progress.tasks_per_s / mean };
+    await interactive(Math.min(BATCH, 200));
+    const runs = { batch: [], interactive: [] };
+    for (let i = 0; i < BATCH_ROUNDS; i++) {
+      const b = () => measured(BATCH, () => one(false));
+      const it = () => measured(BATCH, () => interactive());
+      if (i % 2 === 0) {
+        runs.batch.push(await b());
+        runs.interactive.push(await it());
+      } else {
+        runs.interactive.push(await it());
+        runs.batch.push(await b());
+      }
+    }
+    const mean = (xs) => xs.reduce((a, x) => a + x.tasks_per_s, 0) / xs.length;
+    const out = { n: BATCH, slots: SLOTS, ...runs, ratio: mean(runs.batch) / mean(runs.interactive) };
+    if (BATCH_PROGRESS) {
+      out.with_progress = await one(true);
+      out.progress_ratio = out.with_progress.tasks_per_s / mean(runs.batch);
+    }
+    return out;
   } finally {
+    for (const sub of counters) sub.unsubscribe();
+    watch.stop();
     await st.stop();
   }
 }
@@ -939,9 +1012,15 @@ if (results.live_output) {
 }
 if (results.batch) {
   const x = results.batch;
-  const r = (k) => `${x[k].seconds} s = ${x[k].tasks_per_s} tasks/s`;
-  console.log(`\nbatch (warm mode): ${x.n} print(1) tasks on the batch lane, first publish -> complete event (${x.slots} slot${x.slots === 1 ? "" : "s"}):`);
-  console.log(`without a progress view ${r("without")}; with ci batch status every second ${r("with_progress")} (${x.with_progress.polls} polls); without again ${r("without_again")}; with/without ${x.ratio.toFixed(3)}x`);
+  const r = (v) => `${v.seconds} s = ${v.tasks_per_s} tasks/s` + (v.server_cpu_ms_per_task !== undefined ? ` (CPU per task: nats-server ${v.server_cpu_ms_per_task} ms, worker ${v.worker_cpu_ms_per_task} ms)` : "");
+  const sentLine = (v) => `${Object.entries(v.sent_per_task).map(([k, n]) => `${k} ${n}`).join(", ")} (${round2(Object.values(v.sent_per_task).reduce((a, b) => a + b, 0))} in all)`;
+  console.log(`\nbatch (warm mode): ${x.n} print(1) tasks, first publish -> the batch's complete event / the last terminal event (${x.slots} slot${x.slots === 1 ? "" : "s"}), rounds in alternating order:`);
+  console.log(`batch lane:       ${x.batch.map(r).join("; ")}`);
+  console.log(`interactive lane: ${x.interactive.map(r).join("; ")}`);
+  console.log(`batch/interactive ${x.ratio.toFixed(3)}x`);
+  console.log(`sent to NATS per task, batch lane: ${sentLine(x.batch[0])}; interactive lane: ${sentLine(x.interactive[0])}`);
+  if (x.with_progress)
+    console.log(`batch with ci batch status every second ${r(x.with_progress)} (${x.with_progress.polls} polls): ${x.progress_ratio.toFixed(3)}x the batch lane without`);
 }
 console.log(`\nload average: ${results.loadavg_start.map(round).join(" ")} at start, ${results.loadavg_end.map(round).join(" ")} at the end`);
 mkdirSync(join(args.out, ".."), { recursive: true });

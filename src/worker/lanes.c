@@ -38,3 +38,22 @@ void ci_lanes_took(struct ci_lanes *l, enum ci_lane lane, bool got)
      * last ask. */
     l->idle = !got;
 }
+
+bool ci_lanes_batch_skip(const struct ci_lane_ask asks[2], size_t i, ci_lanes_look *last,
+                         int64_t now_ms, int64_t look_ms)
+{
+    if (i == 0 || asks[i].lane != CI_LANE_BATCH || !asks[0].wait)
+        return false;
+    int64_t seen = atomic_load(last);
+    if (!seen)
+        return false; /* the lane had work: every slot looks */
+    if (now_ms >= seen && now_ms - seen < look_ms)
+        return true;
+    /* This slot looks, unless another claimed the look just now. */
+    return !atomic_compare_exchange_strong(last, &seen, now_ms);
+}
+
+void ci_lanes_batch_found(ci_lanes_look *last, bool got, int64_t now_ms)
+{
+    atomic_store(last, got ? 0 : now_ms);
+}

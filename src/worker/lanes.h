@@ -18,6 +18,7 @@
 #ifndef CI_LANES_H
 #define CI_LANES_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -54,5 +55,22 @@ size_t ci_lanes_plan(const struct ci_lanes *l, struct ci_lane_ask out[2]);
 
 /* What an ask of lane found: a task (got) or none. */
 void ci_lanes_took(struct ci_lanes *l, enum ci_lane lane, bool got);
+
+/* The batch lane's last look, shared by the slots of a worker: the
+ * monotonic ms at which a slot began a look that found nothing, or 0 when
+ * the last look found a task (or none was made yet). */
+typedef _Atomic int64_t ci_lanes_look;
+
+/* Whether ask i of a round may be left out, as if it found nothing: a
+ * look at the batch lane after a long poll on the interactive lane, while
+ * a slot of the same worker began one that found nothing less than
+ * look_ms ago. A slot that is to look claims the look first (*last = now),
+ * so that of slots whose waits end at the same moment one looks: an idle
+ * worker looks at the batch lane about once per look_ms, not once per
+ * slot and wait. After a look that found a task (0) every slot looks. */
+bool ci_lanes_batch_skip(const struct ci_lane_ask asks[2], size_t i, ci_lanes_look *last,
+                         int64_t now_ms, int64_t look_ms);
+/* What a look at the batch lane found (any look, waiting round or not). */
+void ci_lanes_batch_found(ci_lanes_look *last, bool got, int64_t now_ms);
 
 #endif

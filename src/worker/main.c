@@ -21,6 +21,7 @@
 #include "provider/registry.h"
 #include "core/request.h"
 #include "sandbox/sandbox.h"
+#include "worker/batchmemo.h"
 #include "worker/lanes.h"
 #include "worker/manifest.h"
 #include "worker/task.h"
@@ -32,6 +33,11 @@
 /* While session tasks wait in the room, slots fetch briefly, so that a task
  * whose turn came does not wait for a fetch to end; idle workers wait long. */
 #define ROOM_FETCH_WAIT_MS 50
+/* An idle worker's slots ask the batch lane at most this often between
+ * them: under a wait, so that one slot alone still asks after each. */
+#define BATCH_LOOK_MS (FETCH_WAIT_MS * 3 / 4)
+/* Batches whose seal and lack of a cancel the worker remembers. */
+#define BATCH_MEMO_CAP 64
 #define ROOM_POLL_MS 25 /* how often the room looks up its sessions */
 #define TICK_MS 250
 #define VERSIONS_TIMEOUT_MS 20000 /* the runtime's Python saying its versions, at start */
@@ -61,6 +67,7 @@ struct worker {
     uint64_t warm_ready_at_death;
     bool warm_replacing;
     atomic_uint_fast64_t tasks_done;
+    ci_lanes_look batch_look; /* the slots' last look at the batch lane (lanes.h) */
     struct ci_monitor *monitor;
     struct ci_heartbeat *heartbeat;
     struct ci_waitroom *room; /* session tasks waiting for their turn */
@@ -213,7 +220,13 @@ static ci_status take_task(struct worker *w, struct ci_puller *const pullers[2],
     size_t n = ci_lanes_plan(lanes, asks);
     ci_status s = CI_ERR_TIMEOUT;
     for (size_t i = 0; i < n && !g_stop; i++) {
+        if (ci_lanes_batch_skip(asks, i, &w->batch_look, ci_mono_ms(), BATCH_LOOK_MS)) {
+            ci_lanes_took(lanes, asks[i].lane, false);
+            continue;
+        }
         s = ask_lane(w, pullers[asks[i].lane], &asks[i], ret, e);
+        if (asks[i].lane == CI_LANE_BATCH && (s == CI_OK || s == CI_ERR_TIMEOUT))
+            ci_lanes_batch_found(&w->batch_look, s == CI_OK, ci_mono_ms());
         ci_lanes_took(lanes, asks[i].lane, s == CI_OK);
         *ret_lane = asks[i].lane;
         if (s != CI_ERR_TIMEOUT)
@@ -529,18 +542,24 @@ static void on_cancel(const char *task_id, void *closure)
     ci_waitroom_cancel(w->room, task_id);
 }
 
-/* A seal (contract §20): the batch may be complete already. */
+/* A seal (contract §20): the batch may be complete already. The body is
+ * read again from the stream (ci_task_batch_sealed). */
 static void on_batch_sealed(const char *batch_id, const void *body, size_t len, void *closure)
 {
     struct worker *w = closure;
-    ci_task_batch_sealed(&w->env, batch_id, body, len);
+    (void)body;
+    (void)len;
+    ci_task_batch_sealed(&w->env, batch_id);
 }
 
 /* A cancel of a batch (contract §20): every running task of it. Tasks of
- * the batch that come later find the cancel on the stream. */
+ * the batch that come later find the cancel on the stream. The memo
+ * forgets the batch first: a slot that looked at it before is seen by the
+ * loop below (its batch_id was set before it looked). */
 static void on_batch_cancel(const char *batch_id, void *closure)
 {
     struct worker *w = closure;
+    ci_batch_memo_cancel(w->env.batches, batch_id);
     for (size_t i = 0; i < w->n_slots; i++)
         ci_slot_cancel_batch(&w->env, &w->slots[i], batch_id);
 }
@@ -665,6 +684,10 @@ static int run_worker(const struct ci_config *cfg)
     for (size_t i = 0; i < w.n_slots; i++)
         pthread_mutex_init(&w.slots[i].lock, NULL);
     if (ci_metrics_new(ci_provider_name(w.env.provider), w.n_slots, &w.env.metrics, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.nomem", "error", e.msg, NULL);
+        goto out;
+    }
+    if (ci_batch_memo_new(BATCH_MEMO_CAP, &w.env.batches, &e)) {
         ci_log(CI_LOG_ERROR, "worker.nomem", "error", e.msg, NULL);
         goto out;
     }
@@ -826,6 +849,7 @@ out:
     ci_broker_free(w.env.broker);
     ci_waitroom_free(w.room);
     ci_metrics_free(w.env.metrics);
+    ci_batch_memo_free(w.env.batches);
     ci_provider_free(w.env.provider);
     for (size_t i = 0; w.slots && i < w.n_slots; i++)
         pthread_mutex_destroy(&w.slots[i].lock);

@@ -18,6 +18,7 @@
 #include "core/util.h"
 #include "nats/objstore.h"
 #include "core/session.h"
+#include "worker/batchmemo.h"
 #include "worker/liveout.h"
 #include "worker/publisher.h"
 
@@ -73,6 +74,7 @@ struct task {
     /* A batch's task (docs/contract.md §20): the batch whose events count
      * it, or "" (batch_choose). */
     char batch[65];
+    bool batch_held; /* the memo counts it among the tasks of its batch slots hold */
     /* When it passed its stages (ci_now_us(), 0: not reached): the
      * task.stages line (log_stages). */
     struct {
@@ -102,6 +104,11 @@ static void live_release(struct task *t, const char *why)
 
 static void task_release(struct task *t)
 {
+    /* A task given up without its end (nak'ed, superseded): it comes back,
+     * or another attempt has it, and that one counts. */
+    if (t->batch_held)
+        ci_batch_memo_let_go(t->env->batches, t->batch);
+    t->batch_held = false;
     live_release(t, "the attempt ended without storing its result: its last chunks are dropped");
     free(t->state);
     ci_message_free(t->req ? &t->req->base : NULL);
@@ -818,7 +825,7 @@ static enum ci_task_end superseded(struct task *t, const struct result *r)
 
 /* A batch's task tells its batch that it ended before its message is
  * acked (below, with the other batch steps). */
-static bool batch_ended(const struct task *t, Ci__V1__TaskStatus status, const char *error);
+static bool batch_ended(struct task *t, Ci__V1__TaskStatus status, const char *error);
 static enum ci_task_end batch_retry(struct task *t);
 
 /* The task's terminal result was stored meanwhile (by an attempt that
@@ -1017,6 +1024,10 @@ static bool batch_choose(struct task *t)
     pthread_mutex_lock(&t->slot->lock);
     snprintf(t->slot->batch_id, sizeof(t->slot->batch_id), "%s", batch);
     pthread_mutex_unlock(&t->slot->lock);
+    if (t->env->batches) {
+        ci_batch_memo_hold(t->env->batches, t->batch);
+        t->batch_held = true;
+    }
     return true;
 }
 
@@ -1099,57 +1110,107 @@ static ci_status batch_complete_if(struct ci_broker *b, const char *batch, uint6
     char msg_id[96];
     snprintf(msg_id, sizeof(msg_id), "%s.complete", batch);
     /* Retried by the caller's own means: a task's end by its redelivery. */
+    bool dup = false;
     if (!s)
         s = ci_broker_batch_publish(b, batch, "complete", msg_id, "application/json", body, len,
-                                    NULL, err);
+                                    &dup, err);
+    /* Said where it was stored: another worker (or this one, for another
+     * task) may have seen the batch complete at the same moment. */
     if (!s)
-        ci_log_num(CI_LOG_INFO, "batch.complete", "total", (int64_t)total, "batch_id", batch,
-                   "by", by, NULL);
+        ci_log_num(dup ? CI_LOG_DEBUG : CI_LOG_INFO, dup ? "batch.complete_duplicate"
+                                                         : "batch.complete",
+                   "total", (int64_t)total, "batch_id", batch, "by", by, NULL);
     return s;
 }
 
-/* The batch is complete when its seal is there and its ended tasks reach
- * the seal's total. */
-static ci_status batch_complete(const struct task *t, struct ci_error *err)
+/* The total of the batch's seal, from the memo or else read from the
+ * stream's leader: a seal whose publish was acked is always seen, also on
+ * a cluster whose replicas lag (a direct get may not show it yet).
+ * CI_ERR_NOT_FOUND when the batch is not sealed (yet); CI_ERR_INVALID
+ * when its seal says no total (logged: nobody can tell when such a batch
+ * is complete). */
+static ci_status batch_seal(const struct ci_worker_env *env, const char *batch_id,
+                            uint64_t *ret_total, struct ci_error *err)
 {
-    struct ci_broker *b = t->env->broker;
-    struct ci_batch_counts c;
-    ci_status s = ci_broker_batch_counts(b, t->batch, &c, err);
-    if (s || !c.sealed || c.complete)
-        return s;
+    if (env->batches && ci_batch_memo_sealed(env->batches, batch_id, ret_total))
+        return CI_OK;
     CI_AUTOFREE uint8_t *seal = NULL;
     size_t len = 0;
-    s = ci_broker_batch_last(b, t->batch, "sealed", &seal, &len, err);
-    if (s == CI_ERR_NOT_FOUND) /* expired between the two reads: tried again */
-        return ci_error_set(err, CI_ERR_NATS, "the seal of batch '%s' is counted but not read "
-                            "yet", t->batch);
+    ci_status s = ci_broker_batch_last(env->broker, batch_id, "sealed", &seal, &len, err);
     if (s)
         return s;
-    uint64_t total = 0;
     struct ci_error pe = {{0}};
-    if (ci_batch_seal_total(seal, len, &total, &pe)) {
-        /* Nobody can tell when such a batch is complete: said once per end. */
-        ci_log(CI_LOG_WARN, "batch.bad_seal", "batch_id", t->batch, "error", pe.msg, NULL);
-        return CI_OK;
+    if (ci_batch_seal_total(seal, len, ret_total, &pe)) {
+        ci_log(CI_LOG_WARN, "batch.bad_seal", "batch_id", batch_id, "error", pe.msg, NULL);
+        return ci_error_set(err, CI_ERR_INVALID, "the seal of batch '%s': %s", batch_id,
+                            pe.msg);
     }
-    return batch_complete_if(b, t->batch, total, &c, t->id, err);
+    if (env->batches)
+        ci_batch_memo_seal(env->batches, batch_id, *ret_total);
+    return CI_OK;
 }
 
-void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id,
-                          const void *seal, size_t len)
+/* The batch is complete when its seal is there and its ended tasks reach
+ * the seal's total. Counted only once it is sealed: before, no task's end
+ * can complete it, and the worker that gets the seal counts then
+ * (ci_task_batch_sealed). Either that count comes after this task's end
+ * was stored, or this look comes after the seal was stored and sees it. */
+static ci_status batch_complete(const struct task *t, struct ci_error *err)
 {
     uint64_t total = 0;
+    ci_status s = batch_seal(t->env, t->batch, &total, err);
+    if (s == CI_ERR_NOT_FOUND || s == CI_ERR_INVALID)
+        return CI_OK;
+    if (s)
+        return s;
+    struct ci_batch_counts c;
+    s = ci_broker_batch_counts(t->env->broker, t->batch, &c, err);
+    if (s)
+        return s;
+    return batch_complete_if(t->env->broker, t->batch, total, &c, t->id, err);
+}
+
+/* How long the worker that gets a seal waits for it to be stored (the
+ * message may reach it before the stream has it). */
+#define SEAL_STORED_TRIES 20
+#define SEAL_STORED_WAIT_MS 50
+
+void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id)
+{
+    /* Counted only once the seal is read from the stream: an end stored
+     * after this count then sees the seal (batch_complete), and the total
+     * is the stored seal's, as every worker reads it. */
+    uint64_t total = 0;
     struct ci_error e = {{0}};
-    if (ci_batch_seal_total(seal, len, &total, &e)) {
-        ci_log(CI_LOG_WARN, "batch.bad_seal", "batch_id", batch_id, "error", e.msg, NULL);
-        return;
+    ci_status s = CI_ERR_NOT_FOUND;
+    for (int i = 0; i < SEAL_STORED_TRIES && s == CI_ERR_NOT_FOUND; i++) {
+        if (i) {
+            struct timespec ts = {0, SEAL_STORED_WAIT_MS * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        s = batch_seal(env, batch_id, &total, &e);
     }
     struct ci_batch_counts c;
-    ci_status s = ci_broker_batch_counts(env->broker, batch_id, &c, &e);
+    if (!s)
+        s = ci_broker_batch_counts(env->broker, batch_id, &c, &e);
     if (!s)
         s = batch_complete_if(env->broker, batch_id, total, &c, "seal", &e);
-    if (s)
+    if (s && s != CI_ERR_INVALID) /* a bad seal was said once */
         ci_log(CI_LOG_WARN, "batch.complete_failed", "batch_id", batch_id, "error", e.msg, NULL);
+}
+
+/* Its end is stored: the slot lets go of the task. true when another slot
+ * of the worker still holds a task of the batch: that one's end comes
+ * later and looks at the batch in its place (contract §20). */
+static bool batch_let_go(struct task *t)
+{
+    struct ci_batch_memo *memo = t->env->batches;
+    if (!memo)
+        return false;
+    size_t left = t->batch_held ? ci_batch_memo_let_go(memo, t->batch)
+                                : ci_batch_memo_held(memo, t->batch);
+    t->batch_held = false;
+    return left > 0;
 }
 
 /* A task whose terminal result is stored tells its batch, before its
@@ -1157,7 +1218,7 @@ void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id,
  * <task_id>.end, so a redelivery's copy is dropped), then complete if the
  * batch is. false when that could not be stored: the caller does not ack
  * (batch_retry), and the redelivery, which finds the result, tells again. */
-static bool batch_ended(const struct task *t, Ci__V1__TaskStatus status, const char *error)
+static bool batch_ended(struct task *t, Ci__V1__TaskStatus status, const char *error)
 {
     if (!t->batch[0])
         return true;
@@ -1170,7 +1231,7 @@ static bool batch_ended(const struct task *t, Ci__V1__TaskStatus status, const c
     if (!s)
         s = batch_publish(t, ci_task_status_short(status), msg_id, "application/json", body, len,
                           &e);
-    if (!s)
+    if (!s && !batch_let_go(t))
         s = batch_complete(t, &e);
     if (!s)
         return true;
@@ -1190,16 +1251,28 @@ static enum ci_task_end batch_retry(struct task *t)
 
 /* Before the task runs: a cancel of its batch on the stream (the last
  * message on <prefix>.<b>.cancel, read from the stream's leader: a replica
- * that lags could say "none" for a cancel just stored) ends it CANCELLED. true
- * when it goes on; false with *ret_end when it ended or is retried. */
+ * that lags could say "none" for a cancel just stored) ends it CANCELLED.
+ * Not looked for again while the memo says a look found none moments ago:
+ * a cancel published since has come through the worker's subscription
+ * (which made the memo forget, or else finds this slot: its batch_id is
+ * set). true when it goes on; false with *ret_end when it ended or is
+ * retried. */
 static bool batch_begin(struct task *t, struct result *r, enum ci_task_end *ret_end)
 {
+    struct ci_batch_memo *memo = t->env->batches;
+    uint64_t link = ci_broker_disconnects(t->env->broker), gen = 0;
+    int64_t looked_ms = ci_mono_ms();
+    if (memo && ci_batch_memo_uncancelled(memo, t->batch, looked_ms, link, &gen))
+        return true;
     struct ci_error e = {{0}};
     CI_AUTOFREE uint8_t *data = NULL;
     size_t len = 0;
     ci_status s = ci_broker_batch_last(t->env->broker, t->batch, "cancel", &data, &len, &e);
-    if (s == CI_ERR_NOT_FOUND)
+    if (s == CI_ERR_NOT_FOUND) {
+        if (memo)
+            ci_batch_memo_no_cancel(memo, t->batch, gen, looked_ms, link);
         return true;
+    }
     if (s) {
         *ret_end = give_up_or_retry(t, r, "read the batch's cancel", &e);
         return false;

@@ -13,6 +13,8 @@
 #include "monitor/metrics.h"
 #include "provider/provider.h"
 
+struct ci_batch_memo; /* worker/batchmemo.h */
+
 /* What every slot shares; read-only while tasks run. */
 struct ci_worker_env {
     const struct ci_config *cfg;
@@ -20,6 +22,9 @@ struct ci_worker_env {
     struct ci_provider *provider;
     const char *worker_id;
     struct ci_metrics *metrics; /* NULL = none; updated with atomics */
+    /* What the worker knows of batches (seals, no cancel): NULL = nothing,
+     * every batch task asks NATS. Thread-safe. */
+    struct ci_batch_memo *batches;
 };
 
 /* A slot runs one task at a time. Its fields are shared with the cancel
@@ -74,8 +79,9 @@ void ci_slot_cancel_batch(const struct ci_worker_env *env, struct ci_slot *slot,
                           const char *batch_id);
 /* A batch was sealed (contract §20): its complete event if every task of
  * it has ended already (a seal after the last end, which no end can see).
- * seal is the seal's body. Called on a NATS thread. */
-void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id,
-                          const void *seal, size_t len);
+ * Reads the seal from the stream first (waiting up to ~1 s for it to be
+ * stored), so that an end stored after the count sees it. Called on a
+ * NATS thread. */
+void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id);
 
 #endif

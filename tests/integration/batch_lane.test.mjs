@@ -137,6 +137,94 @@ describe("batch lane", () => {
     assert.deepEqual(await lastEvent(b, "complete"), { batchId: b, total: "2", succeeded: "2", failed: "0", timedOut: "0", cancelled: "0" });
   });
 
+  test("sealed before its tasks, beside a smaller batch: no complete while a task has not ended, then one, after every end event, stored once", async () => {
+    // Workers remember a seal's total once read: b1's (12) must never be
+    // mistaken for b2's (6), nor b1 counted complete at its first 6.
+    const b1 = newTaskId("bearly");
+    const b2 = newTaskId("bsmall");
+    await seal(b1, 12);
+    await seal(b2, 6);
+    const first = [];
+    for (let i = 1; i <= 6; i++) first.push(submitBatch(b1, { taskId: `${b1}-${i}`, code: "print(1)" }), submitBatch(b2, { taskId: `${b2}-${i}`, code: "print(2)" }));
+    await Promise.all(first);
+    const n2 = await waitFor(`batch ${b2} complete`, () => counts(b2), (x) => x.complete === 1);
+    assert.equal(ended(n2), 6);
+    await waitFor(`6 of batch ${b1} ended`, () => counts(b1), (x) => ended(x) === 6);
+    await sleep(1000); // a complete published now would be early
+    const half = await counts(b1);
+    assert.equal(half.complete, 0, `no complete with 6 of 12 ended: ${JSON.stringify(half)}`);
+    assert.equal(half.taken, 6);
+
+    for (let i = 7; i <= 12; i++) await submitBatch(b1, { taskId: `${b1}-${i}`, code: "print(1)" });
+    const n1 = await waitFor(`batch ${b1} complete`, () => counts(b1), (x) => x.complete >= 1);
+    assert.equal(ended(n1), 12);
+    assert.deepEqual(await lastEvent(b1, "complete"), { batchId: b1, total: "12", succeeded: "12", failed: "0", timedOut: "0", cancelled: "0" });
+    assert.deepEqual(await lastEvent(b2, "complete"), { batchId: b2, total: "6", succeeded: "6", failed: "0", timedOut: "0", cancelled: "0" });
+    // After every end event of its batch in the stream.
+    for (const b of [b1, b2]) {
+      const done = await c.jsm.streams.getMessage(EVENTS_STREAM, { last_by_subj: `ci.batches.${b}.complete` });
+      const lastEnd = await c.jsm.streams.getMessage(EVENTS_STREAM, { last_by_subj: `ci.batches.${b}.succeeded` });
+      assert.ok(done.seq > lastEnd.seq, `batch ${b}: complete at ${done.seq}, its last end at ${lastEnd.seq}`);
+    }
+    // Once: one message each, a moment later too, and one publish that
+    // stored it (a second one, had there been one, is logged as a duplicate).
+    await sleep(1000);
+    assert.equal((await counts(b1)).complete, 1);
+    assert.equal((await counts(b2)).complete, 1);
+    for (const b of [b1, b2]) {
+      const stored = stack.workers.flatMap((w) => w.events("batch.complete")).filter((l) => l.batch_id === b);
+      assert.equal(stored.length, 1, `batch ${b}: ${JSON.stringify(stored)}`);
+    }
+  });
+
+  test("tasks of a batch that end together on one worker's slots: every batch completes, once", async () => {
+    // Of the slots that end a batch's tasks at the same moment only the one
+    // that lets go last counts (contract §20): none may leave it to another.
+    const batches = Array.from({ length: 5 }, () => newTaskId("btogether"));
+    for (const b of batches) await seal(b, 4);
+    const subs = [];
+    for (const b of batches) for (let i = 1; i <= 4; i++) subs.push(submitBatch(b, { taskId: `${b}-${i}`, code: "import time\ntime.sleep(0.3)\nprint(1)" }));
+    await Promise.all(subs);
+    for (const b of batches) {
+      const n = await waitFor(`batch ${b} complete`, () => counts(b), (x) => x.complete >= 1);
+      assert.equal(ended(n), 4);
+      assert.equal(n.complete, 1);
+    }
+  });
+
+  test("an idle worker with 4 slots looks at the batch lane about once a second, not once per slot and second, and still takes a batch task within about a second", async () => {
+    // The pull requests themselves: a core subscription on each consumer's
+    // next-message subject gets a copy of every one.
+    const count = (consumerSubject) => {
+      const box = { n: 0 };
+      box.sub = c.nc.subscribe(consumerSubject, { callback: () => box.n++ });
+      return box;
+    };
+    await sleep(1500); // the earlier tests' tasks are done: every slot idle
+    const batch = count("$JS.API.CONSUMER.MSG.NEXT.CI_BATCH.ci-workers-batch");
+    const interactive = count("$JS.API.CONSUMER.MSG.NEXT.CI_TASKS.ci-workers");
+    await c.nc.flush();
+    const seconds = 6;
+    await sleep(seconds * 1000);
+    batch.sub.unsubscribe();
+    interactive.sub.unsubscribe();
+    process.stderr.write(`# idle, ${seconds} s, 4 slots: ${interactive.n} pulls on the interactive lane, ${batch.n} on the batch lane\n`);
+    // Each slot long-polls the interactive lane once a second...
+    assert.ok(interactive.n >= 3 * seconds, `${interactive.n} interactive pulls in ${seconds} s`);
+    // ... and the worker looks at the batch lane about once a second
+    // between them (once per slot and second would be 24).
+    assert.ok(batch.n >= seconds / 2 && batch.n <= Math.ceil(seconds / 0.75) + 2, `${batch.n} batch pulls in ${seconds} s`);
+
+    const b = newTaskId("bidle");
+    const t0 = Date.now();
+    await submitBatch(b, { taskId: `${b}-1`, code: "print(1)" });
+    await waitFor(`batch ${b}'s task taken`, () => counts(b), (x) => x.taken === 1, 30000);
+    const took = Date.now() - t0;
+    process.stderr.write(`# an idle worker took a batch task ${took} ms after it was published\n`);
+    assert.ok(took < 4000, `the batch task was taken ${took} ms after it was published`);
+    await waitFor(`batch ${b}'s task ended`, () => counts(b), (x) => ended(x) === 1);
+  });
+
   test("subject checks: a batch task on ci.submit, and a task on ci.batch.x without batchId, end FAILED saying where to publish", async () => {
     const b = newTaskId("bsubj");
     const t1 = newTaskId("onsubmit");
@@ -290,5 +378,25 @@ describe("batch lane", () => {
     assert.equal(r.worker, w2.id);
     assert.equal(r.stdout, "slow\n");
     assert.deepEqual(await lastEvent(b, "complete"), { batchId: b, total: "3", succeeded: "3", failed: "0", timedOut: "0", cancelled: "0" });
+  });
+
+  test("a task ends while its worker's other slot holds one of the same batch, then that worker is SIGKILLed: the redelivered task counts, the batch completes", async () => {
+    for (const w of stack.workers) if (!w.exited()) await w.stop("SIGTERM", 90000);
+    const w1 = await stack.addWorker({ concurrency: 2 });
+    const b = newTaskId("bheld");
+    await seal(b, 2);
+    const slow = `${b}-1`;
+    await submitBatch(b, { taskId: slow, code: "import time\ntime.sleep(6)\nprint('slow')", limits: { timeoutMs: 30000 } });
+    await c.waitStatus(slow, "TASK_STATUS_RUNNING", 60000);
+    await submitBatch(b, { taskId: `${b}-2`, code: "print(2)" });
+    // The quick one ends while the slow one is held: it leaves the count
+    // to the slow one's end, which never comes on this worker.
+    await waitFor("the quick task ended", () => counts(b), (n) => ended(n) === 1);
+    await w1.kill();
+    assert.equal((await counts(b)).complete, 0);
+    await stack.addWorker({ concurrency: 2 });
+    const n = await waitFor(`batch ${b} complete`, () => counts(b), (x) => x.complete === 1, 120000);
+    assert.equal(n.succeeded, 2);
+    assert.deepEqual(await lastEvent(b, "complete"), { batchId: b, total: "2", succeeded: "2", failed: "0", timedOut: "0", cancelled: "0" });
   });
 });

@@ -191,7 +191,9 @@ static void t_counts_by_subject(void)
     server_stop(&srv);
 }
 
-/* The seal and a cancel are read as the subject's last message. */
+/* The seal and a cancel are read as the subject's last message (from the
+ * stream's leader: t_last_read_from_leader), the last of several, as a
+ * NUL-terminated copy. */
 static void t_last_seal_and_cancel(void)
 {
     START(srv);
@@ -215,6 +217,21 @@ static void t_last_seal_and_cancel(void)
     CHECK(ci_broker_batch_last(b, "b2", "cancel", &data, &len, &e) == CI_OK);
     CHECK(len == 0);
     free(data);
+    data = NULL;
+
+    CHECK(ci_broker_batch_last(b, "b3", "sealed", &data, &len, &e) == CI_ERR_NOT_FOUND);
+    REQUIRE(ci_broker_batch_last(b, "b1", "sealed", &data, &len, &e) == CI_OK);
+    CHECK(len == strlen("{\"total\":\"200\"}") && memcmp(data, "{\"total\":\"200\"}", len) == 0);
+    CHECK(data[len] == '\0');
+    free(data);
+    data = NULL;
+    CHECK(event(b, "b3", "sealed", NULL, "{\"total\":\"1\"}", NULL) == CI_OK);
+    CHECK(event(b, "b3", "sealed", NULL, "{\"total\":\"2\"}", NULL) == CI_OK);
+    REQUIRE(ci_broker_batch_last(b, "b3", "sealed", &data, &len, &e) == CI_OK);
+    CHECK(ci_batch_seal_total(data, len, &total, &e) == CI_OK && total == 2);
+    free(data);
+    data = NULL;
+    CHECK(ci_broker_batch_last(b, "b..d", "sealed", &data, &len, &e) == CI_ERR_INVALID);
     ci_broker_free(b);
     ci_config_free(cfg);
     server_stop(&srv);

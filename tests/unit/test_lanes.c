@@ -145,6 +145,90 @@ static void test_interactive_alone_looks_at_batch_now_and_then(void)
     CHECK(s.waits == 0);
 }
 
+/* Idle slots of one worker, their long polls ending at the same moments
+ * (stagger 0: slots that went idle together stay in step) or spread out:
+ * one look at the batch lane per look_ms between them, not one per slot
+ * and wait; a batch task that comes is still found within about a wait. */
+static void idle_slots(int64_t stagger, size_t *ret_looks, int64_t *ret_found_after)
+{
+    enum { SLOTS = 4, WAIT = 1000, LOOK = 750, SECONDS = 20 };
+    struct ci_lanes l[SLOTS];
+    int64_t next[SLOTS];
+    for (int i = 0; i < SLOTS; i++) {
+        ci_lanes_init(&l[i], 4);
+        next[i] = 1 + i * stagger; /* when its long poll ends */
+    }
+    ci_lanes_look last = 0; /* the worker's */
+    size_t looks = 0;
+    int64_t batch_at = 0, found_at = 0; /* a batch task comes at batch_at */
+    for (int64_t now = 1; now < SECONDS * 1000; now++) {
+        if (now == 12345)
+            batch_at = now;
+        for (int i = 0; i < SLOTS; i++) {
+            if (next[i] != now)
+                continue;
+            struct ci_lane_ask a[2];
+            size_t n = ci_lanes_plan(&l[i], a);
+            CHECK(n == 2 && a[0].lane == CI_LANE_INTERACTIVE && a[0].wait);
+            ci_lanes_took(&l[i], a[0].lane, false); /* the long poll that just ended */
+            if (ci_lanes_batch_skip(a, 1, &last, now, LOOK)) {
+                ci_lanes_took(&l[i], a[1].lane, false);
+            } else {
+                looks++;
+                bool got = batch_at && !found_at;
+                if (got)
+                    found_at = now;
+                ci_lanes_batch_found(&last, got, now);
+                /* A task taken: the slot runs it and comes back idle. */
+                ci_lanes_took(&l[i], a[1].lane, got);
+                if (got)
+                    ci_lanes_took(&l[i], CI_LANE_BATCH, false);
+            }
+            next[i] = now + WAIT;
+        }
+    }
+    *ret_looks = looks;
+    *ret_found_after = found_at ? found_at - batch_at : -1;
+}
+
+static void test_idle_slots_share_the_batch_look(void)
+{
+    /* Not 80 looks in 20 s (one per slot and wait): about one per wait. */
+    for (int64_t stagger = 0; stagger <= 300; stagger += 50) {
+        size_t looks = 0;
+        int64_t found_after = 0;
+        idle_slots(stagger, &looks, &found_after);
+        CHECK(looks >= 19 && looks <= 20 * 1000 / 750 + 2);
+        CHECK(found_after >= 0 && found_after <= 1000);
+    }
+    /* Only after a long poll on the interactive lane: never the first ask,
+     * never a batch look that the round made without waiting. */
+    ci_lanes_look last = 100;
+    struct ci_lane_ask busy[2] = {{CI_LANE_INTERACTIVE, false}, {CI_LANE_BATCH, false}};
+    CHECK(!ci_lanes_batch_skip(busy, 1, &last, 101, 750));
+    struct ci_lane_ask turn[2] = {{CI_LANE_BATCH, false}, {CI_LANE_INTERACTIVE, false}};
+    CHECK(!ci_lanes_batch_skip(turn, 0, &last, 101, 750));
+    struct ci_lane_ask idle[2] = {{CI_LANE_INTERACTIVE, true}, {CI_LANE_BATCH, false}};
+    CHECK(!ci_lanes_batch_skip(idle, 0, &last, 101, 750));
+    CHECK(ci_lanes_batch_skip(idle, 1, &last, 101, 750));
+    CHECK(last == 100);
+    /* Due: the first slot claims the look, the next one at that moment
+     * leaves it out. */
+    CHECK(!ci_lanes_batch_skip(idle, 1, &last, 850, 750));
+    CHECK(last == 850);
+    CHECK(ci_lanes_batch_skip(idle, 1, &last, 850, 750));
+    CHECK(!ci_lanes_batch_skip(idle, 1, &last, 99, 750)); /* a clock that went back: look */
+    CHECK(last == 99);
+    /* The last look found a task: every slot looks, none claims. */
+    ci_lanes_batch_found(&last, true, 900);
+    CHECK(last == 0);
+    CHECK(!ci_lanes_batch_skip(idle, 1, &last, 901, 750));
+    CHECK(!ci_lanes_batch_skip(idle, 1, &last, 901, 750));
+    CHECK(last == 0);
+    ci_lanes_batch_found(&last, false, 950);
+    CHECK(last == 950);
+}
+
 static void test_zero_every_is_one(void)
 {
     struct ci_lanes l;
@@ -155,4 +239,5 @@ static void test_zero_every_is_one(void)
 TEST_MAIN(T(test_idle_slot_long_polls_interactive_then_looks_at_batch),
           T(test_both_lanes_busy_one_in_every), T(test_batch_alone_never_waits_on_interactive),
           T(test_interactive_goes_before_queued_batch_tasks),
-          T(test_interactive_alone_looks_at_batch_now_and_then), T(test_zero_every_is_one))
+          T(test_interactive_alone_looks_at_batch_now_and_then),
+          T(test_idle_slots_share_the_batch_look), T(test_zero_every_is_one))

@@ -132,7 +132,6 @@ export async function startNatsServer(opts = {}) {
     pid: child.pid,
     monitorUrl: monitor && ports.monitoring ? ports.monitoring[0] : undefined,
     dir,
-    pid: child.pid,
     logs: () => log,
     // { code, signal } once it exited unasked, else null.
     died: () => (stopped ? null : exited),
