@@ -119,7 +119,9 @@ ci_status ci_chunk_order_put(struct ci_chunk_order *o, uint64_t seq, const uint8
         free(h->data);
         h->data = NULL;
     }
-    memmove(&o->held[0], &o->held[n], (o->n_held - n) * sizeof(*o->held));
-    o->n_held -= n;
+    if (n) { /* held is NULL until a chunk was held */
+        memmove(&o->held[0], &o->held[n], (o->n_held - n) * sizeof(*o->held));
+        o->n_held -= n;
+    }
     return CI_OK;
 }
