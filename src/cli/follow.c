@@ -123,12 +123,16 @@ void ci_follow_finish(struct ci_follow *f, const Ci__V1__ExecutionResult *r)
     pthread_mutex_lock(&f->lock);
     f->closed = true;
     pthread_mutex_unlock(&f->lock);
-    ci_output_follow_free(f->sub); /* on_chunk is done for good */
+    /* Unless on_chunk is done for good, f stays allocated (leaked) for
+     * it: it finds f->closed and returns. */
+    bool done = ci_output_follow_free(f->sub);
     if (r) {
         bool same = r->attempt == f->attempt;
         rest(&f->out, r->stdout ? r->stdout : "", same, r->stdout_truncated, f->err.f);
         rest(&f->err, r->stderr ? r->stderr : "", same, r->stderr_truncated, f->err.f);
     }
+    if (!done)
+        return;
     ci_buf_release(&f->out.text);
     ci_buf_release(&f->err.text);
     ci_chunk_order_release(&f->out.order);

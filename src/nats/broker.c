@@ -2548,10 +2548,10 @@ ci_status ci_output_follow_new(struct ci_broker *b, const char *task_id, ci_outp
     return CI_OK;
 }
 
-void ci_output_follow_free(struct ci_output_follow *f)
+bool ci_output_follow_free(struct ci_output_follow *f)
 {
     if (!f)
-        return;
+        return true;
     /* The handler may be running: wait until the library says it has
      * returned for good, also when Unsubscribe failed (it closes the
      * subscription first, then deletes the consumer, which may fail while
@@ -2570,8 +2570,9 @@ void ci_output_follow_free(struct ci_output_follow *f)
     pthread_mutex_unlock(&f->lock);
     natsSubscription_Destroy(f->sub);
     if (!done)
-        return; /* leaked on purpose: the handler could still use it */
+        return false; /* leaked on purpose: the handler could still use it */
     pthread_cond_destroy(&f->done_cond);
     pthread_mutex_destroy(&f->lock);
     free(f);
+    return true;
 }

@@ -368,8 +368,9 @@ struct ci_output_follow;
 ci_status ci_output_follow_new(struct ci_broker *b, const char *task_id, ci_output_fn fn,
                                void *closure, struct ci_output_follow **ret,
                                struct ci_error *err);
-/* Stops it; once it returns, fn is not running and will not be called
- * again. NULL is fine. */
-void ci_output_follow_free(struct ci_output_follow *f);
+/* Stops it; once it returns true, fn is not running and will not be called
+ * again. false when the library did not say so within 5 s: fn may still be
+ * called, so its closure must be left alive (leaked). NULL is fine. */
+bool ci_output_follow_free(struct ci_output_follow *f);
 
 #endif
