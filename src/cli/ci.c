@@ -1066,8 +1066,7 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
         else if (done && r.in_use && c->jsonl_file)
             say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
                 "it is not sealed: once the line has another taskId, run the same "
-                "command%s%s again to finish it (run as it is, it would take the other "
-                "batch's task for its own)\n", batch, done, r.total,
+                "command%s%s again to finish it (run as it is, it stops at that line again)\n", batch, done, r.total,
                 c->batch ? "" : " with --batch ", c->batch ? "" : batch);
         else if (done && r.in_use)
             say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
