@@ -10,6 +10,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { createServer, connect as tcpConnect } from "node:net";
 import { existsSync, mkdirSync, mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -971,6 +972,116 @@ describe("ci batch before any worker made the batch lane", () => {
       assert.match(t.stdout, /^batch queue: +none \(no consumer ci-workers-batch on stream CI_BATCH/m);
     } finally {
       rmSync(cwd, { recursive: true, force: true });
+    }
+  });
+});
+
+// A TCP proxy in front of the server that the test can cut: connections
+// are then refused (counted), as by a server that is down.
+async function cuttableProxy(port) {
+  const sockets = new Set();
+  const p = { refusing: false, refused: 0 };
+  const server = createServer((client) => {
+    if (p.refusing) {
+      p.refused++;
+      return client.destroy();
+    }
+    const upstream = tcpConnect(port, "127.0.0.1");
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on("close", () => sockets.delete(s));
+      s.on("error", () => {});
+    }
+    client.pipe(upstream);
+    upstream.pipe(client);
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  p.url = `nats://127.0.0.1:${server.address().port}`;
+  p.cut = () => {
+    p.refusing = true;
+    for (const s of sockets) s.destroy();
+  };
+  p.restore = () => (p.refusing = false);
+  p.close = () => {
+    p.cut();
+    server.close();
+  };
+  return p;
+}
+
+describe("ci batch wait when NATS goes away", () => {
+  let stack, url, worker, dir;
+  before(async () => {
+    stack = await stackWithoutWorker();
+    url = stack.server.url;
+    worker = fakeBatchWorker(stack.client);
+    dir = mkdtempSync(join(tmpdir(), "ci-batch-gone-"));
+    writeFileSync(join(dir, "a.csv"), "a\n");
+    writeFileSync(join(dir, "s.py"), "print(1)\n");
+  });
+  after(async () => {
+    await stack?.stop();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  test("wait rides out NATS refusing connections for longer than a client's five reconnects: its connection goes on trying for --retry-ms", async () => {
+    const proxy = await cuttableProxy(stack.server.port);
+    try {
+      const b = "bo-" + Date.now().toString(36);
+      let err = "";
+      const waiting = ci(["batch", "wait", b, "--retry-ms", "60000"], { url: proxy.url, timeoutMs: 120000, onStderr: (e) => (err = e) });
+      // The default bound for a batch whose submission has not published
+      // anything yet (no --wait-ms given).
+      await until("wait said it waits for the batch", async () => /nothing of it is stored yet; waiting up to 60 s for its submission to publish it/.test(err));
+      const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", b], { cwd: dir, url });
+      assert.equal(r.code, 0, r.stderr);
+      await until("wait printed its first progress line", async () => /0\/1 ended/.test(err));
+      // NATS goes away until wait's connection has tried more than the five
+      // times a ci connection tries elsewhere (nats.c would close it then,
+      // and no later question could be answered).
+      proxy.cut();
+      await until("wait's connection tried again 7 times", async () => proxy.refused >= 7, 60000);
+      assert.match(err, new RegExp(`batch ${b}: .*; asking again for up to 60 s\n`));
+      proxy.restore();
+      const task = await worker.take(5000);
+      await worker.taken(task);
+      await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+      const w = await waiting;
+      assert.equal(w.code, 0, w.stderr);
+      assert.match(w.stderr, /NATS answers again/);
+      assert.equal(w.stdout, `batch ${b}: all 1 tasks succeeded\n`);
+    } finally {
+      proxy.close();
+    }
+  });
+
+  test("wait whose NATS stays away gives up after --retry-ms with exit 3, saying so", async () => {
+    const proxy = await cuttableProxy(stack.server.port);
+    try {
+      const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd: dir, url });
+      assert.equal(r.code, 0, r.stderr);
+      const b = r.stdout.trim();
+      let err = "";
+      const waiting = ci(["batch", "wait", b, "--retry-ms", "8000"], { url: proxy.url, timeoutMs: 120000, onStderr: (e) => (err = e) });
+      await until("wait printed its first progress line", async () => /0\/1 ended/.test(err));
+      const t0 = Date.now();
+      proxy.cut();
+      const w = await waiting;
+      const took = Date.now() - t0;
+      assert.equal(w.code, 3, w.stderr);
+      assert.equal(w.stdout, "");
+      assert.match(w.stderr, new RegExp(`batch ${b}: .*; asking again for up to 8 s\n`));
+      assert.match(w.stderr, new RegExp(`batch ${b}: .* \\(no answer for \\d+ s, --retry-ms 8000: giving up\\)\n$`));
+      const [, said] = w.stderr.match(/no answer for (\d+) s/);
+      assert.ok(Number(said) >= 8, `gave up after ${said} s without an answer, before --retry-ms`);
+      // The window after the last answer (less than a poll before the cut)
+      // and at most one request's 5 s wait: not the default 30 s.
+      assert.ok(took < 25000, `exit ${took} ms after NATS went away`);
+      assert.ok(proxy.refused >= 1, "its connection tried again");
+    } finally {
+      proxy.close();
     }
   });
 });
