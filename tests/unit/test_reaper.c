@@ -472,7 +472,7 @@ static void t_init_will_not_exit(void)
 
 /* At stop, what is queued is freed in parallel: three runs whose inits
  * will not exit take about one free's time, not three (sequential before:
- * 3 x ONE_FREE_MS, less what the first had done). */
+ * 3 x ONE_FREE_MS, less what the first had done: 35.8 s measured). */
 static void t_stop_in_parallel(void)
 {
     struct ci_config *c = make_config(3);
@@ -492,7 +492,7 @@ static void t_stop_in_parallel(void)
     int64_t took = ci_mono_ms() - t0;
     fprintf(stderr, "the stop with three frozen inits took %lld ms (one free: ~%d ms)\n",
             (long long)took, ONE_FREE_MS);
-    CHECK(took < ONE_FREE_MS * 3 / 2);
+    CHECK(took < ONE_FREE_MS * 2); /* ~12 s; before ~31-36 s; slack for a loaded machine */
     CHECK(set_frozen(false));
     for (int i = 0; i < 3; i++)
         CHECK(gone_within(inits[i], 5000));
