@@ -645,6 +645,20 @@ static ci_status connect_broker(const struct ci_config *cfg, struct ci_broker **
     }
 }
 
+/* Each thing the provider found as it started, once, under its own name:
+ * only worker.no_isolation means tasks run without namespaces. */
+static void log_provider_notes(const struct ci_provider *provider)
+{
+    struct ci_provider_notes notes;
+    ci_provider_notes(provider, &notes);
+    if (notes.no_sandbox[0]) /* isolation: auto fell back to no sandbox */
+        ci_log(CI_LOG_WARN, "worker.no_isolation", "warning", notes.no_sandbox, NULL);
+    if (notes.warm_unavailable[0]) /* tasks run cold, in the sandbox */
+        ci_log(CI_LOG_WARN, "worker.warm_unavailable", "warning", notes.warm_unavailable, NULL);
+    if (notes.task_uids_off[0])
+        ci_log(CI_LOG_WARN, "worker.task_uids_off", "warning", notes.task_uids_off, NULL);
+}
+
 static int run_worker(const struct ci_config *cfg)
 {
     struct worker w;
@@ -672,8 +686,7 @@ static int run_worker(const struct ci_config *cfg)
         ci_log(CI_LOG_ERROR, "worker.provider_failed", "error", e.msg, NULL);
         goto out;
     }
-    if (e.msg[0]) /* isolation: auto fell back to no sandbox: say it once */
-        ci_log(CI_LOG_WARN, "worker.no_isolation", "warning", e.msg, NULL);
+    log_provider_notes(w.env.provider);
     read_versions(&w);
     w.n_slots = ci_config_slots(cfg);
     w.slots = calloc(w.n_slots, sizeof(*w.slots));
