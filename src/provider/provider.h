@@ -26,6 +26,7 @@ struct ci_warm_stats {
     unsigned ready;       /* warm runtimes ready to take a task now */
     uint64_t became_ready; /* warm runtimes that have become ready so far */
     uint64_t died;        /* died without being retired, before or after they were ready */
+    uint64_t fallbacks;   /* tasks that ran cold because no warm runtime took them */
     char last_failure[480]; /* why the last one failed to start, "" if none did */
 };
 

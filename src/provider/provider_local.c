@@ -305,6 +305,7 @@ static void local_warm_stats(void *ctx, struct ci_warm_stats *ret)
     ret->ready = st.ready;
     ret->became_ready = st.became_ready;
     ret->died = st.failed + st.crashed;
+    ret->fallbacks = fallbacks;
     snprintf(ret->last_failure, sizeof(ret->last_failure), "%s", st.last_failure);
 }
 

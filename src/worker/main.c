@@ -462,6 +462,7 @@ static void collect_live(void *closure, struct ci_metrics_live *ret)
     ci_provider_warm_stats(w->env.provider, &ws);
     ret->warm_pool_size = ws.ready;
     ret->warm_deaths = ws.died;
+    ret->warm_fallbacks = ws.fallbacks;
     ret->session_tasks_waiting = ci_waitroom_count(w->room);
 }
 
