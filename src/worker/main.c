@@ -553,13 +553,17 @@ static void on_batch_sealed(const char *batch_id, const void *body, size_t len, 
 }
 
 /* A cancel of a batch (contract §20): every running task of it. Tasks of
- * the batch that come later find the cancel on the stream. The memo
- * forgets the batch first: a slot that looked at it before is seen by the
- * loop below (its batch_id was set before it looked). */
+ * the batch that come later find it in the memo (or on the stream, should
+ * the memo have made room). The memo first: a slot that looked at the
+ * batch before is seen by the loop below (its batch_id was set before it
+ * looked). */
 static void on_batch_cancel(const char *batch_id, void *closure)
 {
     struct worker *w = closure;
-    ci_batch_memo_cancel(w->env.batches, batch_id);
+    /* It sticks while the stream keeps it: the stream may not show it to
+     * a task taken a moment later yet. */
+    ci_batch_memo_cancel(w->env.batches, batch_id,
+                         ci_now_ms() + (int64_t)w->env.cfg->batches.max_age_s * 1000);
     for (size_t i = 0; i < w->n_slots; i++)
         ci_slot_cancel_batch(&w->env, &w->slots[i], batch_id);
 }
