@@ -1174,33 +1174,20 @@ static ci_status batch_complete(const struct task *t, struct ci_error *err)
     return batch_complete_if(t->env->broker, t->batch, total, &c, t->id, err);
 }
 
-/* How long the worker that gets a seal waits for it to be stored (the
- * message may reach it before the stream has it). */
-#define SEAL_STORED_TRIES 20
-#define SEAL_STORED_WAIT_MS 50
-
-void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id)
+ci_status ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id,
+                               struct ci_error *err)
 {
     /* Counted only once the seal is read from the stream: an end stored
      * after this count then sees the seal (batch_complete), and the total
      * is the stored seal's, as every worker reads it. */
     uint64_t total = 0;
-    struct ci_error e = {{0}};
-    ci_status s = CI_ERR_NOT_FOUND;
-    for (int i = 0; i < SEAL_STORED_TRIES && s == CI_ERR_NOT_FOUND; i++) {
-        if (i) {
-            struct timespec ts = {0, SEAL_STORED_WAIT_MS * 1000000L};
-            nanosleep(&ts, NULL);
-        }
-        s = batch_seal(env, batch_id, &total, &e);
-    }
+    ci_status s = batch_seal(env, batch_id, &total, err);
     struct ci_batch_counts c;
     if (!s)
-        s = ci_broker_batch_counts(env->broker, batch_id, &c, &e);
+        s = ci_broker_batch_counts(env->broker, batch_id, &c, err);
     if (!s)
-        s = batch_complete_if(env->broker, batch_id, total, &c, "seal", &e);
-    if (s && s != CI_ERR_INVALID) /* a bad seal was said once */
-        ci_log(CI_LOG_WARN, "batch.complete_failed", "batch_id", batch_id, "error", e.msg, NULL);
+        s = batch_complete_if(env->broker, batch_id, total, &c, "seal", err);
+    return s;
 }
 
 /* Its end is stored: the slot lets go of the task. false when another
