@@ -2158,6 +2158,14 @@ ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err)
 {
+    int64_t stored_ms = 0;
+    return ci_broker_batch_last_at(b, batch_id, event, ret_data, ret_len, &stored_ms, err);
+}
+
+ci_status ci_broker_batch_last_at(struct ci_broker *b, const char *batch_id, const char *event,
+                                  uint8_t **ret_data, size_t *ret_len, int64_t *ret_stored_ms,
+                                  struct ci_error *err)
+{
     char subj[SUBJECT_MAX];
     ci_status r = batch_event_subject(b, batch_id, event, subj, sizeof(subj), err);
     if (r)
@@ -2184,6 +2192,7 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
     copy[n > 0 ? n : 0] = '\0';
     *ret_data = copy;
     *ret_len = n > 0 ? (size_t)n : 0;
+    *ret_stored_ms = natsMsg_GetTime(m) / 1000000;
     return CI_OK;
 }
 

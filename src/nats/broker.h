@@ -287,6 +287,12 @@ ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint
  * CI_ERR_NOT_FOUND when there is none. */
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err);
+/* The same, and *ret_stored_ms: when the stream stored it (wall clock, ms
+ * since the epoch, the server's; 0 when the server did not say), so that a
+ * copy kept is dropped when the stream drops it (batches.max_age_s). */
+ci_status ci_broker_batch_last_at(struct ci_broker *b, const char *batch_id, const char *event,
+                                  uint8_t **ret_data, size_t *ret_len, int64_t *ret_stored_ms,
+                                  struct ci_error *err);
 /* Calls fn with each message on <batch_events_prefix>.<batch_id>.<event>
  * (event "*": all of the batch's events), oldest first, from the first
  * until the consumer has none pending (an ordered consumer; its num_pending

@@ -231,6 +231,14 @@ static void t_last_seal_and_cancel(void)
     CHECK(ci_batch_seal_total(data, len, &total, &e) == CI_OK && total == 2);
     free(data);
     data = NULL;
+    /* When the stream stored it (a worker keeps the seal only while the
+     * stream does): the server's clock, this machine's here. */
+    int64_t stored_ms = 0, before = ci_now_ms();
+    CHECK(event(b, "b4", "sealed", NULL, "{\"total\":\"3\"}", NULL) == CI_OK);
+    REQUIRE(ci_broker_batch_last_at(b, "b4", "sealed", &data, &len, &stored_ms, &e) == CI_OK);
+    CHECK(stored_ms >= before - 1000 && stored_ms <= ci_now_ms() + 1000);
+    free(data);
+    data = NULL;
     CHECK(ci_broker_batch_last(b, "b..d", "sealed", &data, &len, &e) == CI_ERR_INVALID);
     ci_broker_free(b);
     ci_config_free(cfg);
