@@ -1615,7 +1615,8 @@ static void usage(FILE *out)
           "  --save-dir DIR     ci mcp: save CSV/PNG artifacts under DIR/TASK_ID/\n"
           "                     (default $TMPDIR/ci-mcp-UID, made 0700)\n"
           "  --format F         ci tools: openai, anthropic or mcp\n"
-          "  --output           ci watch: show the task's output as it is written\n"          "  --retry-ms N       ci batch wait: while NATS does not answer, ask again for up\n"
+          "  --output           ci watch: show the task's output as it is written\n"
+          "  --retry-ms N       ci batch wait: while NATS does not answer, ask again for up\n"
           "                     to N ms before giving up with exit 3 (default 30000)\n"
           "  --file-each GLOB   ci batch submit: one task per file matched\n"
           "  --batch B          ci batch submit: the batch id ([A-Za-z0-9_-], short enough\n"
@@ -1686,8 +1687,7 @@ int main(int argc, char **argv)
             } else if (c == 'm') {
                 o.memory_mb = (uint32_t)v;
                 o.memory_set = true;
-            }
-            else if (c == 'R') {
+            } else if (c == 'R') {
                 o.retry_ms = (int64_t)v;
                 o.retry_set = true;
             } else {
