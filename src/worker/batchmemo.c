@@ -12,8 +12,8 @@ struct memo_entry {
     bool sealed;
     uint64_t total;
     int64_t sealed_until; /* wall clock: when the stream drops the seal */
-    bool cancelled;       /* a cancel came through the subscription ... */
-    int64_t cancelled_until; /* ... that the stream keeps until then (wall clock) */
+    bool cancelled;          /* a cancel came (the subscription), or a look found one, ... */
+    int64_t cancelled_until; /* ... that sticks until then (wall clock) */
     bool no_cancel;       /* a look found none ... */
     int64_t no_cancel_ms; /* ... that began then ... */
     uint64_t link;        /* ... on this link */
@@ -135,14 +135,27 @@ void ci_batch_memo_no_cancel(struct ci_batch_memo *m, const char *batch_id, uint
     pthread_mutex_unlock(&m->lock);
 }
 
-void ci_batch_memo_cancel(struct ci_batch_memo *m, const char *batch_id, int64_t until_ms)
+/* The batch is cancelled until until_ms at least. Under the lock. */
+static void stick(struct memo_entry *x, int64_t until_ms)
+{
+    if (!x->cancelled || x->cancelled_until < until_ms)
+        x->cancelled_until = until_ms;
+    x->cancelled = true;
+    x->no_cancel = false;
+}
+
+void ci_batch_memo_cancel(struct ci_batch_memo *m, const char *batch_id, int64_t wall_ms)
 {
     pthread_mutex_lock(&m->lock);
     m->gen++;
-    struct memo_entry *x = find_or_make(m, batch_id);
-    x->no_cancel = false;
-    x->cancelled = true;
-    x->cancelled_until = until_ms;
+    stick(find_or_make(m, batch_id), wall_ms + CI_BATCH_MEMO_CANCEL_GRACE_MS);
+    pthread_mutex_unlock(&m->lock);
+}
+
+void ci_batch_memo_cancel_stored(struct ci_batch_memo *m, const char *batch_id, int64_t until_ms)
+{
+    pthread_mutex_lock(&m->lock);
+    stick(find_or_make(m, batch_id), until_ms);
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -150,8 +163,11 @@ bool ci_batch_memo_cancelled(struct ci_batch_memo *m, const char *batch_id, int6
 {
     pthread_mutex_lock(&m->lock);
     struct memo_entry *x = find(m, batch_id);
+    /* Past its time: the stream dropped it (the id may be another batch's
+     * now), or one that only came through the subscription was not stored
+     * (the stream refused it): a look at the stream decides again. */
     if (x && x->cancelled && wall_ms >= x->cancelled_until)
-        x->cancelled = false; /* the stream dropped it: the id may be another batch's now */
+        x->cancelled = false;
     bool cancelled = x && x->cancelled;
     pthread_mutex_unlock(&m->lock);
     return cancelled;

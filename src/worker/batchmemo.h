@@ -16,10 +16,14 @@
  *   was down is lost) and only if no cancel of any batch came while the
  *   look was in flight (a generation).
  * - that a batch was cancelled: a cancel that came through the
- *   subscription sticks (until the stream drops it), so a task of the
- *   batch taken after it ends CANCELLED without a look, even when the
+ *   subscription sticks for CI_BATCH_MEMO_CANCEL_GRACE_MS, so a task of
+ *   the batch taken meanwhile ends CANCELLED without a look, even when the
  *   stream does not show the cancel yet (the subscription may get it
  *   before it is stored), and no look that found none is kept after it.
+ *   Not longer: every subscriber gets the message also when the stream
+ *   refused to store it (no leader, storage full), and the client then
+ *   says the cancel failed. After that a look at the stream decides: a
+ *   cancel it finds sticks as long as the stream keeps it.
  *
  * - how many tasks of a batch the worker's slots hold (taken, their end
  *   not stored yet): a slot that stores an end while another still holds
@@ -47,6 +51,11 @@
  * cancel the subscription missed (published in the moment before it was
  * made) is still seen this long after. */
 #define CI_BATCH_MEMO_NO_CANCEL_MS 2000
+
+/* How long a cancel that came through the subscription sticks without a
+ * look at the stream: well past the moment its store takes (a client's
+ * publish waits a few seconds for its ack), short against a day. */
+#define CI_BATCH_MEMO_CANCEL_GRACE_MS 15000
 
 struct ci_batch_memo;
 
@@ -77,11 +86,16 @@ bool ci_batch_memo_uncancelled(struct ci_batch_memo *m, const char *batch_id, in
  * batch's, too late for the look), or one of this batch came ever. */
 void ci_batch_memo_no_cancel(struct ci_batch_memo *m, const char *batch_id, uint64_t gen,
                              int64_t looked_ms, uint64_t link);
-/* A cancel of the batch came (the subscription). It sticks until until_ms
- * (wall clock: when the stream drops it). */
-void ci_batch_memo_cancel(struct ci_batch_memo *m, const char *batch_id, int64_t until_ms);
-/* Whether a cancel of the batch came (the subscription) that the stream
- * still keeps at wall_ms: its tasks end CANCELLED without a look. */
+/* A cancel of the batch came (the subscription) at wall_ms (wall clock).
+ * It sticks CI_BATCH_MEMO_CANCEL_GRACE_MS (or longer, if one found stored
+ * sticks longer). */
+void ci_batch_memo_cancel(struct ci_batch_memo *m, const char *batch_id, int64_t wall_ms);
+/* A look found a cancel of the batch stored: it sticks until until_ms
+ * (wall clock: when the stream drops it), or longer if it did already. */
+void ci_batch_memo_cancel_stored(struct ci_batch_memo *m, const char *batch_id,
+                                 int64_t until_ms);
+/* Whether a cancel of the batch sticks at wall_ms: its tasks end
+ * CANCELLED without a look. */
 bool ci_batch_memo_cancelled(struct ci_batch_memo *m, const char *batch_id, int64_t wall_ms);
 
 /* A slot holds a task of the batch (it took it). */

@@ -576,10 +576,9 @@ static ci_status try_seal(void *closure, const char *batch_id, struct ci_error *
 static void on_batch_cancel(const char *batch_id, void *closure)
 {
     struct worker *w = closure;
-    /* It sticks while the stream keeps it: the stream may not show it to
-     * a task taken a moment later yet. */
-    ci_batch_memo_cancel(w->env.batches, batch_id,
-                         ci_now_ms() + (int64_t)w->env.cfg->batches.max_age_s * 1000);
+    /* It sticks a while: the stream may not show it to a task taken a
+     * moment later yet (and may refuse it: then it does not stick). */
+    ci_batch_memo_cancel(w->env.batches, batch_id, ci_now_ms());
     for (size_t i = 0; i < w->n_slots; i++)
         ci_slot_cancel_batch(&w->env, &w->slots[i], batch_id);
 }

@@ -1260,8 +1260,9 @@ static enum ci_task_end batch_retry(struct task *t)
 }
 
 /* Before the task runs: a cancel of its batch ends it CANCELLED, one that
- * came through the worker's subscription (the memo keeps it: the stream
- * may not show it yet) or one on the stream (the last message on
+ * came through the worker's subscription moments ago (the memo keeps it
+ * CI_BATCH_MEMO_CANCEL_GRACE_MS: the stream may not show it yet) or one on
+ * the stream (kept then while the stream keeps it; the last message on
  * <prefix>.<b>.cancel, read from the stream's leader: a replica that lags
  * could say "none" for a cancel just stored). Not looked for again while
  * the memo says a look found none moments ago: a cancel published since
@@ -1281,7 +1282,12 @@ static bool batch_begin(struct task *t, struct result *r, enum ci_task_end *ret_
         struct ci_error e = {{0}};
         CI_AUTOFREE uint8_t *data = NULL;
         size_t len = 0;
-        ci_status s = ci_broker_batch_last(t->env->broker, t->batch, "cancel", &data, &len, &e);
+        int64_t stored_ms = 0;
+        ci_status s = ci_broker_batch_last_at(t->env->broker, t->batch, "cancel", &data, &len,
+                                              &stored_ms, &e);
+        int64_t max_age_ms = (int64_t)t->env->cfg->batches.max_age_s * 1000;
+        if (!s && memo && stored_ms > 0) /* stored: sticks while the stream keeps it */
+            ci_batch_memo_cancel_stored(memo, t->batch, stored_ms + max_age_ms);
         if (s == CI_ERR_NOT_FOUND) {
             if (memo)
                 ci_batch_memo_no_cancel(memo, t->batch, gen, looked_ms, link);

@@ -2,7 +2,8 @@
  * contract §20): seals kept until room is needed; a look that found no
  * cancel stands in for later looks only briefly, on the same link, and
  * never once a cancel came while it was in flight or after it; a cancel
- * sticks until the stream drops it, and so does a seal; the slot that lets
+ * from the subscription sticks for a grace, one found stored until the
+ * stream drops it, and so does a seal; the slot that lets
  * go of a batch's task last counts, also when it gives the task up after
  * another slot's end left the count to it. */
 #include "worker/batchmemo.h"
@@ -37,7 +38,7 @@ static void test_seal_kept(void)
     CHECK(ci_batch_memo_sealed(m, "b1", NOW, &total) && total == 200);
     CHECK(!ci_batch_memo_sealed(m, "b2", NOW, &total));
     /* A cancel forgets the lack of a cancel, not the seal. */
-    ci_batch_memo_cancel(m, "b1", UNTIL);
+    ci_batch_memo_cancel(m, "b1", NOW);
     CHECK(ci_batch_memo_sealed(m, "b1", NOW, &total) && total == 200);
     ci_batch_memo_free(m);
 }
@@ -94,11 +95,11 @@ static void test_cancel_forgets(void)
     ci_batch_memo_no_cancel(m, "b", gen, 0, 0);
     ci_batch_memo_uncancelled(m, "c", 0, 0, &gen);
     ci_batch_memo_no_cancel(m, "c", gen, 0, 0);
-    ci_batch_memo_cancel(m, "b", UNTIL);
+    ci_batch_memo_cancel(m, "b", NOW);
     CHECK(!ci_batch_memo_uncancelled(m, "b", 1, 0, NULL));
     CHECK(ci_batch_memo_uncancelled(m, "c", 1, 0, NULL)); /* another batch's cancel */
     /* A cancel of a batch the memo does not know is fine. */
-    ci_batch_memo_cancel(m, "zzz", UNTIL);
+    ci_batch_memo_cancel(m, "zzz", NOW);
     CHECK(ci_batch_memo_uncancelled(m, "c", 1, 0, NULL));
     ci_batch_memo_free(m);
 }
@@ -110,7 +111,7 @@ static void test_cancel_during_a_look_wins(void)
     CHECK(!ci_batch_memo_uncancelled(m, "b", 0, 0, &gen));
     /* The look is in flight; a cancel comes through the subscription (of
      * this batch, or any: the look may have been too early for it). */
-    ci_batch_memo_cancel(m, "someother", UNTIL);
+    ci_batch_memo_cancel(m, "someother", NOW);
     ci_batch_memo_no_cancel(m, "b", gen, 0, 0);
     CHECK(!ci_batch_memo_uncancelled(m, "b", 1, 0, &gen));
     /* The next look, with nothing in between, is kept. */
@@ -192,23 +193,72 @@ static void test_room_never_makes_more_held(void)
 /* A cancel that came through the subscription before the stream stored
  * it: a task taken after it looks, finds none on the stream, and must not
  * make the memo say "no cancel" (every task of the batch would run for
- * CI_BATCH_MEMO_NO_CANCEL_MS). It sticks. */
+ * CI_BATCH_MEMO_NO_CANCEL_MS). It sticks, for the grace. */
 static void test_a_cancel_sticks(void)
 {
     struct ci_batch_memo *m = memo(4);
     uint64_t gen = 0;
     CHECK(!ci_batch_memo_cancelled(m, "b", NOW));
-    ci_batch_memo_cancel(m, "b", UNTIL);
+    ci_batch_memo_cancel(m, "b", NOW);
     CHECK(ci_batch_memo_cancelled(m, "b", NOW));
     CHECK(!ci_batch_memo_cancelled(m, "other", NOW));
     CHECK(!ci_batch_memo_uncancelled(m, "b", 1000, 0, &gen));
     ci_batch_memo_no_cancel(m, "b", gen, 1000, 0); /* the stream did not show it yet */
     CHECK(!ci_batch_memo_uncancelled(m, "b", 1001, 0, &gen));
     CHECK(ci_batch_memo_cancelled(m, "b", NOW + 1000));
-    /* Until the stream drops it: the id may be another batch's then. */
+    CHECK(ci_batch_memo_cancelled(m, "b", NOW + CI_BATCH_MEMO_CANCEL_GRACE_MS - 1));
+    ci_batch_memo_free(m);
+}
+
+/* A cancel that came through the subscription but that the stream refused
+ * to store (no leader, storage full: ci batch cancel says it failed) does
+ * not stick for a day: past the grace, a look that finds none on the
+ * stream stands, and the batch's tasks run. The grace is short against
+ * the day the stream keeps a cancel, and long against its store. */
+static void test_a_cancel_not_stored_goes_after_the_grace(void)
+{
+    CHECK(CI_BATCH_MEMO_CANCEL_GRACE_MS >= 10000 && CI_BATCH_MEMO_CANCEL_GRACE_MS <= 30000);
+    struct ci_batch_memo *m = memo(4);
+    uint64_t gen = 0;
+    ci_batch_memo_cancel(m, "b", NOW);
+    CHECK(ci_batch_memo_cancelled(m, "b", NOW + CI_BATCH_MEMO_CANCEL_GRACE_MS - 1));
+    CHECK(!ci_batch_memo_cancelled(m, "b", NOW + CI_BATCH_MEMO_CANCEL_GRACE_MS));
+    CHECK(!ci_batch_memo_cancelled(m, "b", NOW + 60000));
+    CHECK(!ci_batch_memo_uncancelled(m, "b", 70000, 0, &gen));
+    ci_batch_memo_no_cancel(m, "b", gen, 70000, 0); /* the look found none: it stands */
+    CHECK(ci_batch_memo_uncancelled(m, "b", 70001, 0, NULL));
+    CHECK(!ci_batch_memo_cancelled(m, "b", NOW + 70001));
+    /* Another cancel that comes sticks again. */
+    ci_batch_memo_cancel(m, "b", NOW + 80000);
+    CHECK(ci_batch_memo_cancelled(m, "b", NOW + 80001));
+    CHECK(!ci_batch_memo_uncancelled(m, "b", 80001, 0, NULL));
+    ci_batch_memo_free(m);
+}
+
+/* A cancel that a look found stored sticks until the stream drops it (the
+ * id may be another batch's then), also after the grace of one that came
+ * through the subscription; a later copy through the subscription does
+ * not shorten it. */
+static void test_a_stored_cancel_sticks_while_the_stream_keeps_it(void)
+{
+    struct ci_batch_memo *m = memo(4);
+    uint64_t gen = 0;
+    ci_batch_memo_cancel(m, "b", NOW);
+    ci_batch_memo_cancel_stored(m, "b", UNTIL);
+    CHECK(ci_batch_memo_cancelled(m, "b", NOW + CI_BATCH_MEMO_CANCEL_GRACE_MS));
+    ci_batch_memo_cancel(m, "b", NOW + 1000);
+    CHECK(ci_batch_memo_cancelled(m, "b", UNTIL - 1));
     CHECK(!ci_batch_memo_cancelled(m, "b", UNTIL));
+    CHECK(!ci_batch_memo_uncancelled(m, "b", 2000, 0, &gen));
     ci_batch_memo_no_cancel(m, "b", gen, 2000, 0);
     CHECK(ci_batch_memo_uncancelled(m, "b", 2001, 0, NULL));
+    /* Found stored without the subscription's copy (the worker subscribed
+     * after it came, or the memo made room): it sticks as well. */
+    ci_batch_memo_uncancelled(m, "c", 3000, 0, &gen);
+    ci_batch_memo_no_cancel(m, "c", gen, 3000, 0);
+    ci_batch_memo_cancel_stored(m, "c", UNTIL);
+    CHECK(ci_batch_memo_cancelled(m, "c", UNTIL - 1));
+    CHECK(!ci_batch_memo_uncancelled(m, "c", 3001, 0, NULL));
     ci_batch_memo_free(m);
 }
 
@@ -243,4 +293,6 @@ TEST_MAIN(T(test_seal_kept), T(test_least_recently_used_makes_room),
           T(test_no_cancel_stands_briefly), T(test_cancel_forgets),
           T(test_cancel_during_a_look_wins), T(test_the_slot_that_lets_go_last_counts),
           T(test_a_given_up_task_counts_what_was_left_to_it), T(test_room_never_makes_more_held),
-          T(test_a_cancel_sticks), T(test_a_seal_goes_with_the_stream), T(test_zero_cap_is_one))
+          T(test_a_cancel_sticks), T(test_a_cancel_not_stored_goes_after_the_grace),
+          T(test_a_stored_cancel_sticks_while_the_stream_keeps_it),
+          T(test_a_seal_goes_with_the_stream), T(test_zero_cap_is_one))
