@@ -78,7 +78,6 @@ struct worker {
     struct ci_monitor *monitor;
     struct ci_heartbeat *heartbeat;
     struct ci_waitroom *room; /* session tasks waiting for their turn */
-    struct ci_sealwait *seals; /* seals to count, off the subscription's thread */
     struct ci_manifest_versions versions; /* read once at start (contract §18) */
     bool manifest_failing;                /* the last manifest write failed */
 };
@@ -559,7 +558,7 @@ static void on_batch_sealed(const char *batch_id, const void *body, size_t len, 
     struct worker *w = closure;
     (void)body;
     (void)len;
-    ci_sealwait_add(w->seals, batch_id);
+    ci_sealwait_add(w->env.seals, batch_id);
 }
 
 static ci_status try_seal(void *closure, const char *batch_id, struct ci_error *err)
@@ -795,7 +794,7 @@ static int run_worker(const struct ci_config *cfg)
         .max_pause_ms = SEAL_MAX_PAUSE_MS,
         .give_up_ms = SEAL_GIVE_UP_MS,
     };
-    if (ci_sealwait_start(&so, &w.seals, &e)) {
+    if (ci_sealwait_start(&so, &w.env.seals, &e)) {
         ci_log(CI_LOG_ERROR, "worker.thread_failed", "thread", "seals", "error", e.msg, NULL);
         goto out;
     }
@@ -892,9 +891,9 @@ out:
     ci_waitroom_close(w.room);
     /* Its tries use the broker; the seal subscription may still add (no
      * more tries) until the broker is freed. */
-    ci_sealwait_stop(w.seals);
+    ci_sealwait_stop(w.env.seals);
     ci_broker_free(w.env.broker);
-    ci_sealwait_free(w.seals);
+    ci_sealwait_free(w.env.seals);
     ci_waitroom_free(w.room);
     ci_metrics_free(w.env.metrics);
     ci_batch_memo_free(w.env.batches);

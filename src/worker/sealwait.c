@@ -16,6 +16,7 @@ struct waiting {
     int64_t next_ms;   /* the next try */
     int64_t pause_ms;  /* after the next try that is not done */
     bool trying;       /* its try is under way (the thread's, off the lock) */
+    bool seal;         /* a seal came (ci_sealwait_add): a seal not found is tried again */
 };
 
 struct ci_sealwait {
@@ -71,21 +72,32 @@ static void *sealwait_main(void *p)
         pthread_mutex_lock(&s->lock);
         x->trying = false;
         now = mono_ms();
-        if (r != CI_OK && r != CI_ERR_INVALID && now - x->came_ms >= s->o.give_up_ms)
-            ci_log_num(CI_LOG_WARN, "batch.complete_failed", "waited_ms", now - x->came_ms,
-                       "batch_id", batch_id, "error", e.msg, NULL);
-        if (r == CI_OK || r == CI_ERR_INVALID || now - x->came_ms >= s->o.give_up_ms) {
+        /* A count owed finds no seal: the batch is not sealed, and the
+         * seal's own count comes when it is (unless a seal came meanwhile,
+         * which add() noted). */
+        bool done = r == CI_OK || r == CI_ERR_INVALID || (r == CI_ERR_NOT_FOUND && !x->seal);
+        int64_t waited = now - x->came_ms;
+        if (done || waited >= s->o.give_up_ms) {
             x->batch_id[0] = '\0';
+            if (!done) { /* logged off the lock: add() never waits on a log write */
+                pthread_mutex_unlock(&s->lock);
+                ci_log_num(CI_LOG_WARN, "batch.complete_failed", "waited_ms", waited,
+                           "batch_id", batch_id, "error", e.msg, NULL);
+                pthread_mutex_lock(&s->lock);
+            }
             continue;
         }
         x->next_ms = now + x->pause_ms;
         x->pause_ms = x->pause_ms * 2 < s->o.max_pause_ms ? x->pause_ms * 2 : s->o.max_pause_ms;
     }
+    pthread_mutex_unlock(&s->lock);
+    /* Off the lock: once stopped, add() touches no entry. */
     for (size_t i = 0; i < s->o.cap; i++)
         if (s->w[i].batch_id[0])
             ci_log(CI_LOG_WARN, "batch.complete_failed", "batch_id", s->w[i].batch_id, "error",
-                   "the worker stopped before the seal could be read", NULL);
-    pthread_mutex_unlock(&s->lock);
+                   s->w[i].seal ? "the worker stopped before the seal could be read"
+                                : "the worker stopped before the batch could be counted",
+                   NULL);
     return NULL;
 }
 
@@ -113,38 +125,62 @@ ci_status ci_sealwait_start(const struct ci_sealwait_opts *o, struct ci_sealwait
     return CI_OK;
 }
 
-void ci_sealwait_add(struct ci_sealwait *s, const char *batch_id)
+/* Adds the batch (seal: a seal came; else a count is owed), once. */
+static void add(struct ci_sealwait *s, const char *batch_id, bool seal)
 {
     if (!s || !batch_id || !batch_id[0] || strlen(batch_id) >= sizeof(s->w[0].batch_id))
         return;
     pthread_mutex_lock(&s->lock);
-    struct waiting *free_one = NULL;
-    bool there = s->stop; /* stopped: as if it were there */
-    for (size_t i = 0; i < s->o.cap && !there; i++) {
+    struct waiting *free_one = NULL, *x = NULL;
+    for (size_t i = 0; i < s->o.cap && !s->stop && !x; i++) {
         if (!s->w[i].batch_id[0]) {
             if (!free_one)
                 free_one = &s->w[i];
         } else if (strcmp(s->w[i].batch_id, batch_id) == 0) {
-            there = true;
+            x = &s->w[i];
         }
     }
-    if (!there && free_one) {
-        int64_t now = mono_ms();
+    int64_t now = mono_ms();
+    if (x && seal && !x->seal) {
+        /* A count owed waits already: now a seal not found yet is waited
+         * for, as long as for any seal, and tried at once. */
+        x->seal = true;
+        x->came_ms = now;
+        x->next_ms = now;
+        x->pause_ms = s->o.first_ms;
+        pthread_cond_signal(&s->cond);
+    } else if (!x && free_one) {
         snprintf(free_one->batch_id, sizeof(free_one->batch_id), "%s", batch_id);
+        free_one->seal = seal;
         free_one->came_ms = now;
         free_one->next_ms = now;
         free_one->pause_ms = s->o.first_ms;
         pthread_cond_signal(&s->cond);
     }
+    bool dropped = !s->stop && !x && !free_one;
     pthread_mutex_unlock(&s->lock);
-    if (!there && !free_one)
+    if (dropped)
         ci_log(CI_LOG_WARN, "batch.complete_failed", "batch_id", batch_id, "error",
-               "too many seals wait to be read: this one is not counted here", NULL);
+               seal ? "too many seals wait to be read: this one is not counted here"
+                    : "too many batches wait to be counted: this one is not counted here",
+               NULL);
+}
+
+void ci_sealwait_add(struct ci_sealwait *s, const char *batch_id)
+{
+    add(s, batch_id, true);
+}
+
+void ci_sealwait_count(struct ci_sealwait *s, const char *batch_id)
+{
+    add(s, batch_id, false);
 }
 
 size_t ci_sealwait_waiting(struct ci_sealwait *s)
 {
     size_t n = 0;
+    if (!s)
+        return 0;
     pthread_mutex_lock(&s->lock);
     for (size_t i = 0; i < s->o.cap; i++)
         n += s->w[i].batch_id[0] != '\0';

@@ -6,10 +6,15 @@
  * subscription's thread never waits, and a slow store does not make the
  * worker give up after a second.
  *
+ * A count that a task's end owed its batch and could not make (NATS
+ * failed, and no redelivery will count in its place) is tried again the
+ * same way (ci_sealwait_count), except that a batch whose seal is not
+ * found is done: it is not sealed, and its seal's count comes later.
+ *
  * The try is the caller's (fn: worker/task.c's ci_task_batch_sealed), so
  * that the waiting is tested without NATS. At most cap batches wait; a
- * seal past that is logged and dropped (nothing else is lost: a later end
- * of the batch, or the client that sealed, counts it too). */
+ * batch past that is logged and dropped (nothing else is lost for a seal:
+ * a later end of the batch, or the client that sealed, counts it too). */
 #ifndef CI_SEALWAIT_H
 #define CI_SEALWAIT_H
 
@@ -39,9 +44,16 @@ ci_status ci_sealwait_start(const struct ci_sealwait_opts *o, struct ci_sealwait
                             struct ci_error *err);
 /* A seal of the batch came: tried at once on the thread, then again as
  * above. A batch already waiting is not added twice. Never waits; after
- * ci_sealwait_stop, does nothing. */
+ * ci_sealwait_stop, or with w NULL, does nothing. */
 void ci_sealwait_add(struct ci_sealwait *w, const char *batch_id);
-/* How many batches wait (tests). */
+/* A count of the batch is owed (a task's end whose count failed): tried at
+ * once on the thread, then again as above until done, or until the
+ * stream has no seal of the batch (CI_ERR_NOT_FOUND: not sealed, or not
+ * yet; unless a seal came meanwhile through ci_sealwait_add, which makes
+ * it wait for the seal). Never waits; after ci_sealwait_stop, or with w
+ * NULL, does nothing. */
+void ci_sealwait_count(struct ci_sealwait *w, const char *batch_id);
+/* How many batches wait (tests). 0 for NULL. */
 size_t ci_sealwait_waiting(struct ci_sealwait *w);
 /* Stops the thread after the try under way; what still waits is logged and
  * dropped. Before fn's means go (the broker); add may still be called. */

@@ -21,6 +21,7 @@
 #include "worker/batchmemo.h"
 #include "worker/liveout.h"
 #include "worker/publisher.h"
+#include "worker/sealwait.h"
 
 /* Room kept in a KV value or event for headers and framing. */
 #define PAYLOAD_SLACK 8192
@@ -1204,12 +1205,23 @@ static bool batch_let_go(struct task *t)
     return count;
 }
 
+/* A count that a task's end owed its batch failed, and no redelivery of
+ * the task will make it (superseded, or its last attempt): the seal
+ * thread tries it again for a while (worker/sealwait.h), else the batch
+ * would wait for a count that nobody makes. */
+static void batch_count_later(const struct task *t, const struct ci_error *e)
+{
+    ci_log(t->env->seals ? CI_LOG_INFO : CI_LOG_WARN,
+           t->env->seals ? "batch.count_later" : "batch.complete_failed", "task_id", t->id,
+           "batch_id", t->batch, "error", e->msg, NULL);
+    ci_sealwait_count(t->env->seals, t->batch);
+}
+
 /* A task given up without its end stored by this attempt (nak'ed,
  * superseded, its ended result unreadable): it comes back, or another
  * attempt has it and counts when it ends. That end may be stored already,
  * counted before an end of this worker that left its count to this slot:
- * then this let-go counts (once, as far as it goes: the next end of the
- * batch, or its seal, counts again). */
+ * then this let-go counts (NATS failing, the seal thread tries again). */
 static void batch_given_up(struct task *t)
 {
     if (!t->batch_held)
@@ -1219,8 +1231,7 @@ static void batch_given_up(struct task *t)
         return;
     struct ci_error e = {{0}};
     if (batch_complete(t, &e))
-        ci_log(CI_LOG_WARN, "batch.complete_failed", "task_id", t->id, "batch_id", t->batch,
-               "error", e.msg, NULL);
+        batch_count_later(t, &e);
 }
 
 /* A task whose terminal result is stored tells its batch, before its
@@ -1241,8 +1252,11 @@ static bool batch_ended(struct task *t, Ci__V1__TaskStatus status, const char *e
     if (!s)
         s = batch_publish(t, ci_task_status_short(status), msg_id, "application/json", body, len,
                           &e);
-    if (!s && batch_let_go(t))
+    if (!s && batch_let_go(t)) {
         s = batch_complete(t, &e);
+        if (s && ci_delivery_last_attempt(t->d))
+            batch_count_later(t, &e); /* its end is stored: no redelivery will count */
+    }
     if (!s)
         return true;
     ci_log(CI_LOG_ERROR, "task.infra_error", "task_id", t->id, "batch_id", t->batch, "step",

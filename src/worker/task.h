@@ -14,6 +14,7 @@
 #include "provider/provider.h"
 
 struct ci_batch_memo; /* worker/batchmemo.h */
+struct ci_sealwait;   /* worker/sealwait.h */
 
 /* What every slot shares; read-only while tasks run. */
 struct ci_worker_env {
@@ -25,6 +26,9 @@ struct ci_worker_env {
     /* What the worker knows of batches (seals, no cancel): NULL = nothing,
      * every batch task asks NATS. Thread-safe. */
     struct ci_batch_memo *batches;
+    /* Counts of batches tried again off the task's thread (a seal that
+     * came; a count a task's end could not make): NULL = none. */
+    struct ci_sealwait *seals;
 };
 
 /* A slot runs one task at a time. Its fields are shared with the cancel
