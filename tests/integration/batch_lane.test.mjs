@@ -192,7 +192,7 @@ describe("batch lane", () => {
     }
   });
 
-  test("an idle worker with 4 slots looks at the batch lane about once a second, not once per slot and second, and still takes a batch task within about a second", async () => {
+  test("an idle worker with 4 slots looks at the batch lane every 0.75-1.75 s, not once per slot and second, and still takes a batch task within about 1.75 s", async () => {
     // The pull requests themselves: a core subscription on each consumer's
     // next-message subject gets a copy of every one.
     const count = (consumerSubject) => {
