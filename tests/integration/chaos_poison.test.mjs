@@ -71,7 +71,7 @@ async function watchRecords(c, taskId) {
 // time out (its tasks' reads, 20 s a delivery), which is time the first's
 // tasks and worker kills can use.
 describe("poison", { concurrency: true }, () => {
-  describe("poison messages", () => {
+  describe("poison messages", { concurrency: 1 }, () => {
     let stack;
     before(async () => {
       stack = await startStack({ workers: 2, worker: { concurrency: 1, jetstream: { ack_wait_s: 5, max_deliver: 3 } } });
@@ -141,7 +141,7 @@ describe("poison", { concurrency: true }, () => {
     });
   });
 
-  describe("a poison that crashes nothing but always fails", () => {
+  describe("a poison that crashes nothing but always fails", { concurrency: 1 }, () => {
     let server, worker, client;
     before(async () => {
       // The worker's user may not read objects of ci-files (direct gets on
