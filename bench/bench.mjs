@@ -4,7 +4,7 @@
 //   bench/run.sh [--n 30] [--modes cold,warm] [--fanout 1000] [--fanout-cold 100]
 //                [--soak 0] [--gap 0] [--concurrency 0] [--spares 0] [--bursts 10]
 //                [--sessions 10] [--mcp 30] [--live 30] [--batch 0] [--batch-rounds 2]
-//                [--batch-progress] [--out FILE]
+//                [--batch-progress] [--batch-lanes 1] [--out FILE]
 //                [--fanout-scenario pandas] [--baseline 1] [--perf FILE]
 //                [--compare BUILD_DIR [--rounds 2]]
 //
@@ -42,8 +42,11 @@
 // to the batch's complete event, against N print(1) tasks on the interactive
 // lane, first publish to the last terminal event, on one worker:
 // --batch-rounds R (2) rounds of both, in alternating order.
-// --batch-progress adds a batch with `ci batch status B --json` run every
-// second meanwhile (as a person watching would).
+// --batch-progress adds, in each round, a batch with `ci batch status B
+// --json` run every second meanwhile (as a person watching would), its order
+// against the plain batch alternating too; --batch-lanes 0 leaves out the
+// interactive lane's rounds (the progress view's cost alone, e.g. for
+// --batch 10000).
 //
 // Where the time goes: for each scenario and the fan-out, the bench joins
 // the worker's task.stages lines (it runs the worker at log level debug)
@@ -95,6 +98,7 @@ const { values: args } = parseArgs({
     batch: { type: "string", default: "0" },
     "batch-rounds": { type: "string", default: "2" },
     "batch-progress": { type: "boolean", default: false },
+    "batch-lanes": { type: "string", default: "1" },
     "fanout-scenario": { type: "string", default: "pandas" },
     baseline: { type: "string", default: "1" },
     perf: { type: "string", default: "" },
@@ -118,6 +122,7 @@ const LIVE = Number(args.live);
 const BATCH = Number(args.batch);
 const BATCH_ROUNDS = Math.max(1, Number(args["batch-rounds"]));
 const BATCH_PROGRESS = args["batch-progress"];
+const BATCH_LANES = args["batch-lanes"] !== "0";
 const FLOOR_FANOUT = 60; // pandas runs per forking process in the floor's throughput
 // The fan-out's task (--fanout-scenario print|pandas|matplotlib).
 const FANOUT_SCENARIO = args["fanout-scenario"];
@@ -818,9 +823,9 @@ async function liveOutput() {
 // event, against as many print(1) tasks on the interactive lane (ci.submit),
 // from the first publish to the last one's terminal event, on the same
 // worker: BATCH_ROUNDS rounds of both, their order alternating, so that the
-// machine's drift falls on both lanes alike. With --batch-progress, one more
-// batch with `ci batch status B --json` run every second meanwhile (which
-// must say the batch's true counts at the end).
+// machine's drift falls on both lanes alike. With --batch-progress, each round
+// has one more batch with `ci batch status B --json` run every second
+// meanwhile (which must say the batch's true counts at the end).
 async function batchThroughput() {
   const local = { isolation: "required", mode: "warm", warm_spares: SPARES };
   // concurrency 0: the worker's default, one slot per CPU, as in service()
@@ -906,23 +911,25 @@ async function batchThroughput() {
   try {
     await one(false, Math.min(BATCH, 200)); // warm-up: the spares, the streams
     await interactive(Math.min(BATCH, 200));
-    const runs = { batch: [], interactive: [] };
+    const runs = { batch: [], interactive: [], with_progress: [] };
+    // Each round runs its kinds in turn, the order reversed every other
+    // round (A B, B A, ...), so that the machine's drift falls on all alike.
+    const kinds = [["batch", () => measured(BATCH, () => one(false))]];
+    if (BATCH_LANES) kinds.push(["interactive", () => measured(BATCH, () => interactive())]);
+    if (BATCH_PROGRESS) kinds.push(["with_progress", () => measured(BATCH, () => one(true))]);
     for (let i = 0; i < BATCH_ROUNDS; i++) {
-      const b = () => measured(BATCH, () => one(false));
-      const it = () => measured(BATCH, () => interactive());
-      if (i % 2 === 0) {
-        runs.batch.push(await b());
-        runs.interactive.push(await it());
-      } else {
-        runs.interactive.push(await it());
-        runs.batch.push(await b());
-      }
+      const order = i % 2 === 0 ? kinds : [...kinds].reverse();
+      for (const [kind, run] of order) runs[kind].push(await run());
     }
     const mean = (xs) => xs.reduce((a, x) => a + x.tasks_per_s, 0) / xs.length;
-    const out = { n: BATCH, slots: SLOTS, ...runs, ratio: mean(runs.batch) / mean(runs.interactive) };
+    const out = { n: BATCH, slots: SLOTS, rounds: BATCH_ROUNDS, batch: runs.batch };
+    if (BATCH_LANES) {
+      out.interactive = runs.interactive;
+      out.ratio = mean(runs.batch) / mean(runs.interactive);
+    }
     if (BATCH_PROGRESS) {
-      out.with_progress = await one(true);
-      out.progress_ratio = out.with_progress.tasks_per_s / mean(runs.batch);
+      out.with_progress = runs.with_progress;
+      out.progress_ratio = mean(runs.with_progress) / mean(runs.batch);
     }
     return out;
   } finally {
@@ -1016,11 +1023,15 @@ if (results.batch) {
   const sentLine = (v) => `${Object.entries(v.sent_per_task).map(([k, n]) => `${k} ${n}`).join(", ")} (${round2(Object.values(v.sent_per_task).reduce((a, b) => a + b, 0))} in all)`;
   console.log(`\nbatch (warm mode): ${x.n} print(1) tasks, first publish -> the batch's complete event / the last terminal event (${x.slots} slot${x.slots === 1 ? "" : "s"}), rounds in alternating order:`);
   console.log(`batch lane:       ${x.batch.map(r).join("; ")}`);
-  console.log(`interactive lane: ${x.interactive.map(r).join("; ")}`);
-  console.log(`batch/interactive ${x.ratio.toFixed(3)}x`);
-  console.log(`sent to NATS per task, batch lane: ${sentLine(x.batch[0])}; interactive lane: ${sentLine(x.interactive[0])}`);
-  if (x.with_progress)
-    console.log(`batch with ci batch status every second ${r(x.with_progress)} (${x.with_progress.polls} polls): ${x.progress_ratio.toFixed(3)}x the batch lane without`);
+  if (x.interactive) {
+    console.log(`interactive lane: ${x.interactive.map(r).join("; ")}`);
+    console.log(`batch/interactive ${x.ratio.toFixed(3)}x`);
+    console.log(`sent to NATS per task, batch lane: ${sentLine(x.batch[0])}; interactive lane: ${sentLine(x.interactive[0])}`);
+  }
+  if (x.with_progress) {
+    console.log(`batch with ci batch status every second: ${x.with_progress.map((v) => `${r(v)}, ${v.polls} polls`).join("; ")}`);
+    console.log(`with the progress view / without: ${x.progress_ratio.toFixed(3)}x`);
+  }
 }
 console.log(`\nload average: ${results.loadavg_start.map(round).join(" ")} at start, ${results.loadavg_end.map(round).join(" ")} at the end`);
 mkdirSync(join(args.out, ".."), { recursive: true });

@@ -32,6 +32,7 @@ enum opt_bit {
     O_FORMAT = 1u << 13,
     O_SAVE_DIR = 1u << 14,
     O_OUTPUT = 1u << 15,
+    O_RETRY = 1u << 16,
 };
 
 static const struct {
@@ -58,6 +59,7 @@ static const struct {
     {O_FORMAT, "--format", "it is for 'ci tools'"},
     {O_SAVE_DIR, "--save-dir", "it is for 'ci mcp'"},
     {O_OUTPUT, "--output", "it is for 'ci watch'"},
+    {O_RETRY, "--retry-ms", "it is for 'ci batch wait'"},
 };
 
 static unsigned given_options(const struct ci_batch_cmdline *in)
@@ -79,6 +81,7 @@ static unsigned given_options(const struct ci_batch_cmdline *in)
     g |= in->format ? O_FORMAT : 0;
     g |= in->save_dir ? O_SAVE_DIR : 0;
     g |= in->output ? O_OUTPUT : 0;
+    g |= in->retry_set ? O_RETRY : 0;
     return g;
 }
 
@@ -126,7 +129,7 @@ ci_status ci_batch_cmdline_check(const struct ci_batch_cmdline *in, struct ci_ba
         }
         break;
     case CI_BATCH_STATUS: allowed = O_JSON; break;
-    case CI_BATCH_WAIT: allowed = O_WAIT; break;
+    case CI_BATCH_WAIT: allowed = O_WAIT | O_RETRY; break;
     case CI_BATCH_RESULTS: allowed = O_JSONL; break;
     case CI_BATCH_CANCEL: allowed = 0; break;
     }

@@ -41,7 +41,7 @@ struct ci_batch_cmdline {
     const char *batch;     /* --batch ID */
     bool jsonl;            /* --jsonl, or --jsonl=FILE: */
     const char *jsonl_file;
-    bool json, wait_set, timeout_set, memory_set, no_save, wire_json, output;
+    bool json, wait_set, retry_set, timeout_set, memory_set, no_save, wire_json, output;
     size_t n_labels, n_files;
     const char *id, *session, *format, *save_dir;
 };

@@ -638,6 +638,47 @@ static ci_status submit_line(struct ci_broker *b, const struct ci_config *cfg,
     return s;
 }
 
+/* A task of the batch that CI_BATCH dropped as a copy of a message that
+ * is not on another batch's subject (ci_broker_submit_batch refuses
+ * those): on this batch's, or taken and acked since. Its record decides
+ * (contract §20): one of another batch or of none is in use
+ * (CI_ERR_CONFLICT); one of this batch makes it this batch's own; with
+ * none, so does a batch that had tasks stored when the submission began
+ * (fresh false), while a fresh one cannot have a copy of its own. A
+ * record that cannot be read is taken for none. */
+static ci_status copy_check(struct ci_broker *b, const struct ci_batch_submit *a,
+                            const char *id, bool fresh, struct ci_error *err)
+{
+    Ci__V1__ExecutionResult *r = NULL;
+    struct ci_error e = {{0}};
+    ci_status s = ci_client_result_get(b, id, &r, &e);
+    if (s && s != CI_ERR_NOT_FOUND && s != CI_ERR_INVALID)
+        return ci_error_set(err, s, "task '%s' was dropped as a copy; its record cannot be "
+                            "read: %s", id, e.msg);
+    if (s == CI_OK) {
+        const char *other = r->batch_id ? r->batch_id : "";
+        char whose[96];
+        if (other[0])
+            snprintf(whose, sizeof(whose), "a task of batch '%.64s'", other);
+        else
+            snprintf(whose, sizeof(whose), "a task outside any batch");
+        bool mine = strcmp(other, a->batch) == 0;
+        if (!mine)
+            ci_error_set(err, CI_ERR_CONFLICT, "task id '%s' is in use: %s has it (%s in the "
+                         "results bucket; CI_BATCH dropped this task as a copy of it)", id,
+                         whose, ci_task_status_short(r->status));
+        ci_message_free(&r->base);
+        return mine ? CI_OK : CI_ERR_CONFLICT;
+    }
+    if (!fresh)
+        return CI_OK;
+    return ci_error_set(err, CI_ERR_CONFLICT,
+                        "task id '%s' is in use: CI_BATCH dropped this task as a copy of one "
+                        "that no record says is of this batch, which had nothing stored when "
+                        "this submission began (a task of another batch, or of a submission of "
+                        "this batch running at the same time)", id);
+}
+
 ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
                           const struct ci_batch_submit *a, ci_batch_progress_fn progress,
                           void *closure, struct ci_batch_submitted *ret, struct ci_error *err)
@@ -674,10 +715,9 @@ ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
         out.seal_was_there = true;
     }
     /* A batch with no task stored when this began has no copy of its own
-     * within CI_BATCH's duplicate window: a task that the stream drops as
-     * a duplicate is another batch's, still queued (it has no record to
-     * look up yet), and this batch's task of that id would never run nor
-     * count. Then the id is in use (contract §20). */
+     * within CI_BATCH's duplicate window: a copy that nothing says is of
+     * this batch is another's, and this batch's task of that id would
+     * never run nor count (copy_check, contract §20). */
     bool fresh = !s && !ci_batch_raw_submitted(&raw);
     /* Pass two: what goes out, and no task id in use elsewhere. */
     struct taken taken = {0};
@@ -695,22 +735,25 @@ ci_status ci_batch_submit(struct ci_broker *b, const struct ci_config *cfg,
             s = submit_line(b, cfg, a, &l, ids[n - 1].id, skip[n - 1], &dup, err);
         else if (!skip[n - 1])
             s = submit_file(b, cfg, a, n, &dup, err);
-        if (!s && dup && fresh) {
-            char what[320], id[65];
+        char id[65];
+        if (a->jsonl_path)
+            snprintf(id, sizeof(id), "%s", ids[n - 1].id);
+        else
+            ci_batch_task_id(a->batch, n, id, NULL);
+        /* A copy on another batch's subject the broker refused; any other
+         * its record judges. */
+        if (!s && dup)
+            s = copy_check(b, a, id, fresh, err);
+        if (s == CI_ERR_CONFLICT) {
+            char what[320];
+            struct ci_error why = *err;
             if (a->jsonl_path)
                 snprintf(what, sizeof(what), "%.200s:%zu", a->jsonl_path, ids[n - 1].line);
             else
                 snprintf(what, sizeof(what), "--file-each: the task of '%.200s'",
                          a->paths[n - 1]);
-            if (a->jsonl_path)
-                snprintf(id, sizeof(id), "%s", ids[n - 1].id);
-            else
-                ci_batch_task_id(a->batch, n, id, NULL);
-            s = ci_error_set(err, CI_ERR_INVALID,
-                             "%s: task id '%s' is in use: a task of another batch, queued and "
-                             "not taken yet, has it (%s dropped this one as a copy of it); task "
-                             "ids must be unique (contract §11): %s", what, id,
-                             cfg->jetstream.batch_stream,
+            s = ci_error_set(err, CI_ERR_INVALID, "%s: %s; task ids must be unique (contract "
+                             "§11): %s", what, why.msg,
                              a->jsonl_path ? "give the line another taskId"
                                            : "submit under another --batch");
             out.in_use = true;

@@ -56,6 +56,8 @@ struct opts {
     uint32_t memory_mb;
     int64_t wait_ms;
     bool wait_set;          /* --wait-ms given (ci mcp has a shorter default) */
+    int64_t retry_ms;       /* batch wait: how long NATS may not answer */
+    bool retry_set;
     const char *save_dir;   /* ci mcp --save-dir */
     const char *format;     /* ci tools --format */
     bool json;
@@ -1066,8 +1068,7 @@ static int batch_submit(struct ci_broker *b, const struct ci_config *cfg, const 
         else if (done && r.in_use && c->jsonl_file)
             say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
                 "it is not sealed: once the line has another taskId, run the same "
-                "command%s%s again to finish it (run as it is, it would take the other "
-                "batch's task for its own)\n", batch, done, r.total,
+                "command%s%s again to finish it (run as it is, it stops at that line again)\n", batch, done, r.total,
                 c->batch ? "" : " with --batch ", c->batch ? "" : batch);
         else if (done && r.in_use)
             say(stderr, "ci: batch %s: %" PRIu64 " of %" PRIu64 " tasks went out before this; "
@@ -1256,7 +1257,8 @@ static void sleep_ms(int64_t ms)
 }
 
 /* How long `ci batch wait` goes on asking while NATS does not answer
- * (each request itself waits up to 5 s) before it gives up with exit 3. */
+ * (each request itself waits up to 5 s) before it gives up with exit 3,
+ * unless --retry-ms says. */
 #define WAIT_NATS_RETRY_MS 30000
 /* How long it waits for a batch of which nothing is stored yet to appear
  * before it says there is none (exit 2): its submission publishes nothing
@@ -1270,6 +1272,14 @@ static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const st
      * it (batches.max_age_s, 24 h). */
     int64_t wait_ms = o->wait_set ? o->wait_ms : 86400000;
     int64_t appear_ms = wait_ms < WAIT_APPEAR_MS ? wait_ms : WAIT_APPEAR_MS;
+    /* A long batch followed over a link that drops for minutes may ask
+     * again for longer; a script that would rather know at once, for less. */
+    int64_t retry_ms = o->retry_set ? o->retry_ms : WAIT_NATS_RETRY_MS;
+    char retry_text[32];
+    if (retry_ms % 1000 == 0)
+        snprintf(retry_text, sizeof(retry_text), "%" PRId64 " s", retry_ms / 1000);
+    else
+        snprintf(retry_text, sizeof(retry_text), "%" PRId64 " ms", retry_ms);
     int64_t start = ci_mono_ms(), deadline = start + wait_ms, last_line = 0, last_ok = start;
     bool tty = isatty(STDERR_FILENO), drawn = false, failing = false, absent = false;
     char text[256] = "", said[256] = "", brief[160];
@@ -1298,14 +1308,14 @@ static int batch_wait(struct ci_broker *b, const struct ci_config *cfg, const st
                     text[0] ? ": " : "", text, (now - last_ok) / 1000, e.msg);
                 return EXIT_TIMEOUT;
             }
-            if (now - last_ok >= WAIT_NATS_RETRY_MS) {
-                say(stderr, "ci: batch %s: %s (no answer for %" PRId64 " s: giving up)\n", batch,
-                    e.msg, (now - last_ok) / 1000);
+            if (now - last_ok >= retry_ms) {
+                say(stderr, "ci: batch %s: %s (no answer for %" PRId64 " s, --retry-ms %" PRId64
+                    ": giving up)\n", batch, e.msg, (now - last_ok) / 1000, retry_ms);
                 return EXIT_INFRA;
             }
             if (!failing)
-                say(stderr, "ci: batch %s: %s; asking again for up to %d s\n", batch, e.msg,
-                    WAIT_NATS_RETRY_MS / 1000);
+                say(stderr, "ci: batch %s: %s; asking again for up to %s\n", batch, e.msg,
+                    retry_text);
             failing = true;
             int64_t left = deadline - now;
             sleep_ms(left < 500 ? left : 500);
@@ -1582,7 +1592,8 @@ static void usage(FILE *out)
           "                     cancelled\n"
           "  batch wait B       until every task ended; exit 0 when all succeeded, else 1\n"
           "                     with the failures grouped by error (124: --wait-ms passed,\n"
-          "                     default 86400000; 2: nothing of B stored within 60 s)\n"
+          "                     default 86400000; 2: nothing of B stored within 60 s;\n"
+          "                     3: NATS did not answer for --retry-ms)\n"
           "  batch results B --jsonl\n"
           "                     each ended task's result, one JSON line each, in the\n"
           "                     order they ended (without --jsonl: id, status, error)\n"
@@ -1605,6 +1616,8 @@ static void usage(FILE *out)
           "                     (default $TMPDIR/ci-mcp-UID, made 0700)\n"
           "  --format F         ci tools: openai, anthropic or mcp\n"
           "  --output           ci watch: show the task's output as it is written\n"
+          "  --retry-ms N       ci batch wait: while NATS does not answer, ask again for up\n"
+          "                     to N ms before giving up with exit 3 (default 30000)\n"
           "  --file-each GLOB   ci batch submit: one task per file matched\n"
           "  --batch B          ci batch submit: the batch id ([A-Za-z0-9_-], short enough\n"
           "                     for B-<n> to be at most 64 characters)\n"
@@ -1631,7 +1644,7 @@ int main(int argc, char **argv)
         {"config", required_argument, NULL, 'c'},   {"help", no_argument, NULL, 'h'},
         {"session", required_argument, NULL, 'S'},
         {"save-dir", required_argument, NULL, 'D'}, {"format", required_argument, NULL, 'F'},
-        {"output", no_argument, NULL, 'O'},
+        {"output", no_argument, NULL, 'O'},        {"retry-ms", required_argument, NULL, 'R'},
         {"file-each", required_argument, NULL, 'E'}, {"batch", required_argument, NULL, 'B'},
         /* A flag for `batch results`; `batch submit --jsonl FILE` takes FILE
          * as its operand (or --jsonl=FILE). */
@@ -1659,6 +1672,7 @@ int main(int argc, char **argv)
             break;
         case 't':
         case 'm':
+        case 'R':
         case 'w': {
             errno = 0;
             unsigned long long v = strtoull(optarg, &end, 10);
@@ -1673,8 +1687,10 @@ int main(int argc, char **argv)
             } else if (c == 'm') {
                 o.memory_mb = (uint32_t)v;
                 o.memory_set = true;
-            }
-            else {
+            } else if (c == 'R') {
+                o.retry_ms = (int64_t)v;
+                o.retry_set = true;
+            } else {
                 o.wait_ms = (int64_t)v;
                 o.wait_set = true;
             }
@@ -1716,12 +1732,17 @@ int main(int argc, char **argv)
         say(stderr, "ci: --file-each, --batch and --jsonl are for 'ci batch'\n");
         return EXIT_USAGE;
     }
+    if (cmd->run != cmd_batch && o.retry_set) {
+        say(stderr, "ci: --retry-ms is for 'ci batch wait'\n");
+        return EXIT_USAGE;
+    }
     if (cmd->run == cmd_batch) {
         struct ci_batch_cmdline bl = {
             .operands = (const char *const *)argv + optind + 1,
             .n_operands = (size_t)(argc - optind - 1),
             .file_each = o.file_each, .batch = o.batch, .jsonl = o.jsonl,
             .jsonl_file = o.jsonl_file, .json = o.json, .wait_set = o.wait_set,
+            .retry_set = o.retry_set,
             .timeout_set = o.timeout_set, .memory_set = o.memory_set, .no_save = o.no_save,
             .wire_json = o.wire_json, .n_labels = o.n_labels, .n_files = o.n_files, .id = o.id,
             .session = o.session, .format = o.format, .save_dir = o.save_dir,
@@ -1794,6 +1815,11 @@ int main(int argc, char **argv)
     free(cfg->nats.name);
     cfg->nats.name = strdup("ci-client");
     cfg->nats.max_reconnects = 5;
+    /* `batch wait` asks again for --retry-ms while NATS is away: its
+     * connection must go on trying as long (five tries, a second apart, and
+     * nats.c closes it for good: every question after that fails). */
+    if (cmd->run == cmd_batch && o.batch_cmd.verb == CI_BATCH_WAIT)
+        cfg->nats.max_reconnects = -1;
     int rc = EXIT_INFRA;
     struct ci_broker *b = NULL;
     if (!cfg->nats.url || !cfg->nats.name) { /* a NULL url would mean the default server */

@@ -7,16 +7,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/chunk_order.h"
 #include "cli/client.h"
 #include "core/util.h"
 #include "nats/broker.h"
 
+/* What one stream shows live: a worker publishes at most
+ * limits.max_output_bytes of each stream, 16 MiB at the most (config.c), so
+ * any worker's output is shown whole, and no more is kept. Early chunks
+ * held: more than a reconnect puts out of order (what a socket held: a few
+ * MiB, in chunks of 16 KiB or more when output comes fast); past that (a
+ * lost chunk, then a task that prints for long after it) the rest comes
+ * with the result. */
+#define FOLLOW_MAX_BYTES (16u << 20)
+#define FOLLOW_MAX_HELD 4096
+
 /* What was shown of one stream of the attempt being shown. */
 struct shown {
     FILE *f;
-    struct ci_buf text; /* every byte shown, to compare with the result */
-    uint64_t next_seq;  /* the Ci-Seq expected next */
-    bool broken;        /* a gap or a failed copy: nothing more is shown live */
+    struct ci_buf text;          /* every byte shown, to compare with the result */
+    struct ci_chunk_order order; /* stopped: nothing more is shown live */
 };
 
 struct ci_follow {
@@ -27,11 +37,24 @@ struct ci_follow {
     struct shown out, err;
 };
 
+static ci_status show(void *closure, const uint8_t *data, size_t len)
+{
+    struct shown *s = closure;
+    if (ci_buf_append(&s->text, data, len))
+        return CI_ERR_NOMEM; /* not shown: the rest comes from the result */
+    ci_client_put_text(s->f, (const char *)data, len);
+    fflush(s->f);
+    return CI_OK;
+}
+
 static void on_chunk(void *closure, const char *stream, uint32_t attempt, uint64_t seq,
                      const uint8_t *data, size_t len)
 {
     struct ci_follow *f = closure;
     pthread_mutex_lock(&f->lock);
+    /* A chunk of an attempt before the one shown, stored late (its
+     * worker's old socket), is not shown: the task runs again, and the
+     * result will be the later attempt's. */
     if (f->closed || attempt == 0 || attempt < f->attempt)
         goto out;
     if (attempt > f->attempt) {
@@ -45,20 +68,12 @@ static void on_chunk(void *closure, const char *stream, uint32_t attempt, uint64
         struct shown *both[2] = {&f->out, &f->err};
         for (int i = 0; i < 2; i++) {
             both[i]->text.len = 0;
-            both[i]->next_seq = 1;
-            both[i]->broken = false;
+            ci_chunk_order_reset(&both[i]->order);
         }
     }
     struct shown *s = strcmp(stream, "stdout") == 0 ? &f->out : &f->err;
-    if (s->broken)
-        goto out;
-    if (seq != s->next_seq || ci_buf_append(&s->text, data, len)) {
-        s->broken = true; /* the rest comes from the result */
-        goto out;
-    }
-    s->next_seq++;
-    ci_client_put_text(s->f, (const char *)data, len);
-    fflush(s->f);
+    /* A failure stops the stream's live view: the rest comes from the result. */
+    ci_chunk_order_put(&s->order, seq, data, len, show, s);
 out:
     pthread_mutex_unlock(&f->lock);
 }
@@ -70,8 +85,10 @@ struct ci_follow *ci_follow_start(struct ci_broker *b, const char *task_id, FILE
     if (!f)
         return NULL;
     pthread_mutex_init(&f->lock, NULL);
-    f->out = (struct shown){.f = out, .text = CI_BUF_INIT, .next_seq = 1};
-    f->err = (struct shown){.f = err, .text = CI_BUF_INIT, .next_seq = 1};
+    f->out = (struct shown){.f = out, .text = CI_BUF_INIT};
+    f->err = (struct shown){.f = err, .text = CI_BUF_INIT};
+    ci_chunk_order_init(&f->out.order, FOLLOW_MAX_HELD, FOLLOW_MAX_BYTES);
+    ci_chunk_order_init(&f->err.order, FOLLOW_MAX_HELD, FOLLOW_MAX_BYTES);
     struct ci_error e = {{0}};
     if (ci_output_follow_new(b, task_id, on_chunk, f, &f->sub, &e) != CI_OK)
         f->sub = NULL; /* shown at the end, as without live output */
@@ -92,8 +109,8 @@ static void rest(struct shown *s, const char *text, bool same_attempt, bool cut,
         /* shown in full already; ci run says it was cut */
     } else {
         fflush(s->f);
-        fprintf(note, "\nci: the output shown so far is not the result's (a chunk was lost, or "
-                      "the task ran again); the result's follows\n");
+        fprintf(note, "\nci: the output shown so far is not the result's (the task ran again, "
+                      "or its result was stored without that output); the result's follows\n");
         ci_client_put_text(s->f, text, len);
     }
     fflush(s->f);
@@ -106,14 +123,20 @@ void ci_follow_finish(struct ci_follow *f, const Ci__V1__ExecutionResult *r)
     pthread_mutex_lock(&f->lock);
     f->closed = true;
     pthread_mutex_unlock(&f->lock);
-    ci_output_follow_free(f->sub); /* on_chunk is done for good */
+    /* Unless on_chunk is done for good, f stays allocated (leaked) for
+     * it: it finds f->closed and returns. */
+    bool done = ci_output_follow_free(f->sub);
     if (r) {
         bool same = r->attempt == f->attempt;
         rest(&f->out, r->stdout ? r->stdout : "", same, r->stdout_truncated, f->err.f);
         rest(&f->err, r->stderr ? r->stderr : "", same, r->stderr_truncated, f->err.f);
     }
+    if (!done)
+        return;
     ci_buf_release(&f->out.text);
     ci_buf_release(&f->err.text);
+    ci_chunk_order_release(&f->out.order);
+    ci_chunk_order_release(&f->err.order);
     pthread_mutex_destroy(&f->lock);
     free(f);
 }

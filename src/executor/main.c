@@ -194,11 +194,18 @@ int main(int argc, char **argv)
         ci_log(CI_LOG_ERROR, "executor.sandbox_failed", "error", e.msg, NULL);
         goto out;
     }
-    if (e.msg[0]) {
-        /* isolation auto, and no namespaces here: no task runs unless the
-         * operator says the platform is the boundary. */
-        const char *cause = strstr(e.msg, "(isolation: auto): ");
-        cause = cause ? cause + strlen("(isolation: auto): ") : e.msg;
+    struct ci_provider_notes notes;
+    ci_provider_notes(provider, &notes);
+    if (!bare && strcmp(ci_provider_isolation(provider), "none") == 0) {
+        /* isolation auto (required refuses in ci_provider_local_new), and
+         * no namespaces here: no task runs unless the operator says the
+         * platform is the boundary. Decided on what every result would
+         * carry, not on whether the provider has something to say: a
+         * missing zygote or unusable task uids leave the sandbox whole. */
+        const char *cause = strstr(notes.no_sandbox, "(isolation: auto): ");
+        cause = cause                 ? cause + strlen("(isolation: auto): ")
+                : notes.no_sandbox[0] ? notes.no_sandbox
+                                      : "the probe found none";
         char why[1024];
         snprintf(why, sizeof(why),
                  "no namespace sandbox on this machine (%s). Refusing to run tasks without one "
@@ -213,6 +220,12 @@ int main(int argc, char **argv)
         rc = 2;
         goto out;
     }
+    /* The sandbox stands; tasks run, as the worker's would. */
+    if (notes.warm_unavailable[0])
+        ci_log(CI_LOG_WARN, "executor.warm_unavailable", "warning", notes.warm_unavailable,
+               NULL);
+    if (notes.task_uids_off[0])
+        ci_log(CI_LOG_WARN, "executor.task_uids_off", "warning", notes.task_uids_off, NULL);
     if (bare) {
         /* A task runs as our uid when we are not root: it must not read
          * our memory or environment through /proc. */

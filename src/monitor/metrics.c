@@ -292,6 +292,11 @@ ci_status ci_metrics_render(struct ci_metrics *m, struct ci_buf *b)
     if (!s)
         s = ci_buf_appendf(b, "ci_warm_deaths_total %" PRIu64 "\n", live.warm_deaths);
     if (!s)
+        s = header(b, "ci_warm_fallbacks_total", "counter",
+                   "Tasks that ran cold although the worker runs warm: no zygote could take them.");
+    if (!s)
+        s = ci_buf_appendf(b, "ci_warm_fallbacks_total %" PRIu64 "\n", live.warm_fallbacks);
+    if (!s)
         s = header(b, "ci_session_tasks_waiting", "gauge",
                    "Session tasks held apart from the slots until their turn comes.");
     if (!s)

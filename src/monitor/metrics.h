@@ -21,6 +21,7 @@
  *   ci_slots_active, ci_slots_free           gauges
  *   ci_warm_pool_size                        gauge (collector)
  *   ci_warm_deaths_total                     counter (collector)
+ *   ci_warm_fallbacks_total                  counter (collector): warm mode, tasks run cold
  *   ci_nats_connected                        gauge (collector)
  *   ci_nats_reconnects_total                 counter (collector)
  *   ci_objstore_bytes_total{direction}       inputs downloaded, artifacts uploaded
@@ -67,6 +68,7 @@ struct ci_metrics_live {
     bool nats_connected;
     int64_t warm_pool_size; /* sandboxes ready to take a task; 0 without a pool */
     uint64_t warm_deaths;   /* warm runtimes that died without being retired */
+    uint64_t warm_fallbacks; /* tasks run cold in warm mode: no zygote took them */
     uint64_t session_tasks_waiting; /* held in the waiting room (worker/waitroom.h) */
 };
 typedef void (*ci_metrics_collect_fn)(void *closure, struct ci_metrics_live *ret);

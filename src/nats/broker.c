@@ -2158,6 +2158,14 @@ ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err)
 {
+    int64_t stored_ms = 0;
+    return ci_broker_batch_last_at(b, batch_id, event, ret_data, ret_len, &stored_ms, err);
+}
+
+ci_status ci_broker_batch_last_at(struct ci_broker *b, const char *batch_id, const char *event,
+                                  uint8_t **ret_data, size_t *ret_len, int64_t *ret_stored_ms,
+                                  struct ci_error *err)
+{
     char subj[SUBJECT_MAX];
     ci_status r = batch_event_subject(b, batch_id, event, subj, sizeof(subj), err);
     if (r)
@@ -2184,6 +2192,7 @@ ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const 
     copy[n > 0 ? n : 0] = '\0';
     *ret_data = copy;
     *ret_len = n > 0 ? (size_t)n : 0;
+    *ret_stored_ms = natsMsg_GetTime(m) / 1000000;
     return CI_OK;
 }
 
@@ -2363,7 +2372,7 @@ ci_status ci_broker_on_batch_cancel(struct ci_broker *b, ci_cancel_fn fn, void *
 
 static ci_status submit_on(struct ci_broker *b, const char *subject, const char *task_id,
                            const char *content_type, const void *data, size_t len,
-                           bool *ret_duplicate, struct ci_error *err)
+                           bool *ret_duplicate, uint64_t *ret_seq, struct ci_error *err)
 {
     CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
     natsStatus s = natsMsg_Create(&m, subject, NULL, data, (int)len);
@@ -2379,6 +2388,8 @@ static ci_status submit_on(struct ci_broker *b, const char *subject, const char 
         return ci_nats_fail(err, s, jerr, "cannot submit the task");
     if (ret_duplicate)
         *ret_duplicate = pa->Duplicate;
+    if (ret_seq)
+        *ret_seq = pa->Sequence;
     return CI_OK;
 }
 
@@ -2387,7 +2398,45 @@ ci_status ci_broker_submit(struct ci_broker *b, const char *task_id, const char 
                            struct ci_error *err)
 {
     return submit_on(b, b->cfg->jetstream.submit_subject, task_id, content_type, data, len,
-                     ret_duplicate, err);
+                     ret_duplicate, NULL, err);
+}
+
+/* A batch task that the batch stream dropped as a copy: the message it
+ * kept under that Nats-Msg-Id (at the PubAck's sequence, read from the
+ * stream's leader) on another batch's subject is another batch's task,
+ * queued or running, whose id this one would take over (contract §20):
+ * CI_ERR_CONFLICT. One on subject, or none any more (taken and acked),
+ * is for the caller to judge. */
+static ci_status batch_copy_check(struct ci_broker *b, const char *subject, const char *task_id,
+                                  uint64_t seq, struct ci_error *err)
+{
+    const char *stream = b->cfg->jetstream.batch_stream;
+    CI_CLEANUP(natsMsg_Destroy) natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetMsg(&m, b->js, stream, seq, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
+        return CI_OK;
+    if (s != NATS_OK)
+        return ci_nats_fail(err, s, jerr, "task '%s' was dropped as a copy of message %" PRIu64
+                            " of stream %s, which cannot be read", task_id, seq, stream);
+    const char *kept = natsMsg_GetSubject(m);
+    if (!kept || strcmp(kept, subject) == 0)
+        return CI_OK;
+    /* <batch_subject>.<other batch> */
+    size_t plen = strlen(b->cfg->jetstream.batch_subject);
+    const char *other = strncmp(kept, b->cfg->jetstream.batch_subject, plen) == 0 &&
+                                kept[plen] == '.'
+                            ? kept + plen + 1
+                            : NULL;
+    char whose[128];
+    if (other && batch_id_ok(other))
+        snprintf(whose, sizeof(whose), "a task of batch '%s'", other);
+    else
+        snprintf(whose, sizeof(whose), "a message on '%.80s'", kept);
+    return ci_error_set(err, CI_ERR_CONFLICT,
+                        "task id '%s' is in use: %s, queued or running, has it (%s dropped this "
+                        "task as a copy of its message %" PRIu64 " on '%.80s')",
+                        task_id, whose, stream, seq, kept);
 }
 
 ci_status ci_broker_submit_batch(struct ci_broker *b, const char *batch_id, const char *task_id,
@@ -2400,7 +2449,14 @@ ci_status ci_broker_submit_batch(struct ci_broker *b, const char *batch_id, cons
                             batch_id ? batch_id : "");
     char subj[SUBJECT_MAX];
     snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.batch_subject, batch_id);
-    return submit_on(b, subj, task_id, content_type, data, len, ret_duplicate, err);
+    bool dup = false;
+    uint64_t seq = 0;
+    ci_status r = submit_on(b, subj, task_id, content_type, data, len, &dup, &seq, err);
+    if (!r && dup)
+        r = batch_copy_check(b, subj, task_id, seq, err);
+    if (!r && ret_duplicate)
+        *ret_duplicate = dup;
+    return r;
 }
 
 ci_status ci_broker_submit_session(struct ci_broker *b, const char *session_id,
@@ -2412,7 +2468,7 @@ ci_status ci_broker_submit_session(struct ci_broker *b, const char *session_id,
     ci_status r = session_subject(b, session_id, subj, sizeof(subj), err);
     if (r)
         return r;
-    return submit_on(b, subj, task_id, content_type, data, len, ret_duplicate, err);
+    return submit_on(b, subj, task_id, content_type, data, len, ret_duplicate, NULL, err);
 }
 
 ci_status ci_watch_new(struct ci_broker *b, const char *task_id, struct ci_watch **ret,
@@ -2548,10 +2604,10 @@ ci_status ci_output_follow_new(struct ci_broker *b, const char *task_id, ci_outp
     return CI_OK;
 }
 
-void ci_output_follow_free(struct ci_output_follow *f)
+bool ci_output_follow_free(struct ci_output_follow *f)
 {
     if (!f)
-        return;
+        return true;
     /* The handler may be running: wait until the library says it has
      * returned for good, also when Unsubscribe failed (it closes the
      * subscription first, then deletes the consumer, which may fail while
@@ -2570,8 +2626,9 @@ void ci_output_follow_free(struct ci_output_follow *f)
     pthread_mutex_unlock(&f->lock);
     natsSubscription_Destroy(f->sub);
     if (!done)
-        return; /* leaked on purpose: the handler could still use it */
+        return false; /* leaked on purpose: the handler could still use it */
     pthread_cond_destroy(&f->done_cond);
     pthread_mutex_destroy(&f->lock);
     free(f);
+    return true;
 }

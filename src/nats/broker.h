@@ -287,6 +287,12 @@ ci_status ci_broker_batch_queued(struct ci_broker *b, const char *batch_id, uint
  * CI_ERR_NOT_FOUND when there is none. */
 ci_status ci_broker_batch_last(struct ci_broker *b, const char *batch_id, const char *event,
                                uint8_t **ret_data, size_t *ret_len, struct ci_error *err);
+/* The same, and *ret_stored_ms: when the stream stored it (wall clock, ms
+ * since the epoch, the server's; 0 when the server did not say), so that a
+ * copy kept is dropped when the stream drops it (batches.max_age_s). */
+ci_status ci_broker_batch_last_at(struct ci_broker *b, const char *batch_id, const char *event,
+                                  uint8_t **ret_data, size_t *ret_len, int64_t *ret_stored_ms,
+                                  struct ci_error *err);
 /* Calls fn with each message on <batch_events_prefix>.<batch_id>.<event>
  * (event "*": all of the batch's events), oldest first, from the first
  * until the consumer has none pending (an ordered consumer; its num_pending
@@ -343,7 +349,13 @@ ci_status ci_broker_submit_session(struct ci_broker *b, const char *session_id,
                                    const void *data, size_t len, bool *ret_duplicate,
                                    struct ci_error *err);
 
-/* The same for a task of batch_id: on <batch_subject>.<batch_id>. */
+/* The same for a task of batch_id: on <batch_subject>.<batch_id>. When the
+ * batch stream drops it as a copy, the message it kept (at the PubAck's
+ * sequence, read from the stream's leader) says whose the id is: one on
+ * another batch's subject is CI_ERR_CONFLICT, err naming that batch (its
+ * task, queued or running, has the id: contract §20); one on this
+ * batch's subject, or none any more (a worker took it and acked it), is
+ * *ret_duplicate, whose record the caller may read to know whose it was. */
 ci_status ci_broker_submit_batch(struct ci_broker *b, const char *batch_id, const char *task_id,
                                  const char *content_type, const void *data, size_t len,
                                  bool *ret_duplicate, struct ci_error *err);
@@ -368,8 +380,9 @@ struct ci_output_follow;
 ci_status ci_output_follow_new(struct ci_broker *b, const char *task_id, ci_output_fn fn,
                                void *closure, struct ci_output_follow **ret,
                                struct ci_error *err);
-/* Stops it; once it returns, fn is not running and will not be called
- * again. NULL is fine. */
-void ci_output_follow_free(struct ci_output_follow *f);
+/* Stops it; once it returns true, fn is not running and will not be called
+ * again. false when the library did not say so within 5 s: fn may still be
+ * called, so its closure must be left alive (leaked). NULL is fine. */
+bool ci_output_follow_free(struct ci_output_follow *f);
 
 #endif

@@ -26,6 +26,13 @@ const char *ci_provider_isolation(const struct ci_provider *p)
     return s ? s : "";
 }
 
+void ci_provider_notes(const struct ci_provider *p, struct ci_provider_notes *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    if (p && p->ops->notes)
+        p->ops->notes(p->ctx, ret);
+}
+
 unsigned ci_provider_warm_ready(struct ci_provider *p)
 {
     struct ci_warm_stats st;

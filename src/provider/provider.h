@@ -26,7 +26,17 @@ struct ci_warm_stats {
     unsigned ready;       /* warm runtimes ready to take a task now */
     uint64_t became_ready; /* warm runtimes that have become ready so far */
     uint64_t died;        /* died without being retired, before or after they were ready */
+    uint64_t fallbacks;   /* tasks that ran cold because no warm runtime took them */
     char last_failure[480]; /* why the last one failed to start, "" if none did */
+};
+
+/* What a provider found as it started that its operator should hear of once:
+ * one sentence per fact, "" where the fact does not hold. Each is logged
+ * under its own event: only no_sandbox means tasks run without namespaces. */
+struct ci_provider_notes {
+    char no_sandbox[512];       /* isolation auto fell back: no namespace sandbox */
+    char warm_unavailable[512]; /* local.mode warm, yet tasks run cold: why */
+    char task_uids_off[512];    /* every task runs as local.sandbox_uid: why */
 };
 
 struct ci_provider_ops {
@@ -46,6 +56,8 @@ struct ci_provider_ops {
     /* Optional (NULL when it is known only from a task's result, as for a
      * remote executor): the isolation string every run of it carries. */
     const char *(*isolation)(void *ctx);
+    /* Optional (NULL when it has none): what it found as it started. */
+    void (*notes)(void *ctx, struct ci_provider_notes *ret);
 };
 
 struct ci_provider {
@@ -61,6 +73,8 @@ void ci_provider_warm_stats(struct ci_provider *p, struct ci_warm_stats *ret);
 /* The isolation string its runs carry ("user,pid,...", "none"), or "" when
  * the provider cannot tell before a task ran. */
 const char *ci_provider_isolation(const struct ci_provider *p);
+/* What it found as it started; all "" for a provider without notes. */
+void ci_provider_notes(const struct ci_provider *p, struct ci_provider_notes *ret);
 /* Warm runtimes ready to take a task; 0 for a provider without a warm pool. */
 unsigned ci_provider_warm_ready(struct ci_provider *p);
 ci_status ci_provider_start(struct ci_provider *p, const struct ci_job *job,

@@ -20,6 +20,7 @@
 struct local {
     const struct ci_config *cfg;
     struct ci_sandbox *sb;
+    struct ci_provider_notes notes; /* set once, before any other thread sees it */
 };
 
 struct ci_run {
@@ -304,6 +305,7 @@ static void local_warm_stats(void *ctx, struct ci_warm_stats *ret)
     ret->ready = st.ready;
     ret->became_ready = st.became_ready;
     ret->died = st.failed + st.crashed;
+    ret->fallbacks = fallbacks;
     snprintf(ret->last_failure, sizeof(ret->last_failure), "%s", st.last_failure);
 }
 
@@ -311,6 +313,34 @@ static const char *local_isolation(void *ctx)
 {
     const struct local *l = ctx;
     return ci_sandbox_isolation(l->sb);
+}
+
+static void local_notes(void *ctx, struct ci_provider_notes *ret)
+{
+    const struct local *l = ctx;
+    *ret = l->notes;
+}
+
+/* What the probe and the sandbox leave the operator to hear of, each fact
+ * on its own. */
+static void notes_fill(const struct ci_config *cfg, const struct ci_sandbox_probe *probe,
+                       const struct ci_sandbox *sb, struct ci_provider_notes *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    if (probe->warning[0])
+        snprintf(ret->no_sandbox, sizeof(ret->no_sandbox), "%s", probe->warning);
+    if (cfg->local.mode == CI_MODE_WARM && probe->sandboxed &&
+        strcmp(ci_sandbox_mode(sb), "warm") != 0)
+        snprintf(ret->warm_unavailable, sizeof(ret->warm_unavailable),
+                 "warm mode is unavailable, tasks run cold: %.400s",
+                 probe->warm_failure[0]           ? probe->warm_failure
+                 : ci_sandbox_warm_failure(sb)[0] ? ci_sandbox_warm_failure(sb)
+                                                  : "the zygotes did not start");
+    if (probe->task_uids_off)
+        snprintf(ret->task_uids_off, sizeof(ret->task_uids_off),
+                 "every task runs as local.sandbox_uid: the task uids (local.task_uid_first, "
+                 "task_uid_count) could not be used: %.380s",
+                 probe->task_uids_failure);
 }
 
 static const struct ci_provider_ops local_ops = {
@@ -323,6 +353,7 @@ static const struct ci_provider_ops local_ops = {
     .warm_stats = local_warm_stats,
     .sessions = true,
     .isolation = local_isolation,
+    .notes = local_notes,
 };
 
 ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,
@@ -350,23 +381,17 @@ ci_status ci_provider_local_new_probed(const struct ci_config *cfg,
     ci_status s = ci_sandbox_new(cfg, probe, &l->sb, err);
     if (s)
         return s;
-    const struct ci_sandbox *sb = l->sb;
+    notes_fill(cfg, probe, l->sb, &l->notes);
+    if (err) {
+        /* The first of the notes, for a caller that logs one line. */
+        const struct ci_provider_notes *n = &l->notes;
+        snprintf(err->msg, sizeof(err->msg), "%s",
+                 n->no_sandbox[0]         ? n->no_sandbox
+                 : n->warm_unavailable[0] ? n->warm_unavailable
+                                          : n->task_uids_off);
+    }
     p->ops = &local_ops;
     p->ctx = CI_STEAL(&l);
-    if (err && probe->warning[0])
-        snprintf(err->msg, sizeof(err->msg), "%s", probe->warning);
-    else if (err && cfg->local.mode == CI_MODE_WARM && probe->sandboxed &&
-             strcmp(ci_sandbox_mode(sb), "warm") != 0)
-        snprintf(err->msg, sizeof(err->msg), "warm mode is unavailable, tasks run cold: %.400s",
-                 probe->warm_failure[0]        ? probe->warm_failure
-                 : ci_sandbox_warm_failure(sb)[0] ? ci_sandbox_warm_failure(sb)
-                                                 : "the zygotes did not start");
-    else if (err && probe->task_uids_off)
-        snprintf(err->msg, sizeof(err->msg), "every task runs as local.sandbox_uid: the task "
-                 "uids (local.task_uid_first, task_uid_count) could not be used: %.380s",
-                 probe->task_uids_failure);
-    else if (err)
-        err->msg[0] = '\0';
     *ret = CI_STEAL(&p);
     return CI_OK;
 }

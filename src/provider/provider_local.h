@@ -11,9 +11,10 @@ struct ci_sandbox_probe; /* sandbox/sandbox.h */
 /* Probes the machine, then prepares the sandbox (in warm mode the probe's
  * try of a zygote is made with the pool's first: ci_sandbox_probe_deferred).
  * With isolation `auto` on a machine without namespaces this succeeds in the
- * no-sandbox mode and leaves the warning to log in err->msg; when warm mode
- * is unavailable it succeeds, tasks run cold, and err->msg says why; on a
- * normal success err->msg is "". */
+ * no-sandbox mode (ci_provider_isolation says "none"); when warm mode is
+ * unavailable it succeeds and tasks run cold; when the task uids cannot be
+ * used every task runs as local.sandbox_uid. ci_provider_notes() says each
+ * of these apart; err->msg holds the first of them, "" when none holds. */
 ci_status ci_provider_local_new(const struct ci_config *cfg, struct ci_provider **ret,
                                 struct ci_error *err);
 

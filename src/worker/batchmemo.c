@@ -11,10 +11,14 @@ struct memo_entry {
     uint64_t used;     /* the memo's clock at its last use: the least recent makes room */
     bool sealed;
     uint64_t total;
+    int64_t sealed_until; /* wall clock: when the stream drops the seal */
+    bool cancelled;       /* a cancel came through the subscription ... */
+    int64_t cancelled_until; /* ... that the stream keeps until then (wall clock) */
     bool no_cancel;       /* a look found none ... */
     int64_t no_cancel_ms; /* ... that began then ... */
     uint64_t link;        /* ... on this link */
     size_t held;          /* tasks of the batch the slots hold */
+    bool owed;            /* an end stored while held skipped its count: the last let-go counts */
 };
 
 struct ci_batch_memo {
@@ -80,10 +84,13 @@ static struct memo_entry *find_or_make(struct ci_batch_memo *m, const char *batc
     return x;
 }
 
-bool ci_batch_memo_sealed(struct ci_batch_memo *m, const char *batch_id, uint64_t *ret_total)
+bool ci_batch_memo_sealed(struct ci_batch_memo *m, const char *batch_id, int64_t wall_ms,
+                          uint64_t *ret_total)
 {
     pthread_mutex_lock(&m->lock);
     struct memo_entry *x = find(m, batch_id);
+    if (x && x->sealed && wall_ms >= x->sealed_until)
+        x->sealed = false; /* the stream dropped it: the id may be another batch's now */
     bool sealed = x && x->sealed;
     if (sealed)
         *ret_total = x->total;
@@ -91,12 +98,14 @@ bool ci_batch_memo_sealed(struct ci_batch_memo *m, const char *batch_id, uint64_
     return sealed;
 }
 
-void ci_batch_memo_seal(struct ci_batch_memo *m, const char *batch_id, uint64_t total)
+void ci_batch_memo_seal(struct ci_batch_memo *m, const char *batch_id, uint64_t total,
+                        int64_t until_ms)
 {
     pthread_mutex_lock(&m->lock);
     struct memo_entry *x = find_or_make(m, batch_id);
     x->sealed = true;
     x->total = total;
+    x->sealed_until = until_ms;
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -105,8 +114,8 @@ bool ci_batch_memo_uncancelled(struct ci_batch_memo *m, const char *batch_id, in
 {
     pthread_mutex_lock(&m->lock);
     struct memo_entry *x = find(m, batch_id);
-    bool skip = x && x->no_cancel && x->link == link && now_ms >= x->no_cancel_ms &&
-                now_ms - x->no_cancel_ms < CI_BATCH_MEMO_NO_CANCEL_MS;
+    bool skip = x && !x->cancelled && x->no_cancel && x->link == link &&
+                now_ms >= x->no_cancel_ms && now_ms - x->no_cancel_ms < CI_BATCH_MEMO_NO_CANCEL_MS;
     if (ret_gen)
         *ret_gen = m->gen;
     pthread_mutex_unlock(&m->lock);
@@ -117,8 +126,8 @@ void ci_batch_memo_no_cancel(struct ci_batch_memo *m, const char *batch_id, uint
                              int64_t looked_ms, uint64_t link)
 {
     pthread_mutex_lock(&m->lock);
-    if (gen == m->gen) {
-        struct memo_entry *x = find_or_make(m, batch_id);
+    struct memo_entry *x = gen == m->gen ? find_or_make(m, batch_id) : NULL;
+    if (x && !x->cancelled) {
         x->no_cancel = true;
         x->no_cancel_ms = looked_ms;
         x->link = link;
@@ -126,14 +135,26 @@ void ci_batch_memo_no_cancel(struct ci_batch_memo *m, const char *batch_id, uint
     pthread_mutex_unlock(&m->lock);
 }
 
-void ci_batch_memo_cancel(struct ci_batch_memo *m, const char *batch_id)
+void ci_batch_memo_cancel(struct ci_batch_memo *m, const char *batch_id, int64_t until_ms)
 {
     pthread_mutex_lock(&m->lock);
     m->gen++;
-    struct memo_entry *x = find(m, batch_id);
-    if (x)
-        x->no_cancel = false;
+    struct memo_entry *x = find_or_make(m, batch_id);
+    x->no_cancel = false;
+    x->cancelled = true;
+    x->cancelled_until = until_ms;
     pthread_mutex_unlock(&m->lock);
+}
+
+bool ci_batch_memo_cancelled(struct ci_batch_memo *m, const char *batch_id, int64_t wall_ms)
+{
+    pthread_mutex_lock(&m->lock);
+    struct memo_entry *x = find(m, batch_id);
+    if (x && x->cancelled && wall_ms >= x->cancelled_until)
+        x->cancelled = false; /* the stream dropped it: the id may be another batch's now */
+    bool cancelled = x && x->cancelled;
+    pthread_mutex_unlock(&m->lock);
+    return cancelled;
 }
 
 void ci_batch_memo_hold(struct ci_batch_memo *m, const char *batch_id)
@@ -143,18 +164,34 @@ void ci_batch_memo_hold(struct ci_batch_memo *m, const char *batch_id)
     pthread_mutex_unlock(&m->lock);
 }
 
-size_t ci_batch_memo_let_go(struct ci_batch_memo *m, const char *batch_id)
+bool ci_batch_memo_let_go(struct ci_batch_memo *m, const char *batch_id, bool ended)
 {
     pthread_mutex_lock(&m->lock);
     struct memo_entry *x = find(m, batch_id);
-    size_t left = 0;
-    if (x) {
-        if (x->held) /* 0: its hold went with an entry that made room */
-            x->held--;
-        left = x->held;
+    bool count = true; /* no entry or none held: its hold went with an entry that made room */
+    if (x && x->held) {
+        x->held--;
+        if (x->held) {
+            x->owed = x->owed || ended; /* the last let-go counts for it */
+            count = false;
+        } else {
+            count = ended || x->owed;
+            x->owed = false;
+        }
     }
     pthread_mutex_unlock(&m->lock);
-    return left;
+    return count;
+}
+
+bool ci_batch_memo_ended(struct ci_batch_memo *m, const char *batch_id)
+{
+    pthread_mutex_lock(&m->lock);
+    struct memo_entry *x = find(m, batch_id);
+    bool count = !x || !x->held;
+    if (!count)
+        x->owed = true;
+    pthread_mutex_unlock(&m->lock);
+    return count;
 }
 
 size_t ci_batch_memo_held(struct ci_batch_memo *m, const char *batch_id)

@@ -66,8 +66,8 @@ typedef _Atomic int64_t ci_lanes_look;
  * a slot of the same worker began one that found nothing less than
  * look_ms ago. A slot that is to look claims the look first (*last = now),
  * so that of slots whose waits end at the same moment one looks: an idle
- * worker looks at the batch lane about once per look_ms, not once per
- * slot and wait. After a look that found a task (0) every slot looks. */
+ * worker looks at the batch lane every look_ms to look_ms + a wait (a slot
+ * that skips waits once more), not once per slot and wait. After a look that found a task (0) every slot looks. */
 bool ci_lanes_batch_skip(const struct ci_lane_ask asks[2], size_t i, ci_lanes_look *last,
                          int64_t now_ms, int64_t look_ms);
 /* What a look at the batch lane found (any look, waiting round or not). */

@@ -24,6 +24,7 @@
 #include "worker/batchmemo.h"
 #include "worker/lanes.h"
 #include "worker/manifest.h"
+#include "worker/sealwait.h"
 #include "worker/task.h"
 #include "worker/waitroom.h"
 #include "core/util.h"
@@ -38,6 +39,12 @@
 #define BATCH_LOOK_MS (FETCH_WAIT_MS * 3 / 4)
 /* Batches whose seal and lack of a cancel the worker remembers. */
 #define BATCH_MEMO_CAP 64
+/* Seals that came before the stream showed them (contract §20): how many
+ * wait at most, how often they are read again, for how long. */
+#define SEALS_WAITING_CAP 256
+#define SEAL_FIRST_PAUSE_MS 50
+#define SEAL_MAX_PAUSE_MS 1000
+#define SEAL_GIVE_UP_MS 30000
 #define ROOM_POLL_MS 25 /* how often the room looks up its sessions */
 #define TICK_MS 250
 #define VERSIONS_TIMEOUT_MS 20000 /* the runtime's Python saying its versions, at start */
@@ -71,6 +78,7 @@ struct worker {
     struct ci_monitor *monitor;
     struct ci_heartbeat *heartbeat;
     struct ci_waitroom *room; /* session tasks waiting for their turn */
+    struct ci_sealwait *seals; /* seals to count, off the subscription's thread */
     struct ci_manifest_versions versions; /* read once at start (contract §18) */
     bool manifest_failing;                /* the last manifest write failed */
 };
@@ -462,6 +470,7 @@ static void collect_live(void *closure, struct ci_metrics_live *ret)
     ci_provider_warm_stats(w->env.provider, &ws);
     ret->warm_pool_size = ws.ready;
     ret->warm_deaths = ws.died;
+    ret->warm_fallbacks = ws.fallbacks;
     ret->session_tasks_waiting = ci_waitroom_count(w->room);
 }
 
@@ -543,23 +552,34 @@ static void on_cancel(const char *task_id, void *closure)
 }
 
 /* A seal (contract §20): the batch may be complete already. The body is
- * read again from the stream (ci_task_batch_sealed). */
+ * read again from the stream (ci_task_batch_sealed), on the seal thread:
+ * the stream may show it only later. */
 static void on_batch_sealed(const char *batch_id, const void *body, size_t len, void *closure)
 {
     struct worker *w = closure;
     (void)body;
     (void)len;
-    ci_task_batch_sealed(&w->env, batch_id);
+    ci_sealwait_add(w->seals, batch_id);
+}
+
+static ci_status try_seal(void *closure, const char *batch_id, struct ci_error *err)
+{
+    struct worker *w = closure;
+    return ci_task_batch_sealed(&w->env, batch_id, err);
 }
 
 /* A cancel of a batch (contract §20): every running task of it. Tasks of
- * the batch that come later find the cancel on the stream. The memo
- * forgets the batch first: a slot that looked at it before is seen by the
- * loop below (its batch_id was set before it looked). */
+ * the batch that come later find it in the memo (or on the stream, should
+ * the memo have made room). The memo first: a slot that looked at the
+ * batch before is seen by the loop below (its batch_id was set before it
+ * looked). */
 static void on_batch_cancel(const char *batch_id, void *closure)
 {
     struct worker *w = closure;
-    ci_batch_memo_cancel(w->env.batches, batch_id);
+    /* It sticks while the stream keeps it: the stream may not show it to
+     * a task taken a moment later yet. */
+    ci_batch_memo_cancel(w->env.batches, batch_id,
+                         ci_now_ms() + (int64_t)w->env.cfg->batches.max_age_s * 1000);
     for (size_t i = 0; i < w->n_slots; i++)
         ci_slot_cancel_batch(&w->env, &w->slots[i], batch_id);
 }
@@ -644,6 +664,20 @@ static ci_status connect_broker(const struct ci_config *cfg, struct ci_broker **
     }
 }
 
+/* Each thing the provider found as it started, once, under its own name:
+ * only worker.no_isolation means tasks run without namespaces. */
+static void log_provider_notes(const struct ci_provider *provider)
+{
+    struct ci_provider_notes notes;
+    ci_provider_notes(provider, &notes);
+    if (notes.no_sandbox[0]) /* isolation: auto fell back to no sandbox */
+        ci_log(CI_LOG_WARN, "worker.no_isolation", "warning", notes.no_sandbox, NULL);
+    if (notes.warm_unavailable[0]) /* tasks run cold, in the sandbox */
+        ci_log(CI_LOG_WARN, "worker.warm_unavailable", "warning", notes.warm_unavailable, NULL);
+    if (notes.task_uids_off[0])
+        ci_log(CI_LOG_WARN, "worker.task_uids_off", "warning", notes.task_uids_off, NULL);
+}
+
 static int run_worker(const struct ci_config *cfg)
 {
     struct worker w;
@@ -671,8 +705,7 @@ static int run_worker(const struct ci_config *cfg)
         ci_log(CI_LOG_ERROR, "worker.provider_failed", "error", e.msg, NULL);
         goto out;
     }
-    if (e.msg[0]) /* isolation: auto fell back to no sandbox: say it once */
-        ci_log(CI_LOG_WARN, "worker.no_isolation", "warning", e.msg, NULL);
+    log_provider_notes(w.env.provider);
     read_versions(&w);
     w.n_slots = ci_config_slots(cfg);
     w.slots = calloc(w.n_slots, sizeof(*w.slots));
@@ -755,6 +788,18 @@ static int run_worker(const struct ci_config *cfg)
         /* Only `ci stats` misses this worker: not a reason to stop. */
         ci_log(CI_LOG_WARN, "worker.heartbeat_failed", "error", e.msg, NULL);
     publish_manifest(&w);
+    struct ci_sealwait_opts so = {
+        .fn = try_seal,
+        .closure = &w,
+        .cap = SEALS_WAITING_CAP,
+        .first_ms = SEAL_FIRST_PAUSE_MS,
+        .max_pause_ms = SEAL_MAX_PAUSE_MS,
+        .give_up_ms = SEAL_GIVE_UP_MS,
+    };
+    if (ci_sealwait_start(&so, &w.seals, &e)) {
+        ci_log(CI_LOG_ERROR, "worker.thread_failed", "thread", "seals", "error", e.msg, NULL);
+        goto out;
+    }
     if (ci_broker_on_cancel(w.env.broker, on_cancel, &w, &e) ||
         ci_broker_on_batch_cancel(w.env.broker, on_batch_cancel, &w, &e) ||
         ci_broker_on_batch_sealed(w.env.broker, on_batch_sealed, &w, &e)) {
@@ -846,7 +891,11 @@ out:
      * the connection is up. The cancel handler may still look into it
      * until the broker is freed: freed after that. */
     ci_waitroom_close(w.room);
+    /* Its tries use the broker; the seal subscription may still add (no
+     * more tries) until the broker is freed. */
+    ci_sealwait_stop(w.seals);
     ci_broker_free(w.env.broker);
+    ci_sealwait_free(w.seals);
     ci_waitroom_free(w.room);
     ci_metrics_free(w.env.metrics);
     ci_batch_memo_free(w.env.batches);

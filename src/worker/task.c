@@ -102,13 +102,11 @@ static void live_release(struct task *t, const char *why)
     t->pub = NULL;
 }
 
+static void batch_given_up(struct task *t);
+
 static void task_release(struct task *t)
 {
-    /* A task given up without its end (nak'ed, superseded): it comes back,
-     * or another attempt has it, and that one counts. */
-    if (t->batch_held)
-        ci_batch_memo_let_go(t->env->batches, t->batch);
-    t->batch_held = false;
+    batch_given_up(t);
     live_release(t, "the attempt ended without storing its result: its last chunks are dropped");
     free(t->state);
     ci_message_free(t->req ? &t->req->base : NULL);
@@ -1132,11 +1130,13 @@ static ci_status batch_complete_if(struct ci_broker *b, const char *batch, uint6
 static ci_status batch_seal(const struct ci_worker_env *env, const char *batch_id,
                             uint64_t *ret_total, struct ci_error *err)
 {
-    if (env->batches && ci_batch_memo_sealed(env->batches, batch_id, ret_total))
+    if (env->batches && ci_batch_memo_sealed(env->batches, batch_id, ci_now_ms(), ret_total))
         return CI_OK;
     CI_AUTOFREE uint8_t *seal = NULL;
     size_t len = 0;
-    ci_status s = ci_broker_batch_last(env->broker, batch_id, "sealed", &seal, &len, err);
+    int64_t stored_ms = 0;
+    ci_status s = ci_broker_batch_last_at(env->broker, batch_id, "sealed", &seal, &len,
+                                          &stored_ms, err);
     if (s)
         return s;
     struct ci_error pe = {{0}};
@@ -1145,8 +1145,12 @@ static ci_status batch_seal(const struct ci_worker_env *env, const char *batch_i
         return ci_error_set(err, CI_ERR_INVALID, "the seal of batch '%s': %s", batch_id,
                             pe.msg);
     }
-    if (env->batches)
-        ci_batch_memo_seal(env->batches, batch_id, *ret_total);
+    /* Kept while the stream keeps it: the id of a batch gone from the
+     * stream may be used again, for another batch (a server that does not
+     * say when it stored the seal: not kept). */
+    if (env->batches && stored_ms > 0)
+        ci_batch_memo_seal(env->batches, batch_id, *ret_total,
+                           stored_ms + (int64_t)env->cfg->batches.max_age_s * 1000);
     return CI_OK;
 }
 
@@ -1170,47 +1174,53 @@ static ci_status batch_complete(const struct task *t, struct ci_error *err)
     return batch_complete_if(t->env->broker, t->batch, total, &c, t->id, err);
 }
 
-/* How long the worker that gets a seal waits for it to be stored (the
- * message may reach it before the stream has it). */
-#define SEAL_STORED_TRIES 20
-#define SEAL_STORED_WAIT_MS 50
-
-void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id)
+ci_status ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id,
+                               struct ci_error *err)
 {
     /* Counted only once the seal is read from the stream: an end stored
      * after this count then sees the seal (batch_complete), and the total
      * is the stored seal's, as every worker reads it. */
     uint64_t total = 0;
-    struct ci_error e = {{0}};
-    ci_status s = CI_ERR_NOT_FOUND;
-    for (int i = 0; i < SEAL_STORED_TRIES && s == CI_ERR_NOT_FOUND; i++) {
-        if (i) {
-            struct timespec ts = {0, SEAL_STORED_WAIT_MS * 1000000L};
-            nanosleep(&ts, NULL);
-        }
-        s = batch_seal(env, batch_id, &total, &e);
-    }
+    ci_status s = batch_seal(env, batch_id, &total, err);
     struct ci_batch_counts c;
     if (!s)
-        s = ci_broker_batch_counts(env->broker, batch_id, &c, &e);
+        s = ci_broker_batch_counts(env->broker, batch_id, &c, err);
     if (!s)
-        s = batch_complete_if(env->broker, batch_id, total, &c, "seal", &e);
-    if (s && s != CI_ERR_INVALID) /* a bad seal was said once */
-        ci_log(CI_LOG_WARN, "batch.complete_failed", "batch_id", batch_id, "error", e.msg, NULL);
+        s = batch_complete_if(env->broker, batch_id, total, &c, "seal", err);
+    return s;
 }
 
-/* Its end is stored: the slot lets go of the task. true when another slot
- * of the worker still holds a task of the batch: that one's end comes
- * later and looks at the batch in its place (contract §20). */
+/* Its end is stored: the slot lets go of the task. false when another
+ * slot of the worker still holds a task of the batch: that one looks at
+ * the batch in its place when it lets go (contract §20). */
 static bool batch_let_go(struct task *t)
 {
     struct ci_batch_memo *memo = t->env->batches;
     if (!memo)
-        return false;
-    size_t left = t->batch_held ? ci_batch_memo_let_go(memo, t->batch)
-                                : ci_batch_memo_held(memo, t->batch);
+        return true;
+    bool count = t->batch_held ? ci_batch_memo_let_go(memo, t->batch, true)
+                               : ci_batch_memo_ended(memo, t->batch);
     t->batch_held = false;
-    return left > 0;
+    return count;
+}
+
+/* A task given up without its end stored by this attempt (nak'ed,
+ * superseded, its ended result unreadable): it comes back, or another
+ * attempt has it and counts when it ends. That end may be stored already,
+ * counted before an end of this worker that left its count to this slot:
+ * then this let-go counts (once, as far as it goes: the next end of the
+ * batch, or its seal, counts again). */
+static void batch_given_up(struct task *t)
+{
+    if (!t->batch_held)
+        return;
+    t->batch_held = false;
+    if (!ci_batch_memo_let_go(t->env->batches, t->batch, false))
+        return;
+    struct ci_error e = {{0}};
+    if (batch_complete(t, &e))
+        ci_log(CI_LOG_WARN, "batch.complete_failed", "task_id", t->id, "batch_id", t->batch,
+               "error", e.msg, NULL);
 }
 
 /* A task whose terminal result is stored tells its batch, before its
@@ -1231,7 +1241,7 @@ static bool batch_ended(struct task *t, Ci__V1__TaskStatus status, const char *e
     if (!s)
         s = batch_publish(t, ci_task_status_short(status), msg_id, "application/json", body, len,
                           &e);
-    if (!s && !batch_let_go(t))
+    if (!s && batch_let_go(t))
         s = batch_complete(t, &e);
     if (!s)
         return true;
@@ -1249,33 +1259,38 @@ static enum ci_task_end batch_retry(struct task *t)
     return CI_TASK_END_RETRY;
 }
 
-/* Before the task runs: a cancel of its batch on the stream (the last
- * message on <prefix>.<b>.cancel, read from the stream's leader: a replica
- * that lags could say "none" for a cancel just stored) ends it CANCELLED.
- * Not looked for again while the memo says a look found none moments ago:
- * a cancel published since has come through the worker's subscription
- * (which made the memo forget, or else finds this slot: its batch_id is
- * set). true when it goes on; false with *ret_end when it ended or is
- * retried. */
+/* Before the task runs: a cancel of its batch ends it CANCELLED, one that
+ * came through the worker's subscription (the memo keeps it: the stream
+ * may not show it yet) or one on the stream (the last message on
+ * <prefix>.<b>.cancel, read from the stream's leader: a replica that lags
+ * could say "none" for a cancel just stored). Not looked for again while
+ * the memo says a look found none moments ago: a cancel published since
+ * has come through the subscription (which the memo keeps, or else finds
+ * this slot: its batch_id is set). true when it goes on; false with
+ * *ret_end when it ended or is retried. */
 static bool batch_begin(struct task *t, struct result *r, enum ci_task_end *ret_end)
 {
     struct ci_batch_memo *memo = t->env->batches;
     uint64_t link = ci_broker_disconnects(t->env->broker), gen = 0;
     int64_t looked_ms = ci_mono_ms();
-    if (memo && ci_batch_memo_uncancelled(memo, t->batch, looked_ms, link, &gen))
-        return true;
-    struct ci_error e = {{0}};
-    CI_AUTOFREE uint8_t *data = NULL;
-    size_t len = 0;
-    ci_status s = ci_broker_batch_last(t->env->broker, t->batch, "cancel", &data, &len, &e);
-    if (s == CI_ERR_NOT_FOUND) {
-        if (memo)
-            ci_batch_memo_no_cancel(memo, t->batch, gen, looked_ms, link);
-        return true;
-    }
-    if (s) {
-        *ret_end = give_up_or_retry(t, r, "read the batch's cancel", &e);
-        return false;
+    /* A cancel the subscription brought: the stream may not show it yet. */
+    bool cancelled = memo && ci_batch_memo_cancelled(memo, t->batch, ci_now_ms());
+    if (!cancelled) {
+        if (memo && ci_batch_memo_uncancelled(memo, t->batch, looked_ms, link, &gen))
+            return true;
+        struct ci_error e = {{0}};
+        CI_AUTOFREE uint8_t *data = NULL;
+        size_t len = 0;
+        ci_status s = ci_broker_batch_last(t->env->broker, t->batch, "cancel", &data, &len, &e);
+        if (s == CI_ERR_NOT_FOUND) {
+            if (memo)
+                ci_batch_memo_no_cancel(memo, t->batch, gen, looked_ms, link);
+            return true;
+        }
+        if (s) {
+            *ret_end = give_up_or_retry(t, r, "read the batch's cancel", &e);
+            return false;
+        }
     }
     pthread_mutex_lock(&t->slot->lock);
     t->slot->batch_cancelled = true;

@@ -79,9 +79,12 @@ void ci_slot_cancel_batch(const struct ci_worker_env *env, struct ci_slot *slot,
                           const char *batch_id);
 /* A batch was sealed (contract §20): its complete event if every task of
  * it has ended already (a seal after the last end, which no end can see).
- * Reads the seal from the stream first (waiting up to ~1 s for it to be
- * stored), so that an end stored after the count sees it. Called on a
- * NATS thread. */
-void ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id);
+ * Reads the seal from the stream first, so that an end stored after the
+ * count sees it. One try: CI_ERR_NOT_FOUND while the stream does not show
+ * the seal yet (the message may come first), another error when NATS
+ * failed (both to be tried again: worker/sealwait.h); CI_OK, or
+ * CI_ERR_INVALID for a seal without a total (logged). */
+ci_status ci_task_batch_sealed(const struct ci_worker_env *env, const char *batch_id,
+                               struct ci_error *err);
 
 #endif

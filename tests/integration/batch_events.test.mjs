@@ -10,6 +10,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { createServer, connect as tcpConnect } from "node:net";
 import { existsSync, mkdirSync, mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -492,8 +493,8 @@ describe("ci batch with a stand-in worker", () => {
     writeFileSync(join(cwd, "r.jsonl"), lines.join("\n") + "\n");
     const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
     assert.equal(r.code, 2, r.stderr);
-    assert.match(r.stderr, new RegExp(`r\\.jsonl:2: task id 'x-${b}' is in use: a task of another batch, queued and not taken yet, has it \\(CI_BATCH dropped this one as a copy of it\\); .*give the line another taskId`));
-    assert.match(r.stderr, new RegExp(`batch ${b}: 1 of 3 tasks went out before this; it is not sealed: once the line has another taskId, run the same command again`));
+    assert.match(r.stderr, new RegExp(`r\\.jsonl:2: task id 'x-${b}' is in use: a task of batch 'other-${b}', queued or running, has it \\(CI_BATCH dropped this task as a copy of its message \\d+ on 'ci\\.batch\\.other-${b}'\\); task ids must be unique \\(contract §11\\): give the line another taskId`));
+    assert.match(r.stderr, new RegExp(`batch ${b}: 1 of 3 tasks went out before this; it is not sealed: once the line has another taskId, run the same command again to finish it \\(run as it is, it stops at that line again\\)`));
     assert.equal((await batchSubjectCounts(client.jsm, b)).sealed, undefined, "not sealed");
     // --file-each: <b>-<n> is another batch's queued task.
     const f = "bf-" + Date.now().toString(36);
@@ -502,10 +503,102 @@ describe("ci batch with a stand-in worker", () => {
     writeFileSync(join(cwd, "s.py"), "print(1)\n");
     const e = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", f], { cwd, url });
     assert.equal(e.code, 2, e.stderr);
-    assert.match(e.stderr, new RegExp(`--file-each: the task of 'b\\.csv': task id '${f}-2' is in use: .*submit under another --batch`));
+    assert.match(e.stderr, new RegExp(`--file-each: the task of 'b\\.csv': task id '${f}-2' is in use: a task of batch 'other-${f}', queued or running, has it .*submit under another --batch`));
     assert.match(e.stderr, new RegExp(`batch ${f}: 1 of 2 tasks went out before this; it is not sealed and cannot be finished under this id: cancel it \\(ci batch cancel ${f}\\)`));
     // The queue as the tests after this one expect it: empty.
     for (const t of await takeAll(4)) await t.msg.ackAck();
+  });
+
+  test("a submission stopped at another batch's queued task id, run again as it is, stops there again; the other batch's own submission run again counts its copies; nothing runs twice", async () => {
+    const cwd = fresh("rerun");
+    const a = "ra-" + Date.now().toString(36);
+    const b = "rb-" + Date.now().toString(36);
+    const shared = `s-${a}`;
+    const line = (n, taskId) => JSON.stringify({ ...(taskId ? { taskId } : {}), language: "python", code: `print(${n})` });
+    writeFileSync(join(cwd, "a.jsonl"), [line(1, shared), line(2), line(3)].join("\n") + "\n");
+    writeFileSync(join(cwd, "b.jsonl"), [line(1), line(2, shared), line(3)].join("\n") + "\n");
+    // Batch a's submission stopped after two of its three tasks (no seal).
+    await client.submit({ taskId: shared, batchId: a, language: "python", code: "print(1)" }, { subject: `${BATCH_PREFIX}.${a}` });
+    await client.submit({ taskId: `${a}-2`, batchId: a, language: "python", code: "print(2)" }, { subject: `${BATCH_PREFIX}.${a}` });
+    // Batch b has a line with a's queued task's id: its first run stops
+    // there, and so does every run after it while the line keeps the id
+    // (b has a task stored by then: a copy is no longer taken for in use
+    // just because the batch is new).
+    for (const run of ["first", "again"]) {
+      const r = await ci(["batch", "submit", "--jsonl", "b.jsonl", "--batch", b], { cwd, url });
+      assert.equal(r.code, 2, `${run}: ${r.stderr}`);
+      assert.match(r.stderr, new RegExp(`b\\.jsonl:2: task id '${shared}' is in use: a task of batch '${a}', queued or running, has it \\(CI_BATCH dropped this task as a copy of its message \\d+ on 'ci\\.batch\\.${a}'\\); .*give the line another taskId`), run);
+      assert.match(r.stderr, new RegExp(`batch ${b}: 1 of 3 tasks went out before this; it is not sealed`), run);
+      assert.equal((await batchSubjectCounts(client.jsm, b)).sealed, undefined, `${run}: not sealed`);
+      assert.equal(await batchLeft(client.jsm, b), 1, `${run}: only ${b}-1 went out`);
+    }
+    // --file-each (the client's own submit path): the same.
+    const f = "rf-" + Date.now().toString(36);
+    const fdir = fresh("rerunfiles");
+    for (const n of ["a", "b"]) writeFileSync(join(fdir, `${n}.csv`), `${n}\n`);
+    writeFileSync(join(fdir, "s.py"), "print(1)\n");
+    await client.submit({ taskId: `${f}-2`, batchId: `other-${f}`, language: "python", code: "print(0)" }, { subject: `${BATCH_PREFIX}.other-${f}` });
+    for (const run of ["first", "again"]) {
+      const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", f], { cwd: fdir, url });
+      assert.equal(r.code, 2, `${run}: ${r.stderr}`);
+      assert.match(r.stderr, new RegExp(`--file-each: the task of 'b\\.csv': task id '${f}-2' is in use: a task of batch 'other-${f}', queued or running, has it`), run);
+      assert.equal((await batchSubjectCounts(client.jsm, f)).sealed, undefined, `${run}: not sealed`);
+    }
+    // Batch a's own submission, run again after its stop: its two copies
+    // are its own (on ci.batch.<a>), the third goes out, the seal.
+    const ra = await ci(["batch", "submit", "--jsonl", "a.jsonl", "--batch", a], { cwd, url });
+    assert.equal(ra.code, 0, ra.stderr);
+    assert.match(ra.stderr, new RegExp(`batch ${a}: 3 tasks: 1 submitted, 2 queued already \\(not queued again\\); sealed\n`));
+    // b, once the line has another id: its first task is its own copy.
+    writeFileSync(join(cwd, "b.jsonl"), [line(1), line(2, `t-${b}`), line(3)].join("\n") + "\n");
+    const rb = await ci(["batch", "submit", "--jsonl", "b.jsonl", "--batch", b], { cwd, url });
+    assert.equal(rb.code, 0, rb.stderr);
+    assert.match(rb.stderr, new RegExp(`batch ${b}: 3 tasks: 2 submitted, 1 queued already \\(not queued again\\); sealed\n`));
+    // The queue holds each task once, on its own batch's subject: a's
+    // three, b's three, f's first and the other batch's f-2.
+    assert.equal((await client.jsm.streams.info(BATCH_STREAM)).state.messages, 8, "eight tasks queued");
+    const got = await takeAll(8);
+    assert.equal(await worker.take(1000), null, "nothing more is queued");
+    const byId = new Map(got.map((t) => [t.taskId, t]));
+    assert.equal(byId.size, 8, `each task once: ${got.map((t) => t.taskId)}`);
+    for (const [ids, batch] of [[[shared, `${a}-2`, `${a}-3`], a], [[`${b}-1`, `t-${b}`, `${b}-3`], b], [[`${f}-1`], f], [[`${f}-2`], `other-${f}`]]) {
+      for (const id of ids) {
+        const t = byId.get(id);
+        assert.ok(t, `${id} queued`);
+        assert.equal(t.subject, `${BATCH_PREFIX}.${batch}`, id);
+        assert.equal(t.batchId, batch, id);
+      }
+    }
+    assert.equal(byId.get(shared).request.code, "print(1)");
+    for (const t of got) {
+      if (t.batchId === a || t.batchId === b) {
+        await worker.taken(t);
+        await worker.end(t, { status: "TASK_STATUS_SUCCEEDED" });
+      } else {
+        await t.msg.ackAck();
+      }
+    }
+    for (const x of [a, b]) {
+      const w = await ci(["batch", "wait", x, "--wait-ms", "20000"], { url });
+      assert.equal(w.code, 0, w.stderr);
+      assert.equal(w.stdout, `batch ${x}: all 3 tasks succeeded\n`);
+    }
+  });
+
+  test("a new batch's task dropped as a copy of a task that was taken and acked, with no record saying whose, is in use too", async () => {
+    const cwd = fresh("gone");
+    const b = "bg-" + Date.now().toString(36);
+    // Another batch's task, taken and acked without a record (deleted, or
+    // expired): the stream keeps its id, not its message.
+    await client.submit({ taskId: `g-${b}`, batchId: `other-${b}`, language: "python", code: "print(0)" }, { subject: `${BATCH_PREFIX}.other-${b}` });
+    const [t] = await takeAll(1);
+    await t.msg.ackAck();
+    await until("the acked task left the queue", async () => (await batchLeft(client.jsm, `other-${b}`)) === 0);
+    writeFileSync(join(cwd, "r.jsonl"), JSON.stringify({ taskId: `g-${b}`, language: "python", code: "print(1)" }) + "\n");
+    const r = await ci(["batch", "submit", "--jsonl", "r.jsonl", "--batch", b], { cwd, url });
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, new RegExp(`r\\.jsonl:1: task id 'g-${b}' is in use: CI_BATCH dropped this task as a copy of one that no record says is of this batch, which had nothing stored when this submission began`));
+    assert.deepEqual(await batchSubjectCounts(client.jsm, b), {});
   });
 
   test("submit looks task ids up many at a time, and not at all for the <b>-<n> of a batch id it made", async () => {
@@ -879,6 +972,116 @@ describe("ci batch before any worker made the batch lane", () => {
       assert.match(t.stdout, /^batch queue: +none \(no consumer ci-workers-batch on stream CI_BATCH/m);
     } finally {
       rmSync(cwd, { recursive: true, force: true });
+    }
+  });
+});
+
+// A TCP proxy in front of the server that the test can cut: connections
+// are then refused (counted), as by a server that is down.
+async function cuttableProxy(port) {
+  const sockets = new Set();
+  const p = { refusing: false, refused: 0 };
+  const server = createServer((client) => {
+    if (p.refusing) {
+      p.refused++;
+      return client.destroy();
+    }
+    const upstream = tcpConnect(port, "127.0.0.1");
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on("close", () => sockets.delete(s));
+      s.on("error", () => {});
+    }
+    client.pipe(upstream);
+    upstream.pipe(client);
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  p.url = `nats://127.0.0.1:${server.address().port}`;
+  p.cut = () => {
+    p.refusing = true;
+    for (const s of sockets) s.destroy();
+  };
+  p.restore = () => (p.refusing = false);
+  p.close = () => {
+    p.cut();
+    server.close();
+  };
+  return p;
+}
+
+describe("ci batch wait when NATS goes away", () => {
+  let stack, url, worker, dir;
+  before(async () => {
+    stack = await stackWithoutWorker();
+    url = stack.server.url;
+    worker = fakeBatchWorker(stack.client);
+    dir = mkdtempSync(join(tmpdir(), "ci-batch-gone-"));
+    writeFileSync(join(dir, "a.csv"), "a\n");
+    writeFileSync(join(dir, "s.py"), "print(1)\n");
+  });
+  after(async () => {
+    await stack?.stop();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  test("wait rides out NATS refusing connections for longer than a client's five reconnects: its connection goes on trying for --retry-ms", async () => {
+    const proxy = await cuttableProxy(stack.server.port);
+    try {
+      const b = "bo-" + Date.now().toString(36);
+      let err = "";
+      const waiting = ci(["batch", "wait", b, "--retry-ms", "60000"], { url: proxy.url, timeoutMs: 120000, onStderr: (e) => (err = e) });
+      // The default bound for a batch whose submission has not published
+      // anything yet (no --wait-ms given).
+      await until("wait said it waits for the batch", async () => /nothing of it is stored yet; waiting up to 60 s for its submission to publish it/.test(err));
+      const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv", "--batch", b], { cwd: dir, url });
+      assert.equal(r.code, 0, r.stderr);
+      await until("wait printed its first progress line", async () => /0\/1 ended/.test(err));
+      // NATS goes away until wait's connection has tried more than the five
+      // times a ci connection tries elsewhere (nats.c would close it then,
+      // and no later question could be answered).
+      proxy.cut();
+      await until("wait's connection tried again 7 times", async () => proxy.refused >= 7, 60000);
+      assert.match(err, new RegExp(`batch ${b}: .*; asking again for up to 60 s\n`));
+      proxy.restore();
+      const task = await worker.take(5000);
+      await worker.taken(task);
+      await worker.end(task, { status: "TASK_STATUS_SUCCEEDED" });
+      const w = await waiting;
+      assert.equal(w.code, 0, w.stderr);
+      assert.match(w.stderr, /NATS answers again/);
+      assert.equal(w.stdout, `batch ${b}: all 1 tasks succeeded\n`);
+    } finally {
+      proxy.close();
+    }
+  });
+
+  test("wait whose NATS stays away gives up after --retry-ms with exit 3, saying so", async () => {
+    const proxy = await cuttableProxy(stack.server.port);
+    try {
+      const r = await ci(["batch", "submit", "s.py", "--file-each", "*.csv"], { cwd: dir, url });
+      assert.equal(r.code, 0, r.stderr);
+      const b = r.stdout.trim();
+      let err = "";
+      const waiting = ci(["batch", "wait", b, "--retry-ms", "8000"], { url: proxy.url, timeoutMs: 120000, onStderr: (e) => (err = e) });
+      await until("wait printed its first progress line", async () => /0\/1 ended/.test(err));
+      const t0 = Date.now();
+      proxy.cut();
+      const w = await waiting;
+      const took = Date.now() - t0;
+      assert.equal(w.code, 3, w.stderr);
+      assert.equal(w.stdout, "");
+      assert.match(w.stderr, new RegExp(`batch ${b}: .*; asking again for up to 8 s\n`));
+      assert.match(w.stderr, new RegExp(`batch ${b}: .* \\(no answer for \\d+ s, --retry-ms 8000: giving up\\)\n$`));
+      const [, said] = w.stderr.match(/no answer for (\d+) s/);
+      assert.ok(Number(said) >= 8, `gave up after ${said} s without an answer, before --retry-ms`);
+      // The window after the last answer (less than a poll before the cut)
+      // and at most one request's 5 s wait: not the default 30 s.
+      assert.ok(took < 25000, `exit ${took} ms after NATS went away`);
+      assert.ok(proxy.refused >= 1, "its connection tried again");
+    } finally {
+      proxy.close();
     }
   });
 });

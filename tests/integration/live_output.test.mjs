@@ -11,16 +11,25 @@
 // stream; with jetstream.live_output false nothing is published; 16 MiB
 // written at once (cap 16 MiB) arrive whole; a task that prints while the
 // server is frozen (SIGSTOP) is still killed at its limit, and the publish
-// that blocks gives up at the connection's write deadline.
+// that blocks gives up at the connection's write deadline. `ci run` and `ci
+// watch --output` print chunks stored out of Ci-Seq order (a worker's
+// reconnect), with a gap, or of an attempt superseded, in order, live, and
+// end with exactly the result's bytes.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, connect as tcpConnect } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { performance } from "node:perf_hooks";
+import { headers as natsHeaders } from "@nats-io/transport-node";
 
 import { startStack } from "./lib/stack.mjs";
-import { newTaskId, OUTPUT_STREAM, runTask } from "./lib/client.mjs";
+import { newTaskId, OUTPUT_PREFIX, OUTPUT_STREAM, proto, runTask, STATUS_PREFIX } from "./lib/client.mjs";
 import { blockUntilReleased, processesWith, releaseMarker, show, waitProcessWith } from "./lib/checks.mjs";
 import { skipTest } from "./lib/skip.mjs";
+import { CLI_BIN } from "./lib/worker.mjs";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const TERMINAL = new Set(["succeeded", "failed", "timed_out", "cancelled"]);
@@ -533,6 +542,191 @@ describe("live output, the NATS server frozen mid-task", () => {
       assert.ok(!w.crashed());
     } finally {
       watch_.stop();
+    }
+  });
+});
+
+// Plays a worker for one task: its chunks stored in the order the test
+// publishes them (JetStream publishes, each stored before the next goes),
+// its events, its result.
+function fakeWorker(client, taskId) {
+  const { StatusEvent } = proto();
+  const event = async (status, short, exitCode) => {
+    const h = natsHeaders();
+    h.set("Ci-Task-Id", taskId);
+    h.set("Ci-Status", short);
+    h.set("Content-Type", "application/protobuf");
+    const body = StatusEvent.encode(StatusEvent.fromObject({ taskId, status, atMs: Date.now(), worker: "w-fake", exitCode })).finish();
+    await client.js.publish(`${STATUS_PREFIX}.${taskId}`, body, { headers: h, timeout: 10000 });
+  };
+  return {
+    async chunk(stream, seq, text, attempt = 1) {
+      const h = natsHeaders();
+      h.set("Ci-Task-Id", taskId);
+      h.set("Ci-Attempt", String(attempt));
+      h.set("Ci-Seq", String(seq));
+      await client.js.publish(`${OUTPUT_PREFIX}.${taskId}.${stream}`, Buffer.from(text), { headers: h, timeout: 10000 });
+    },
+    running: () => event("TASK_STATUS_RUNNING", "running"),
+    // The result stored, then the terminal event, as a worker does.
+    async succeed({ stdout, stderr, attempt = 1 }) {
+      const kv = await client.kvBucket();
+      await kv.put(taskId, JSON.stringify({ taskId, status: "TASK_STATUS_SUCCEEDED", worker: "w-fake", attempt, exitCode: 0, stdout, stderr }));
+      await event("TASK_STATUS_SUCCEEDED", "succeeded", 0);
+    },
+  };
+}
+
+// Starts `ci args...`; its stdout and stderr are read as they come.
+function startCi(args, { url, cwd }) {
+  const child = spawn(CLI_BIN, args, { cwd, env: { ...process.env, CI_NATS_URL: url }, stdio: ["ignore", "pipe", "pipe"] });
+  const p = { stdout: "", stderr: "" };
+  child.stdout.on("data", (d) => (p.stdout += d));
+  child.stderr.on("data", (d) => (p.stderr += d));
+  const timer = setTimeout(() => child.kill("SIGKILL"), 120000);
+  p.done = new Promise((resolve, reject) => {
+    child.on("error", reject);
+    child.on("close", (code, signal) => {
+      clearTimeout(timer);
+      resolve({ code, signal });
+    });
+  });
+  // Waits (bounded) until pred holds on what ci printed so far.
+  p.until = async (pred, what, timeoutMs = 20000) => {
+    const deadline = Date.now() + timeoutMs;
+    while (!pred(p)) {
+      if (Date.now() > deadline) throw new Error(`ci ${args.join(" ")}: ${what} not printed within ${timeoutMs} ms; stdout ${JSON.stringify(p.stdout)}, stderr ${JSON.stringify(p.stderr)}`);
+      await sleep(20);
+    }
+  };
+  p.kill = () => child.kill("SIGKILL");
+  return p;
+}
+
+// Contract §19, Order: across a worker's reconnect chunks may be stored out
+// of Ci-Seq order, even after the terminal event, and a lost chunk leaves a
+// gap. The test plays the worker (the stack's worker only made the streams
+// and the bucket, then stopped): it stores chunks in the order it chooses.
+describe("ci run and ci watch --output: chunks stored out of Ci-Seq order, with a gap, of a superseded attempt", () => {
+  let stack, dir, url;
+  before(async () => {
+    stack = await startStack({ workers: 1, worker: { local: { mode: "cold" } } });
+    const x = await stack.workers[0].stop();
+    assert.equal(x.code, 0, "the worker that made the streams stopped cleanly");
+    url = stack.server.url;
+    dir = mkdtempSync(join(tmpdir(), "ci-liveorder-"));
+  });
+  after(async () => {
+    await stack?.stop();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  test("ci watch --output: stdout stored 1,3,2,4 and stderr 2,1 are printed in order while the task runs; the end is the result's bytes", async () => {
+    const taskId = newTaskId("order");
+    const w = fakeWorker(stack.client, taskId);
+    const ci = startCi(["watch", taskId, "--output", "--wait-ms", "100000"], { url, cwd: dir });
+    try {
+      await w.running();
+      await w.chunk("stdout", 1, "one\n");
+      await ci.until((p) => p.stdout === "one\n", "chunk 1");
+      await w.chunk("stdout", 3, "three\n");
+      await w.chunk("stdout", 2, "two\n");
+      await w.chunk("stdout", 4, "four\n");
+      await w.chunk("stderr", 2, "e2\n");
+      await w.chunk("stderr", 1, "e1\n");
+      // Before the end: the chunk that came early waited for its turn, and
+      // once it came, later ones were shown live too (old code stopped at
+      // the first chunk out of order and showed the rest only at the end).
+      await ci.until((p) => p.stdout === "one\ntwo\nthree\nfour\n" && p.stderr === "e1\ne2\n", "stdout 1..4 and stderr 1..2, in order");
+      // Chunk 5 reaches the stream only after the end (the old socket).
+      await w.succeed({ stdout: "one\ntwo\nthree\nfour\nfive\n", stderr: "e1\ne2\n" });
+      await w.chunk("stdout", 5, "five\n");
+      const { code } = await ci.done;
+      assert.equal(code, 0, ci.stderr);
+      assert.equal(ci.stdout, "one\ntwo\nthree\nfour\nfive\n", "the result's stdout, byte for byte");
+      assert.equal(ci.stderr, "e1\ne2\n", "the result's stderr, no note");
+    } finally {
+      ci.kill();
+    }
+  });
+
+  test("ci watch --output: a gap never filled holds what follows it; the result fills it at the end, and a late watcher replays the same", async () => {
+    const taskId = newTaskId("gap");
+    const w = fakeWorker(stack.client, taskId);
+    const ci = startCi(["watch", taskId, "--output", "--wait-ms", "100000"], { url, cwd: dir });
+    try {
+      await w.running();
+      await w.chunk("stdout", 1, "a\n");
+      await w.chunk("stdout", 3, "c\n"); // 2 was lost (the worker's queue was full)
+      await w.chunk("stdout", 4, "d\n");
+      await w.chunk("stderr", 1, "marker\n");
+      // The stream delivers in the order it stored: once stderr's chunk is
+      // printed, stdout's 3 and 4 were handled, and held.
+      await ci.until((p) => p.stderr === "marker\n", "stderr's chunk");
+      assert.equal(ci.stdout, "a\n", "nothing printed past the gap");
+      await w.succeed({ stdout: "a\nb\nc\nd\n", stderr: "marker\n" });
+      const { code } = await ci.done;
+      assert.equal(code, 0, ci.stderr);
+      assert.equal(ci.stdout, "a\nb\nc\nd\n");
+      assert.equal(ci.stderr, "marker\n");
+    } finally {
+      ci.kill();
+    }
+    const late = startCi(["watch", taskId, "--output"], { url, cwd: dir });
+    const { code } = await late.done;
+    assert.equal(code, 0, late.stderr);
+    assert.equal(late.stdout, "a\nb\nc\nd\n");
+    assert.equal(late.stderr, "marker\n");
+  });
+
+  test("ci watch --output: attempt 2 (stored 2,1) starts over with a note; attempt 1's chunk stored late is not shown; the end is attempt 2's result", async () => {
+    const taskId = newTaskId("attempts");
+    const w = fakeWorker(stack.client, taskId);
+    const ci = startCi(["watch", taskId, "--output", "--wait-ms", "100000"], { url, cwd: dir });
+    try {
+      await w.running();
+      await w.chunk("stdout", 1, "a1\n", 1);
+      await ci.until((p) => p.stdout === "a1\n", "attempt 1's chunk");
+      await w.chunk("stdout", 2, "b2\n", 2);
+      await w.chunk("stdout", 1, "b1\n", 2);
+      await ci.until((p) => p.stdout === "a1\nb1\nb2\n", "attempt 2's chunks, in order");
+      assert.equal(ci.stderr, "\nci: the task is running again (attempt 2); its output starts over\n");
+      await w.chunk("stdout", 2, "a2\n", 1); // attempt 1's old socket
+      await w.chunk("stderr", 1, "e\n", 2);
+      await ci.until((p) => p.stderr.endsWith("over\ne\n"), "attempt 2's stderr");
+      assert.equal(ci.stdout, "a1\nb1\nb2\n", "attempt 1's late chunk is not shown");
+      await w.succeed({ stdout: "b1\nb2\nb3\n", stderr: "e\n", attempt: 2 });
+      const { code } = await ci.done;
+      assert.equal(code, 0, ci.stderr);
+      assert.equal(ci.stdout, "a1\nb1\nb2\nb3\n", "attempt 1's part, then attempt 2's whole");
+      assert.equal(ci.stderr, "\nci: the task is running again (attempt 2); its output starts over\ne\n");
+    } finally {
+      ci.kill();
+    }
+  });
+
+  test("ci run: stdout stored 1,3,2 is printed in order while the task runs; chunk 4 lost, 5 held, the end is the result's bytes", async () => {
+    const cwd = mkdtempSync(join(dir, "run-"));
+    writeFileSync(join(cwd, "t.py"), "print('not run: the test plays the worker')\n");
+    const taskId = newTaskId("run");
+    const ci = startCi(["run", "--no-save", "--id", taskId, "--wait-ms", "100000", "t.py"], { url, cwd });
+    try {
+      await stack.client.waitStatus(taskId, "TASK_STATUS_QUEUED", 30000); // submitted
+      const w = fakeWorker(stack.client, taskId);
+      await w.running();
+      await w.chunk("stdout", 1, "1\n");
+      await w.chunk("stdout", 3, "3\n");
+      await w.chunk("stdout", 2, "2\n");
+      await w.chunk("stderr", 1, "warn\n");
+      await ci.until((p) => p.stdout === "1\n2\n3\n" && p.stderr === "warn\n", "stdout 1..3 in order");
+      await w.chunk("stdout", 5, "5\n");
+      await w.succeed({ stdout: "1\n2\n3\n4\n5\n", stderr: "warn\n" });
+      const { code } = await ci.done;
+      assert.equal(code, 0, ci.stderr);
+      assert.equal(ci.stdout, "1\n2\n3\n4\n5\n", "the result's stdout, byte for byte");
+      assert.equal(ci.stderr, "warn\n");
+    } finally {
+      ci.kill();
     }
   });
 });

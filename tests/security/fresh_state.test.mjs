@@ -8,8 +8,10 @@
 // is a fresh `python3 -I -B` that the task starts itself, in the same
 // sandbox, with the same environment: what the two see must be the same.
 import { describe } from "node:test";
+import { readdirSync, readFileSync } from "node:fs";
 
-import { assert, show, startBattery } from "./lib/battery.mjs";
+import { assert, show, sleep, startBattery } from "./lib/battery.mjs";
+import { skipTest } from "../integration/lib/skip.mjs";
 
 const b = await startBattery("fresh_state", { concurrency: 2 });
 
@@ -85,9 +87,10 @@ function assertMode(report) {
   if (mode) assert.equal(report.warm, mode === "warm", `the task ran in ${mode} mode (pandas imported before its code: ${report.warm})`);
 }
 
-describe("fresh_state", { concurrency: 1 }, () => {
-  b.attack("a task finds options, rcParams, warnings, converters, figures, fds, environment and /tmp as a fresh python3 does", async () => {
-    const code = `
+// Runs a task that compares what it sees of the runtime with a fresh
+// python3's (FINGERPRINT), and checks that they are the same.
+async function checkFresh() {
+  const code = `
 import json, os, subprocess, sys
 _warm = "pandas" in sys.modules  # before this code imports it: the run came from a warm zygote
 FINGERPRINT = ${JSON.stringify(FINGERPRINT)}
@@ -95,46 +98,102 @@ FINGERPRINT = ${JSON.stringify(FINGERPRINT)}
 # three standard ones and the report channel, moved to 100 and up.
 fds = {}
 for name in os.listdir("/proc/self/fd"):
-    try:
-        fds[int(name)] = os.readlink("/proc/self/fd/" + name)
-    except OSError:
-        pass  # the listing's own, closed by now
+  try:
+      fds[int(name)] = os.readlink("/proc/self/fd/" + name)
+  except OSError:
+      pass  # the listing's own, closed by now
 exec(FINGERPRINT)
 mine = fp
 fresh = subprocess.run([sys.executable, "-I", "-B", "-c", FINGERPRINT + "print(json.dumps(fp))"],
-                       capture_output=True, text=True, timeout=50)
+                     capture_output=True, text=True, timeout=50)
 report(warm=_warm, mine=json.loads(json.dumps(mine)), fresh=json.loads(fresh.stdout) if fresh.returncode == 0 else None,
-       fresh_err=fresh.stderr[-2000:], fds=fds)
+     fresh_err=fresh.stderr[-2000:], fds=fds)
 `;
-    const { result, report } = await b.run(code, { limits: { timeoutMs: 60000 } });
-    assert.equal(result.status, "TASK_STATUS_SUCCEEDED", show(result));
-    assertMode(report);
-    assert.ok(report.fresh, `the fresh python3 ran: ${report.fresh_err}`);
-    // Control: the comparison sees something (a fresh interpreter has
-    // pandas' options and matplotlib's rcParams too).
-    assert.ok(Object.keys(report.fresh["pandas options"]).length > 50, "pandas options were read");
-    assert.ok(Object.keys(report.fresh["matplotlib rcParams"]).length > 100, "rcParams were read");
-    const differ = [];
-    for (const [k, v] of Object.entries(report.fresh)) {
-      if (JSON.stringify(report.mine[k]) === JSON.stringify(v)) continue;
-      if (v && typeof v === "object" && !Array.isArray(v)) {
-        const keys = new Set([...Object.keys(v), ...Object.keys(report.mine[k] ?? {})]);
-        for (const kk of keys)
-          if (JSON.stringify(report.mine[k]?.[kk]) !== JSON.stringify(v[kk]))
-            differ.push(`${k} ${kk}: task ${JSON.stringify(report.mine[k]?.[kk])}, fresh ${JSON.stringify(v[kk])}`);
-      } else {
-        differ.push(`${k}: task ${JSON.stringify(report.mine[k])}, fresh ${JSON.stringify(v)}`);
-      }
+  const { result, report } = await b.run(code, { limits: { timeoutMs: 60000 } });
+  assert.equal(result.status, "TASK_STATUS_SUCCEEDED", show(result));
+  assertMode(report);
+  assert.ok(report.fresh, `the fresh python3 ran: ${report.fresh_err}`);
+  // Control: the comparison sees something (a fresh interpreter has
+  // pandas' options and matplotlib's rcParams too).
+  assert.ok(Object.keys(report.fresh["pandas options"]).length > 50, "pandas options were read");
+  assert.ok(Object.keys(report.fresh["matplotlib rcParams"]).length > 100, "rcParams were read");
+  const differ = [];
+  for (const [k, v] of Object.entries(report.fresh)) {
+    if (JSON.stringify(report.mine[k]) === JSON.stringify(v)) continue;
+    if (v && typeof v === "object" && !Array.isArray(v)) {
+      const keys = new Set([...Object.keys(v), ...Object.keys(report.mine[k] ?? {})]);
+      for (const kk of keys)
+        if (JSON.stringify(report.mine[k]?.[kk]) !== JSON.stringify(v[kk]))
+          differ.push(`${k} ${kk}: task ${JSON.stringify(report.mine[k]?.[kk])}, fresh ${JSON.stringify(v[kk])}`);
+    } else {
+      differ.push(`${k}: task ${JSON.stringify(report.mine[k])}, fresh ${JSON.stringify(v)}`);
     }
-    assert.deepEqual(differ, [], `the task's runtime differs from a fresh python3:\n${differ.join("\n")}`);
-    assert.equal(report.mine["os.environ is the process's"], true);
-    assert.deepEqual(report.mine.tmp.filter((n) => n !== "matplotlib"), [], "nothing in /tmp but matplotlib's font cache dir");
-    assert.equal(report.mine.cwd, "/workspace");
-    // No fd beyond 0-2 and the report channel (a pipe at 100 or above).
-    const extra = Object.entries(report.fds).filter(([fd]) => Number(fd) > 2);
-    assert.equal(extra.length, 1, `one fd beyond 0-2 (the report channel): ${JSON.stringify(report.fds)}`);
-    assert.ok(Number(extra[0][0]) >= 100 && /^pipe:/.test(extra[0][1]), `the report channel: ${JSON.stringify(report.fds)}`);
-    assert.match(report.fds[0], /\/dev\/null$/, "stdin is /dev/null");
+  }
+  assert.deepEqual(differ, [], `the task's runtime differs from a fresh python3:\n${differ.join("\n")}`);
+  assert.equal(report.mine["os.environ is the process's"], true);
+  assert.deepEqual(report.mine.tmp.filter((n) => n !== "matplotlib"), [], "nothing in /tmp but matplotlib's font cache dir");
+  assert.equal(report.mine.cwd, "/workspace");
+  // No fd beyond 0-2 and the report channel (a pipe at 100 or above).
+  const extra = Object.entries(report.fds).filter(([fd]) => Number(fd) > 2);
+  assert.equal(extra.length, 1, `one fd beyond 0-2 (the report channel): ${JSON.stringify(report.fds)}`);
+  assert.ok(Number(extra[0][0]) >= 100 && /^pipe:/.test(extra[0][1]), `the report channel: ${JSON.stringify(report.fds)}`);
+  assert.match(report.fds[0], /\/dev\/null$/, "stdin is /dev/null");
+}
+
+// Children of pid (from /proc/<pid>/task/*/children).
+function childrenOf(pid) {
+  try {
+    return readdirSync(`/proc/${pid}/task`).flatMap((t) =>
+      readFileSync(`/proc/${pid}/task/${t}/children`, "utf8").split(" ").filter(Boolean).map(Number));
+  } catch {
+    return [];
+  }
+}
+
+const comm = (pid) => { try { return readFileSync(`/proc/${pid}/comm`, "utf8").trim(); } catch { return ""; } };
+
+// The task processes of the worker's spares (each zygote's children are
+// spare inits, each with its task process), and for each whether it has
+// run its warm-up: it has used CPU and waits in recvfrom() for its task
+// (child_wait_byte), past the poll() of WARM_UP_DELAY_MS and the steps of
+// ci_driver._warm_up (src/zygote/main.c, prefork_task_main).
+function spares() {
+  const out = [];
+  for (const z of childrenOf(b.worker.pid).filter((p) => comm(p) === "ci-zygote"))
+    for (const init of childrenOf(z))
+      for (const task of childrenOf(init)) {
+        try {
+          const nr = Number(readFileSync(`/proc/${task}/syscall`, "utf8").split(" ")[0]);
+          const stat = readFileSync(`/proc/${task}/stat`, "utf8");
+          const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+          const ticks = Number(f[11]) + Number(f[12]); // utime, stime
+          out.push({ task, warmed: nr === 45 /* recvfrom, x86_64 */ && ticks > 0, nr, ticks });
+        } catch {
+          // gone meanwhile
+        }
+      }
+  return out;
+}
+
+describe("fresh_state", { concurrency: 1 }, () => {
+  b.attack("a task finds options, rcParams, warnings, converters, figures, fds, environment and /tmp as a fresh python3 does", async () => {
+    await checkFresh();
+  });
+
+  // Warm mode only (no spares in cold). A spare idle for 150 ms runs ci_driver._warm_up (pandas, the driver,
+  // sessions, describe) in the very process that then takes a task: what
+  // that left must not show either. Waits until every spare has warmed up.
+  if (process.env.CI_SANDBOX_MODE === "warm") b.attack("a task taken by a spare that has run its idle warm-up finds the state a fresh python3 does", async (t) => {
+    if (process.arch !== "x64") return skipTest(t, "the syscall number of recvfrom is x86_64's");
+    const deadline = Date.now() + 120000;
+    let seen = spares();
+    while ((seen.length === 0 || !seen.every((s) => s.warmed)) && Date.now() < deadline) {
+      await sleep(100);
+      seen = spares();
+    }
+    if (seen.length === 0 || !seen.every((s) => s.warmed))
+      return skipTest(t, `the spares did not warm up within 120 s (SCHED_IDLE on a busy machine?): ${JSON.stringify(seen)}`);
+    await checkFresh();
   });
 
   b.attack("two tasks do not share a random state (random, numpy's legacy generator, a new Generator)", async () => {

@@ -70,6 +70,13 @@ static void t_cmdline_verbs(void)
     in.wait_set = false;
     CHECK(check(&in, cn, 2, &c, &e) == CI_OK);
     CHECK(c.verb == CI_BATCH_CANCEL);
+    /* --retry-ms: how long wait asks again while NATS does not answer. */
+    in.retry_set = true;
+    CHECK(check(&in, w, 2, &c, &e) == CI_OK);
+    CHECK(c.verb == CI_BATCH_WAIT);
+    CHECK(check(&in, st, 2, &c, &e) == CI_ERR_INVALID);
+    CHECK_CONTAINS(e.msg, "'batch status' does not take --retry-ms: it is for 'ci batch wait'");
+    in.retry_set = false;
 
     const char *rs[] = {"results", "b1"};
     in.jsonl = true;

@@ -231,6 +231,14 @@ static void t_last_seal_and_cancel(void)
     CHECK(ci_batch_seal_total(data, len, &total, &e) == CI_OK && total == 2);
     free(data);
     data = NULL;
+    /* When the stream stored it (a worker keeps the seal only while the
+     * stream does): the server's clock, this machine's here. */
+    int64_t stored_ms = 0, before = ci_now_ms();
+    CHECK(event(b, "b4", "sealed", NULL, "{\"total\":\"3\"}", NULL) == CI_OK);
+    REQUIRE(ci_broker_batch_last_at(b, "b4", "sealed", &data, &len, &stored_ms, &e) == CI_OK);
+    CHECK(stored_ms >= before - 1000 && stored_ms <= ci_now_ms() + 1000);
+    free(data);
+    data = NULL;
     CHECK(ci_broker_batch_last(b, "b..d", "sealed", &data, &len, &e) == CI_ERR_INVALID);
     ci_broker_free(b);
     ci_config_free(cfg);
@@ -427,6 +435,59 @@ static void t_pull_without_waiting(void)
     server_stop(&srv);
 }
 
+/* A task that CI_BATCH drops as a copy (the same Nats-Msg-Id within its
+ * window) is refused when the message the stream kept is on another
+ * batch's subject: that batch's queued task has the id (contract §20). A
+ * copy on the same subject, or one whose message is gone (taken and
+ * acked), is a duplicate for the caller to judge. */
+static void t_submit_copy_of_another_batch(void)
+{
+    START(srv);
+    struct ci_config *cfg = config_for(&srv);
+    REQUIRE(cfg);
+    struct ci_broker *b = worker_broker(cfg);
+    REQUIRE(b);
+    struct ci_error e = {{0}};
+    bool dup = true;
+    CHECK(ci_broker_submit_batch(b, "b1", "t-1", "application/json", "{}", 2, &dup, &e) ==
+          CI_OK);
+    CHECK(!dup);
+    CHECK(ci_broker_submit_batch(b, "b1", "t-1", "application/json", "{}", 2, &dup, &e) ==
+          CI_OK);
+    CHECK(dup); /* its own copy, still queued */
+    dup = false;
+    CHECK(ci_broker_submit_batch(b, "b2", "t-1", "application/json", "{}", 2, &dup, &e) ==
+          CI_ERR_CONFLICT);
+    CHECK(strstr(e.msg, "task id 't-1' is in use: a task of batch 'b1', queued or running, has "
+                        "it (CI_BATCH dropped this task as a copy of its message 1 on "
+                        "'ci.batch.b1')") != NULL);
+    uint64_t queued = 0;
+    CHECK(ci_broker_batch_queued(b, "b2", &queued, &e) == CI_OK && queued == 0);
+    CHECK(ci_broker_batch_queued(b, "b1", &queued, &e) == CI_OK && queued == 1);
+    /* Taken and acked: the stream keeps the id, not the message. */
+    struct ci_puller *p = NULL;
+    struct ci_delivery *d = NULL;
+    REQUIRE(ci_puller_new_batch(b, &p, &e) == CI_OK);
+    REQUIRE(ci_puller_fetch_nowait(p, &d, &e) == CI_OK);
+    CHECK(ci_delivery_ack(d) == CI_OK);
+    ci_delivery_free(d);
+    for (int i = 0; i < 100; i++) {
+        if (ci_broker_batch_queued(b, "b1", &queued, &e) == CI_OK && queued == 0)
+            break;
+        sleep_ms(20);
+    }
+    REQUIRE(queued == 0);
+    dup = false;
+    CHECK(ci_broker_submit_batch(b, "b2", "t-1", "application/json", "{}", 2, &dup, &e) ==
+          CI_OK);
+    CHECK(dup);
+    CHECK(ci_broker_batch_queued(b, "b2", &queued, &e) == CI_OK && queued == 0);
+    ci_puller_free(p);
+    ci_broker_free(b);
+    ci_config_free(cfg);
+    server_stop(&srv);
+}
+
 /* A message that a long poll's request brought after its fetch gave up
  * (a request that outlived its Fetch on the server) waits in the puller's
  * queue: the next pull that does not wait takes it first, as queued. */
@@ -584,6 +645,7 @@ int main(int argc, char **argv)
         T_OWN(t_cancel_subscription),       T_OWN(t_pull_without_waiting),
         T_OWN(t_nowait_takes_queued_first), T_OWN(t_deleted_events_stream),
         T_OWN(t_last_read_from_leader),     T_OWN(t_results_get_many),
+        T_OWN(t_submit_copy_of_another_batch),
     };
     int rc = t_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
     ci_broker_library_close();

@@ -48,6 +48,7 @@ static void collect(void *closure, struct ci_metrics_live *ret)
     ret->nats_connected = true;
     ret->warm_pool_size = 2;
     ret->warm_deaths = 4;
+    ret->warm_fallbacks = 5;
 }
 
 static void test_render(void)
@@ -111,6 +112,7 @@ static void test_render(void)
     CHECK(sample(t, "ci_slots_free") == 3);
     CHECK(sample(t, "ci_warm_pool_size") == 2);
     CHECK(sample(t, "ci_warm_deaths_total") == 4);
+    CHECK(sample(t, "ci_warm_fallbacks_total") == 5);
     CHECK(sample(t, "ci_nats_connected") == 1);
     CHECK(sample(t, "ci_nats_reconnects_total") == 3);
     CHECK(sample(t, "ci_objstore_bytes_total{direction=\"download\"}") == 100);

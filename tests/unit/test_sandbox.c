@@ -2046,6 +2046,12 @@ static void t_warm_unavailable(void)
     struct ci_error err = {{0}};
     CHECK(ci_provider_local_new(c, &p, &err) == CI_OK);
     CHECK_CONTAINS(err.msg, "tasks run cold");
+    /* Each fact apart: warm mode is off, the sandbox is not. */
+    struct ci_provider_notes notes;
+    ci_provider_notes(p, &notes);
+    CHECK_CONTAINS(notes.warm_unavailable, "warm mode is unavailable, tasks run cold: ");
+    CHECK_STR(notes.no_sandbox, "");
+    CHECK(strcmp(ci_provider_isolation(p), "none") != 0);
     struct ci_outcome o;
     bool ran = p && run_with(p, "import sys\nprint('pandas' in sys.modules)\n", NULL, 0, 20000,
                              1024, &o) == CI_OK;
@@ -2087,14 +2093,41 @@ static void t_warm_deferred(void)
     CHECK(fallbacks_of(sb, &st) == 0);
     ci_sandbox_free(sb);
 
-    /* A zygote that cannot start: cold, and the reason. */
+    /* A zygote that cannot start: the deferred probe does not try it (a
+     * probe that tried would say why in warm_failure, as t_warm_unavailable
+     * shows), and says so; the sandbox runs cold, and says why. */
     c->local.zygote = "/bin/false";
     CHECK(ci_sandbox_probe_deferred(c, &pr) == CI_OK);
+    CHECK(pr.warm_requested && pr.warm_deferred && !pr.warm_ok && pr.warm_start_ms == 0);
+    CHECK_STR(pr.warm_failure, "");
+    char *printed = NULL;
+    size_t printed_len = 0;
+    FILE *f = open_memstream(&printed, &printed_len);
+    REQUIRE(f != NULL);
+    ci_sandbox_probe_print(&pr, f);
+    fclose(f);
+    CHECK_CONTAINS(printed, "\nwarm: left to the sandbox (");
+    free(printed);
     REQUIRE(ci_sandbox_new(c, &pr, &sb, &err) == CI_OK);
     CHECK_STR(ci_sandbox_mode(sb), "cold");
     CHECK_CONTAINS(ci_sandbox_warm_failure(sb), "the warm runtime did not start");
     out = sb_output(sb, "print('cold')\n", &status);
     CHECK_STR(out, "cold\n");
+    free(out);
+    ci_sandbox_free(sb);
+
+    /* A zygote that becomes ready but whose first try fails (it drops the
+     * task's fds: tests/tools/fake_zygote.c): the sandbox stops its reaper,
+     * frees the pool, and runs cold, saying why. */
+    c->local.zygote = CI_FAKE_ZYGOTE_PATH;
+    CHECK(ci_sandbox_probe_deferred(c, &pr) == CI_OK);
+    REQUIRE(pr.warm_deferred);
+    REQUIRE(ci_sandbox_new(c, &pr, &sb, &err) == CI_OK);
+    CHECK_STR(ci_sandbox_mode(sb), "cold");
+    /* The try's failure, not a start's ("the warm runtime did not start: ..."). */
+    CHECK_CONTAINS(ci_sandbox_warm_failure(sb), "the warm runtime did not start the task");
+    out = sb_output(sb, "import sys\nprint('cold', 'pandas' in sys.modules)\n", &status);
+    CHECK_STR(out, "cold False\n");
     free(out);
     ci_sandbox_free(sb);
     free(c);

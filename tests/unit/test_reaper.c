@@ -1,0 +1,569 @@
+/* test_reaper.c - the sandbox's reaper (src/sandbox/reaper.c) at its
+ * edges, on the REAL warm sandbox: a queue that is full, a run too big to
+ * queue, a stop with runs still queued, an init that will not exit.
+ *
+ * An init that will not exit is made on demand: it is moved into a cgroup
+ * v1 freezer and frozen before its run is released; a frozen task does not
+ * die of SIGKILL until it is thawed (kernel 6.x, checked here first). It
+ * looks into the sandbox (sandbox_int.h): the reaper's counters, a run's
+ * init. Needs user namespaces, ci-zygote, per-task cgroups and the v1
+ * freezer; without them it exits 77 loudly. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/util.h"
+#include "sandbox/sandbox_int.h"
+#include "testutil.h"
+
+#define FREEZER_ROOT "/sys/fs/cgroup/freezer"
+/* One run's free when its init will not exit: run_kill_now waits 5 s for
+ * it, then ci_cgroup_free 2 s (2 ms sleeps, counted) for each of cgroup
+ * v1's three directories: 11 s and what the sleeps overrun (~12 s here). */
+#define ONE_FREE_MS 11000
+
+static struct ci_sandbox_probe probed;
+static char freezer[256]; /* this program's freezer cgroup */
+
+static struct ci_config *make_config(unsigned slots)
+{
+    struct ci_config *c = calloc(1, sizeof(*c));
+    c->worker.provider = "local";
+    c->worker.concurrency = slots; /* the reaper queues at most this many */
+    c->limits.default_timeout_ms = 60000;
+    c->limits.max_timeout_ms = 60000;
+    c->limits.default_memory_mb = 1024;
+    c->limits.max_memory_mb = 4096;
+    c->limits.max_code_bytes = 1 << 20;
+    c->limits.max_input_bytes = 20 << 20;
+    c->limits.max_artifact_bytes = 20 << 20;
+    c->limits.max_output_bytes = 1 << 20;
+    c->local.isolation = CI_ISOLATION_REQUIRED;
+    c->local.python = "/usr/bin/python3";
+    c->local.sandbox_uid = 65534;
+    c->local.sandbox_gid = 65534;
+    c->local.workspace_mb = 256;
+    c->local.tmp_mb = 64;
+    c->local.max_processes = 64;
+    c->local.max_open_files = 256;
+    c->local.cpus = 1;
+    c->local.mode = CI_MODE_WARM;
+    c->local.warm_pool_size = 1;
+    c->local.warm_spares = 1;
+    c->local.warm_rotate_after = 200;
+    c->local.zygote = CI_ZYGOTE_PATH;
+    return c;
+}
+
+static struct ci_sandbox *new_sandbox(struct ci_config *c)
+{
+    struct ci_sandbox *sb = NULL;
+    struct ci_error err = {{0}};
+    if (ci_sandbox_new(c, &probed, &sb, &err) != CI_OK) {
+        fprintf(stderr, "sandbox: %s\n", err.msg);
+        return NULL;
+    }
+    if (strcmp(ci_sandbox_mode(sb), "warm") != 0 || !sb->cgroups || !sb->reaper.running) {
+        fprintf(stderr, "the sandbox runs %s, cgroups %s, reaper %s\n", ci_sandbox_mode(sb),
+                sb->cgroups ? "yes" : "no", sb->reaper.running ? "yes" : "no");
+        ci_sandbox_free(sb);
+        return NULL;
+    }
+    return sb;
+}
+
+static int write_file(const char *dir, const char *name, const char *text);
+static bool read_file(const char *dir, const char *name, char *buf, size_t size);
+static bool freeze(pid_t pid);
+static int task_pids(pid_t init, pid_t *out, int max);
+static int pids_in(const char *dir, pid_t *out, int max);
+
+/* The code of a run whose init will not exit: it waits until another
+ * process of its namespace (the keeper) is frozen, which the test does. */
+static const char wait_frozen[] =
+    "import os, time\n"
+    "me = os.getpid()\n"
+    "def frozen():\n"
+    "    for p in os.listdir('/proc'):\n"
+    "        if p.isdigit() and int(p) not in (1, me):\n"
+    "            try:\n"
+    "                if open('/proc/%s/stat' % p).read().rsplit(')', 1)[1].split()[0] == 'D':\n"
+    "                    return True\n"
+    "            except OSError:\n"
+    "                pass\n"
+    "    return False\n"
+    "end = time.monotonic() + 30\n"
+    "while not frozen() and time.monotonic() < end:\n"
+    "    time.sleep(0.01)\n"
+    "print('frozen' if frozen() else 'not frozen')\n";
+
+/* The keeper of the run whose init is init: the process of its cgroup,
+ * init's child, that blocks SIGTERM (the task process does not). 0: none. */
+static pid_t keeper_of(pid_t init)
+{
+    pid_t pids[16];
+    int n = task_pids(init, pids, 16);
+    for (int i = 0; i < n; i++) {
+        char dir[64], buf[4096];
+        snprintf(dir, sizeof(dir), "/proc/%d", (int)pids[i]);
+        if (pids[i] == init || !read_file(dir, "status", buf, sizeof(buf)))
+            continue;
+        const char *pp = strstr(buf, "\nPPid:"), *blk = strstr(buf, "\nSigBlk:");
+        if (!pp || !blk || strtol(pp + 7, NULL, 10) != init)
+            continue;
+        unsigned long long mask = strtoull(blk + 9, NULL, 16);
+        if (mask & (1ULL << (SIGTERM - 1)))
+            return pids[i];
+    }
+    return 0;
+}
+
+/* A warm run of code, waited for (ended), not freed. With frozen, one whose
+ * init will not exit: its keeper frozen while the code runs (wait_frozen),
+ * killed by init at the end but alive until thawed, init's exit waiting
+ * for it. */
+static struct ci_sandbox_run *run_ended(struct ci_sandbox *sb, const char *code, bool frozen)
+{
+    if (frozen)
+        code = wait_frozen;
+    struct ci_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 30000,
+                         .memory_mb = 1024};
+    struct ci_sandbox_run *run = NULL;
+    struct ci_error err = {{0}};
+    if (ci_sandbox_start(sb, &job, &run, &err) != CI_OK) {
+        fprintf(stderr, "start: %s\n", err.msg);
+        return NULL;
+    }
+    if (frozen) {
+        pid_t keeper = 0;
+        for (int i = 0; i < 1000 && !(keeper = keeper_of(run->pid)); i++)
+            usleep(10 * 1000);
+        if (!keeper || !freeze(keeper)) {
+            fprintf(stderr, "cannot freeze the keeper of %d\n", (int)run->pid);
+            ci_sandbox_run_free(run);
+            return NULL;
+        }
+    }
+    struct ci_sandbox_result res;
+    if (ci_sandbox_wait(run, &res) != CI_OK) {
+        ci_sandbox_run_free(run);
+        return NULL;
+    }
+    bool ok = res.end == CI_SANDBOX_EXITED && run->warm && run->pid > 0 &&
+              (!frozen || (res.outcome.out && strcmp(res.outcome.out, "frozen\n") == 0));
+    if (!ok)
+        fprintf(stderr, "run: end %d warm %d pid %d out %.100s err %.300s\n", (int)res.end,
+                run->warm, (int)run->pid, res.outcome.out ? res.outcome.out : "",
+                res.outcome.err ? res.outcome.err : "");
+    ci_sandbox_result_release(&res);
+    if (!ok) {
+        ci_sandbox_run_free(run);
+        return NULL;
+    }
+    return run;
+}
+
+static int write_file(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno;
+    int e = write(fd, text, strlen(text)) < 0 ? errno : 0;
+    close(fd);
+    return e;
+}
+
+static bool read_file(const char *dir, const char *name, char *buf, size_t size)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    return n >= 0;
+}
+
+static bool set_frozen(bool frozen)
+{
+    const char *want = frozen ? "FROZEN" : "THAWED";
+    if (write_file(freezer, "freezer.state", want) != 0)
+        return false;
+    char buf[64];
+    for (int i = 0; i < 1000; i++) {
+        if (read_file(freezer, "freezer.state", buf, sizeof(buf)) && strncmp(buf, want, 6) == 0)
+            return true;
+        usleep(10 * 1000);
+    }
+    return false;
+}
+
+/* pid into the freezer, frozen (with whatever else is in there). */
+static bool freeze(pid_t pid)
+{
+    char text[24];
+    snprintf(text, sizeof(text), "%d", (int)pid);
+    int e = write_file(freezer, "cgroup.procs", text);
+    if (e)
+        fprintf(stderr, "cannot move %d into %s: %s\n", (int)pid, freezer, strerror(e));
+    return !e && set_frozen(true);
+}
+
+/* Gone, or a zombie its zygote has yet to reap: nothing of it runs. */
+static bool pid_gone(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d", (int)pid);
+    if (!read_file(path, "stat", buf, sizeof(buf)))
+        return true;
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+static bool gone_within(pid_t pid, int ms)
+{
+    for (int i = 0; i < ms / 10; i++) {
+        if (pid_gone(pid))
+            return true;
+        usleep(10 * 1000);
+    }
+    return pid_gone(pid);
+}
+
+/* The task cgroups of sb that exist now (memory hierarchy). */
+static int task_dirs(const struct ci_sandbox *sb)
+{
+    DIR *d = opendir(ci_cgroup_root_dir(sb->cgroups));
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strncmp(e->d_name, "task-", 5) == 0;
+    closedir(d);
+    return n;
+}
+
+/* The pids listed in dir/cgroup.procs, at most max. */
+static int pids_in(const char *dir, pid_t *out, int max)
+{
+    char buf[4096];
+    if (!read_file(dir, "cgroup.procs", buf, sizeof(buf)))
+        return 0;
+    int n = 0;
+    for (char *p = buf, *end; *p && n < max; p = end) {
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        out[n++] = (pid_t)v;
+        while (*end == '\n')
+            end++;
+    }
+    return n;
+}
+
+/* Every pid in a task cgroup of sb now, at most max. */
+static int sb_task_pids(const struct ci_sandbox *sb, pid_t *out, int max)
+{
+    const char *root = ci_cgroup_root_dir(sb->cgroups);
+    DIR *d = opendir(root);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "task-", 5) != 0)
+            continue;
+        char dir[1024];
+        snprintf(dir, sizeof(dir), "%s/%s", root, e->d_name);
+        n += pids_in(dir, out + n, max - n);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Every pid in init's task cgroup (memory hierarchy), at most max; 0 once
+ * init has exited (an exiting task's cgroup is the root). */
+static int task_pids(pid_t init, pid_t *out, int max)
+{
+    char path[64], buf[4096], dir[1024];
+    snprintf(path, sizeof(path), "/proc/%d", (int)init);
+    if (!read_file(path, "cgroup", buf, sizeof(buf)))
+        return 0;
+    const char *m = strstr(buf, ":memory:");
+    if (!m)
+        return 0;
+    m += 8;
+    size_t len = strcspn(m, "\n");
+    if (!memmem(m, len, "/task-", 6))
+        return 0;
+    snprintf(dir, sizeof(dir), "/sys/fs/cgroup/memory%.*s", (int)len, m);
+    return pids_in(dir, out, max);
+}
+
+static unsigned pending(struct ci_sandbox *sb)
+{
+    pthread_mutex_lock(&sb->reaper.lock);
+    unsigned n = sb->reaper.pending;
+    pthread_mutex_unlock(&sb->reaper.lock);
+    return n;
+}
+
+static bool pending_within(struct ci_sandbox *sb, unsigned want, int ms)
+{
+    for (int i = 0; i < ms / 10; i++) {
+        if (pending(sb) == want)
+            return true;
+        usleep(10 * 1000);
+    }
+    return pending(sb) == want;
+}
+
+static bool dir_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static const char small[] = "print('ok')\n";
+
+/* The queue full: a slot frees its run itself, before release returns. */
+static void t_queue_full(void)
+{
+    struct ci_config *c = make_config(1);
+    struct ci_sandbox *sb = new_sandbox(c);
+    REQUIRE(sb);
+    struct ci_sandbox_run *r1 = run_ended(sb, NULL, true), *r2 = run_ended(sb, small, false);
+    REQUIRE(r1 && r2);
+    pid_t init1 = r1->pid, init2 = r2->pid;
+    CHECK(task_dirs(sb) == 2);
+    ci_sandbox_run_release(r1); /* the reaper's one: it waits for an init that cannot exit */
+    CHECK(pending(sb) == 1);
+    ci_sandbox_run_release(r2); /* the queue is full: freed here */
+    CHECK(pending(sb) == 1);
+    CHECK(pid_gone(init2));
+    CHECK(task_dirs(sb) == 1); /* r2's is gone already, r1's waits */
+    CHECK(set_frozen(false));
+    CHECK(gone_within(init1, 5000));
+    CHECK(pending_within(sb, 0, 20000));
+    CHECK(task_dirs(sb) == 0);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
+/* A run whose peak was above 256 MiB is freed by its caller, even with
+ * room in the queue; a small one beside it waits in the queue. */
+static void t_big_peak_inline(void)
+{
+    struct ci_config *c = make_config(3);
+    struct ci_sandbox *sb = new_sandbox(c);
+    REQUIRE(sb);
+    struct ci_sandbox_run *r1 = run_ended(sb, NULL, true);
+    struct ci_sandbox_run *big = run_ended(sb, "b = bytearray(300 << 20)\n"
+                                               "for i in range(0, len(b), 4096):\n"
+                                               "    b[i] = 1\n"
+                                               "print('big')\n", false);
+    struct ci_sandbox_run *r3 = run_ended(sb, small, false);
+    REQUIRE(r1 && big && r3);
+    CHECK(big->peak_mb > 256);
+    CHECK(r3->peak_mb <= 256);
+    pid_t init_big = big->pid;
+    ci_sandbox_run_release(r1);
+    CHECK(pending(sb) == 1);
+    ci_sandbox_run_release(big); /* freed here */
+    CHECK(pending(sb) == 1);
+    CHECK(pid_gone(init_big));
+    CHECK(task_dirs(sb) == 2); /* r1's and r3's */
+    ci_sandbox_run_release(r3); /* queued behind r1 */
+    CHECK(pending(sb) == 2);
+    CHECK(task_dirs(sb) == 2);
+    CHECK(set_frozen(false));
+    CHECK(pending_within(sb, 0, 20000));
+    CHECK(task_dirs(sb) == 0);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
+static void *thaw_later(void *arg)
+{
+    (void)arg;
+    usleep(300 * 1000);
+    set_frozen(false);
+    return NULL;
+}
+
+/* A stop with runs still queued (the sandbox freed, as a worker's provider
+ * is at its end): every one freed, every process of theirs gone, their
+ * cgroups removed. */
+static void t_stop_with_queued(void)
+{
+    struct ci_config *c = make_config(3);
+    struct ci_sandbox *sb = new_sandbox(c);
+    REQUIRE(sb);
+    struct ci_sandbox_run *runs[3];
+    for (int i = 0; i < 3; i++)
+        REQUIRE((runs[i] = run_ended(sb, "import subprocess\n"
+                                         "subprocess.Popen(['sleep', '600'])\n"
+                                         "print('left one behind')\n", i == 0)));
+    pid_t pids[64];
+    int n = sb_task_pids(sb, pids, 64); /* what is left in their cgroups */
+    CHECK(n >= 1); /* the first's frozen keeper at least */
+    char root[CI_CGROUP_PATH_MAX];
+    snprintf(root, sizeof(root), "%s", ci_cgroup_root_dir(sb->cgroups));
+    for (int i = 0; i < 3; i++)
+        ci_sandbox_run_release(runs[i]);
+    CHECK(pending(sb) == 3);
+    CHECK(task_dirs(sb) == 3);
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, thaw_later, NULL) == 0);
+    ci_sandbox_free(sb); /* the stop: the queue still holds two */
+    pthread_join(t, NULL);
+    for (int i = 0; i < n; i++)
+        CHECK(gone_within(pids[i], 1000));
+    CHECK(!dir_exists(root));
+    free(c);
+}
+
+/* An init that will not exit: its free gives up after a bounded wait
+ * (ONE_FREE_MS), its cgroup stays (it cannot be removed while init is in
+ * it) until the sandbox's root goes, and the reaper takes runs again. */
+static void t_init_will_not_exit(void)
+{
+    struct ci_config *c = make_config(1);
+    struct ci_sandbox *sb = new_sandbox(c);
+    REQUIRE(sb);
+    struct ci_sandbox_run *r1 = run_ended(sb, NULL, true);
+    REQUIRE(r1);
+    pid_t init1 = r1->pid;
+    char root[CI_CGROUP_PATH_MAX];
+    snprintf(root, sizeof(root), "%s", ci_cgroup_root_dir(sb->cgroups));
+    int64_t t0 = ci_mono_ms();
+    ci_sandbox_run_release(r1);
+    CHECK(pending_within(sb, 0, ONE_FREE_MS + 10000));
+    int64_t took = ci_mono_ms() - t0;
+    fprintf(stderr, "the reaper gave up on a frozen init after %lld ms\n", (long long)took);
+    CHECK(took >= 5000); /* it did wait for init */
+    CHECK(!pid_gone(init1));
+    CHECK(task_dirs(sb) == 1); /* left behind */
+    struct ci_sandbox_run *r2 = run_ended(sb, small, false);
+    REQUIRE(r2);
+    pid_t init2 = r2->pid;
+    ci_sandbox_run_release(r2); /* queued again, and freed */
+    CHECK(gone_within(init2, 5000));
+    CHECK(set_frozen(false));
+    CHECK(gone_within(init1, 5000));
+    ci_sandbox_free(sb);
+    CHECK(!dir_exists(root)); /* the left cgroup went with the root */
+    free(c);
+}
+
+/* At stop, what is queued is freed in parallel: three runs whose inits
+ * will not exit take about one free's time, not three (sequential before:
+ * 3 x ONE_FREE_MS, less what the first had done: 35.8 s measured). */
+static void t_stop_in_parallel(void)
+{
+    struct ci_config *c = make_config(3);
+    struct ci_sandbox *sb = new_sandbox(c);
+    REQUIRE(sb);
+    struct ci_sandbox_run *runs[3];
+    pid_t inits[3];
+    for (int i = 0; i < 3; i++) {
+        REQUIRE((runs[i] = run_ended(sb, NULL, true)));
+        inits[i] = runs[i]->pid;
+    }
+    for (int i = 0; i < 3; i++)
+        ci_sandbox_run_release(runs[i]);
+    CHECK(pending(sb) == 3);
+    int64_t t0 = ci_mono_ms();
+    reaper_stop(sb);
+    int64_t took = ci_mono_ms() - t0;
+    fprintf(stderr, "the stop with three frozen inits took %lld ms (one free: ~%d ms)\n",
+            (long long)took, ONE_FREE_MS);
+    CHECK(took < ONE_FREE_MS * 2); /* ~12 s; before ~31-36 s; slack for a loaded machine */
+    CHECK(set_frozen(false));
+    for (int i = 0; i < 3; i++)
+        CHECK(gone_within(inits[i], 5000));
+    char root[CI_CGROUP_PATH_MAX];
+    snprintf(root, sizeof(root), "%s", ci_cgroup_root_dir(sb->cgroups));
+    ci_sandbox_free(sb); /* reaper_stop again: does nothing */
+    CHECK(!dir_exists(root));
+    free(c);
+}
+
+/* Does SIGKILL leave a frozen process alive here? */
+static bool freezer_holds(void)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        pause();
+        _exit(0);
+    }
+    if (p < 0 || !freeze(p)) {
+        if (p > 0) {
+            kill(p, SIGKILL);
+            waitpid(p, NULL, 0);
+        }
+        return false;
+    }
+    kill(p, SIGKILL);
+    usleep(200 * 1000);
+    bool held = waitpid(p, NULL, WNOHANG) == 0;
+    set_frozen(false);
+    waitpid(p, NULL, 0);
+    return held;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct t_case cases[] = {
+        T(t_queue_full), T(t_big_peak_inline), T(t_stop_with_queued), T(t_init_will_not_exit),
+        T(t_stop_in_parallel),
+    };
+    struct t_case sel[sizeof(cases) / sizeof(cases[0])];
+    int k = t_select(argc, argv, cases, sizeof(cases) / sizeof(cases[0]), sel);
+    if (k < 0)
+        return 1;
+    if (!CI_ZYGOTE_PATH[0]) {
+        fprintf(stderr, "\n*** SKIPPED: built without ci-zygote: no warm mode, no reaper\n");
+        return T_SKIP_RC;
+    }
+    snprintf(freezer, sizeof(freezer), FREEZER_ROOT "/ci-test-reaper-%d", (int)getpid());
+    if (mkdir(freezer, 0755) != 0) {
+        fprintf(stderr, "\n*** SKIPPED: no cgroup v1 freezer (%s: %s): an init that will not "
+                        "exit cannot be made\n", freezer, strerror(errno));
+        return T_SKIP_RC;
+    }
+    int rc = T_SKIP_RC;
+    if (!freezer_holds()) {
+        fprintf(stderr, "\n*** SKIPPED: SIGKILL ends a frozen process here\n");
+        goto out;
+    }
+    struct ci_config *c = make_config(1);
+    ci_status ps = ci_sandbox_probe(c, &probed);
+    free(c);
+    if (ps != CI_OK || !probed.sandboxed || !probed.warm_ok || probed.cgroup_version == 0) {
+        fprintf(stderr, "\n*** SKIPPED: sandbox %d, warm %d (%s), cgroups %d (%s)\n",
+                probed.sandboxed, probed.warm_ok, probed.warm_failure, probed.cgroup_version,
+                probed.cgroup_failure);
+        goto out;
+    }
+    rc = t_run(sel, (size_t)k);
+out:
+    set_frozen(false);
+    for (int i = 0; i < 500 && rmdir(freezer) != 0 && errno == EBUSY; i++)
+        usleep(10 * 1000);
+    return rc;
+}
