@@ -164,7 +164,9 @@ describe("ci tools output against each API's schema", () => {
   before(async () => {
     assert.ok(existsSync(CLI_BIN), `${CLI_BIN} is built`);
     for (const f of FORMATS) outputs.config[f] = ciTools(f, NO_SERVER);
-    stack = await startStack({ workers: 1 });
+    // The worker only publishes its manifest (no task runs here): cold, as
+    // a warm start first waits for a zygote's imports (seconds of CPU).
+    stack = await startStack({ workers: 1, worker: { local: { mode: "cold" } } });
     const kv = await new Kvm(stack.client.js).open("ci-runtimes");
     const e = await kv.get(RUNTIME);
     assert.ok(e && e.value.length, "the worker wrote the manifest");

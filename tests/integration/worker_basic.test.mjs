@@ -307,8 +307,9 @@ describe("worker basic", () => {
   });
 
   test("CI_NATS_URL in the environment overrides nats.url of the config", async () => {
-    // nats.url points at a closed port; only the environment is right.
-    const w = await stack.addWorker({ id: `env-url-${process.pid}`, nats: { url: "nats://127.0.0.1:1" }, env: { CI_NATS_URL: stack.server.url } });
+    // nats.url points at a closed port; only the environment is right. Cold:
+    // where it connects is the question, not how its task starts.
+    const w = await stack.addWorker({ id: `env-url-${process.pid}`, nats: { url: "nats://127.0.0.1:1" }, env: { CI_NATS_URL: stack.server.url }, local: { mode: "cold" } });
     const { code } = await worker.stop("SIGTERM", 30000);
     assert.equal(code, 0);
     const c = stack.client;
