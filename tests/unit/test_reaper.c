@@ -131,7 +131,8 @@ static pid_t keeper_of(pid_t init)
  * init will not exit: its keeper frozen while the code runs (wait_frozen),
  * killed by init at the end but alive until thawed, init's exit waiting
  * for it. */
-static struct ci_sandbox_run *run_ended(struct ci_sandbox *sb, const char *code, bool frozen)
+static struct ci_sandbox_run *run_ended_init(struct ci_sandbox *sb, const char *code,
+                                             bool frozen, pid_t *init)
 {
     if (frozen)
         code = wait_frozen;
@@ -153,12 +154,17 @@ static struct ci_sandbox_run *run_ended(struct ci_sandbox *sb, const char *code,
             return NULL;
         }
     }
+    /* Init's pid, taken now: when init is gone before the worker has read
+     * its report (a loaded machine), the wait reaps it and run->pid is 0. */
+    if (init)
+        *init = run->pid;
     struct ci_sandbox_result res;
     if (ci_sandbox_wait(run, &res) != CI_OK) {
         ci_sandbox_run_free(run);
         return NULL;
     }
-    bool ok = res.end == CI_SANDBOX_EXITED && run->warm && run->pid > 0 &&
+    /* A frozen keeper holds init: it cannot be gone yet. */
+    bool ok = res.end == CI_SANDBOX_EXITED && run->warm && (run->pid > 0 || !frozen) &&
               (!frozen || (res.outcome.out && strcmp(res.outcome.out, "frozen\n") == 0));
     if (!ok)
         fprintf(stderr, "run: end %d warm %d pid %d out %.100s err %.300s\n", (int)res.end,
@@ -170,6 +176,11 @@ static struct ci_sandbox_run *run_ended(struct ci_sandbox *sb, const char *code,
         return NULL;
     }
     return run;
+}
+
+static struct ci_sandbox_run *run_ended(struct ci_sandbox *sb, const char *code, bool frozen)
+{
+    return run_ended_init(sb, code, frozen, NULL);
 }
 
 static int write_file(const char *dir, const char *name, const char *text)
@@ -346,9 +357,11 @@ static void t_queue_full(void)
     struct ci_config *c = make_config(1);
     struct ci_sandbox *sb = new_sandbox(c);
     REQUIRE(sb);
-    struct ci_sandbox_run *r1 = run_ended(sb, NULL, true), *r2 = run_ended(sb, small, false);
+    pid_t init2 = 0;
+    struct ci_sandbox_run *r1 = run_ended(sb, NULL, true);
+    struct ci_sandbox_run *r2 = run_ended_init(sb, small, false, &init2);
     REQUIRE(r1 && r2);
-    pid_t init1 = r1->pid, init2 = r2->pid;
+    pid_t init1 = r1->pid;
     CHECK(task_dirs(sb) == 2);
     ci_sandbox_run_release(r1); /* the reaper's one: it waits for an init that cannot exit */
     CHECK(pending(sb) == 1);
@@ -372,15 +385,15 @@ static void t_big_peak_inline(void)
     struct ci_sandbox *sb = new_sandbox(c);
     REQUIRE(sb);
     struct ci_sandbox_run *r1 = run_ended(sb, NULL, true);
-    struct ci_sandbox_run *big = run_ended(sb, "b = bytearray(300 << 20)\n"
-                                               "for i in range(0, len(b), 4096):\n"
-                                               "    b[i] = 1\n"
-                                               "print('big')\n", false);
+    pid_t init_big = 0;
+    struct ci_sandbox_run *big = run_ended_init(sb, "b = bytearray(300 << 20)\n"
+                                                    "for i in range(0, len(b), 4096):\n"
+                                                    "    b[i] = 1\n"
+                                                    "print('big')\n", false, &init_big);
     struct ci_sandbox_run *r3 = run_ended(sb, small, false);
     REQUIRE(r1 && big && r3);
     CHECK(big->peak_mb > 256);
     CHECK(r3->peak_mb <= 256);
-    pid_t init_big = big->pid;
     ci_sandbox_run_release(r1);
     CHECK(pending(sb) == 1);
     ci_sandbox_run_release(big); /* freed here */
@@ -458,9 +471,9 @@ static void t_init_will_not_exit(void)
     CHECK(took >= 5000); /* it did wait for init */
     CHECK(!pid_gone(init1));
     CHECK(task_dirs(sb) == 1); /* left behind */
-    struct ci_sandbox_run *r2 = run_ended(sb, small, false);
+    pid_t init2 = 0;
+    struct ci_sandbox_run *r2 = run_ended_init(sb, small, false, &init2);
     REQUIRE(r2);
-    pid_t init2 = r2->pid;
     ci_sandbox_run_release(r2); /* queued again, and freed */
     CHECK(gone_within(init2, 5000));
     CHECK(set_frozen(false));

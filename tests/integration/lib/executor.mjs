@@ -100,7 +100,10 @@ export async function runExecutorToExit(opts = {}) {
 }
 
 export async function startExecutor(opts = {}) {
-  const { readyTimeoutMs = 30000 } = opts;
+  // 90 s as for a worker (lib/worker.mjs): a warm executor's start (the
+  // probe, the font cache's run, a zygote's imports, its first task) under
+  // ASan took over 30 s when the suite began beside two CPU burners.
+  const { readyTimeoutMs = 90000 } = opts;
   const { child, dir, logPath } = spawnExecutor(opts);
   running.add(child);
   let exited = null;
