@@ -55,6 +55,12 @@ struct ci_broker {
     atomic_uint_fast64_t reconnects;
     atomic_uint_fast64_t disconnects;
     atomic_bool closed_cb_done; /* nats.c has run its last callback on this broker */
+    /* Subscriptions let go of while the connection is open (the pullers of
+     * slots that left): destroyed only once the read loop has ended (see
+     * release_later). */
+    pthread_mutex_t graves_lock;
+    natsSubscription **graves;
+    size_t n_graves, cap_graves;
     /* Recreating what an operator deleted (recover): one at a time. */
     bool may_create;            /* ci_broker_setup(create): a worker's broker */
     pthread_mutex_t recover_lock;
@@ -263,6 +269,7 @@ ci_status ci_broker_connect(const struct ci_config *cfg, struct ci_broker **ret,
     pthread_mutex_init(&b->recover_lock, NULL);
     pthread_mutex_init(&b->problem_lock, NULL);
     pthread_mutex_init(&b->sessions_lock, NULL);
+    pthread_mutex_init(&b->graves_lock, NULL);
     ci_status r = open_connection(b, err);
     if (r)
         return r;
@@ -723,8 +730,37 @@ uint64_t ci_broker_recreated(const struct ci_broker *b)
     return atomic_load(&((struct ci_broker *)b)->recreated);
 }
 
+/* Why later: nats.c 3.4.1's read loop looks a message's subscription up
+ * without a reference (natsConn_processMsg, src/conn.c: natsHash_Get, then
+ * natsMsg_create, then natsMutex_Lock(sub->mu); nats.c issue #637, fixed in
+ * 3.6.1). A subscription whose last reference goes meanwhile is freed under
+ * it: a late 408 for a slot's last fetch, or a cancel, as the worker stops
+ * (test_broker_drain). Ours goes only after natsConnection_Close has joined
+ * the read loop (ci_broker_free). Bounded: the pullers, one per slot. */
+static void release_later(struct ci_broker *b, natsSubscription *sub)
+{
+    if (!sub)
+        return;
+    pthread_mutex_lock(&b->graves_lock);
+    if (b->n_graves == b->cap_graves) {
+        size_t cap = b->cap_graves ? b->cap_graves * 2 : 8;
+        natsSubscription **g = realloc(b->graves, cap * sizeof(*g));
+        if (g) {
+            b->graves = g;
+            b->cap_graves = cap;
+        }
+    }
+    bool kept = b->n_graves < b->cap_graves;
+    if (kept)
+        b->graves[b->n_graves++] = sub;
+    pthread_mutex_unlock(&b->graves_lock);
+    if (!kept)
+        natsSubscription_Destroy(sub); /* out of memory: at once, as before */
+}
+
 /* Unsubscribes sub and waits (at most 2 s) until its handler has returned
- * for good (done, set by its on-complete callback). */
+ * for good (done, set by its on-complete callback); the caller destroys
+ * it after the connection is closed (release_later says why). */
 static void stop_handler(natsSubscription *sub, atomic_bool *done)
 {
     if (!sub)
@@ -734,7 +770,6 @@ static void stop_handler(natsSubscription *sub, atomic_bool *done)
         struct timespec ts = {0, 10 * 1000000L};
         nanosleep(&ts, NULL);
     }
-    natsSubscription_Destroy(sub);
 }
 
 static void on_handler_done(void *closure) { atomic_store((atomic_bool *)closure, true); }
@@ -783,8 +818,16 @@ void ci_broker_free(struct ci_broker *b)
             struct timespec ts = {0, 10 * 1000000L};
             nanosleep(&ts, NULL);
         }
-        natsConnection_Destroy(b->nc);
     }
+    /* The read loop has ended (Close joins it): nothing looks these up. */
+    natsSubscription_Destroy(b->cancel_sub);
+    natsSubscription_Destroy(b->batch_cancel_sub);
+    natsSubscription_Destroy(b->batch_sealed_sub);
+    for (size_t i = 0; i < b->n_graves; i++)
+        natsSubscription_Destroy(b->graves[i]);
+    free(b->graves);
+    natsConnection_Destroy(b->nc);
+    pthread_mutex_destroy(&b->graves_lock);
     pthread_mutex_destroy(&b->recover_lock);
     pthread_mutex_destroy(&b->problem_lock);
     pthread_mutex_destroy(&b->sessions_lock);
@@ -915,9 +958,13 @@ void ci_puller_free(struct ci_puller *p)
     if (!p)
         return;
     /* Destroy only: Unsubscribe or Drain could delete the shared durable
-     * (the inbox of nowait pulls is ours alone). */
-    natsSubscription_Destroy(p->sub);
-    nowait_drop(p);
+     * (the inbox of nowait pulls is ours alone). Later, with the broker:
+     * the 408 or the task a pull request of ours still brings may be in
+     * the read loop's hands right now (release_later). Until then what
+     * comes waits in a queue nobody reads, and a task goes back to the
+     * stream after the ack wait, as one sent to no subscription did. */
+    release_later(p->b, p->sub);
+    release_later(p->b, p->nowait_sub);
     free(p);
 }
 
