@@ -23,6 +23,7 @@
 
 #include "core/util.h"
 #include "sandbox/sandbox_int.h"
+#include "sandbox_config.h"
 #include "testutil.h"
 
 #define FREEZER_ROOT "/sys/fs/cgroup/freezer"
@@ -37,25 +38,8 @@ static char freezer[256]; /* this program's freezer cgroup */
 static struct ci_config *make_config(unsigned slots)
 {
     struct ci_config *c = calloc(1, sizeof(*c));
-    c->worker.provider = "local";
+    sandbox_test_defaults(c, CI_ISOLATION_REQUIRED);
     c->worker.concurrency = slots; /* the reaper queues at most this many */
-    c->limits.default_timeout_ms = 60000;
-    c->limits.max_timeout_ms = 60000;
-    c->limits.default_memory_mb = 1024;
-    c->limits.max_memory_mb = 4096;
-    c->limits.max_code_bytes = 1 << 20;
-    c->limits.max_input_bytes = 20 << 20;
-    c->limits.max_artifact_bytes = 20 << 20;
-    c->limits.max_output_bytes = 1 << 20;
-    c->local.isolation = CI_ISOLATION_REQUIRED;
-    c->local.python = "/usr/bin/python3";
-    c->local.sandbox_uid = 65534;
-    c->local.sandbox_gid = 65534;
-    c->local.workspace_mb = 256;
-    c->local.tmp_mb = 64;
-    c->local.max_processes = 64;
-    c->local.max_open_files = 256;
-    c->local.cpus = 1;
     c->local.mode = CI_MODE_WARM;
     c->local.warm_pool_size = 1;
     c->local.warm_spares = 1;

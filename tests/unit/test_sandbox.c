@@ -24,6 +24,7 @@
 #include "core/config.h"
 #include "provider/provider_local.h"
 #include "sandbox/sandbox.h"
+#include "sandbox_config.h"
 #include "testutil.h"
 #include "core/util.h"
 
@@ -39,24 +40,7 @@ static ci_status probed_status;
 static struct ci_config *make_config(enum ci_isolation isolation)
 {
     struct ci_config *c = calloc(1, sizeof(*c));
-    c->worker.provider = "local";
-    c->limits.default_timeout_ms = 60000;
-    c->limits.max_timeout_ms = 60000;
-    c->limits.default_memory_mb = 1024;
-    c->limits.max_memory_mb = 4096;
-    c->limits.max_code_bytes = 1 << 20;
-    c->limits.max_input_bytes = 20 << 20;
-    c->limits.max_artifact_bytes = 20 << 20;
-    c->limits.max_output_bytes = 1 << 20;
-    c->local.isolation = isolation;
-    c->local.python = "/usr/bin/python3";
-    c->local.sandbox_uid = 65534;
-    c->local.sandbox_gid = 65534;
-    c->local.workspace_mb = 256;
-    c->local.tmp_mb = 64;
-    c->local.max_processes = 64;
-    c->local.max_open_files = 256;
-    c->local.cpus = 1;
+    sandbox_test_defaults(c, isolation);
     /* CI_SANDBOX_MODE=warm runs every test with the warm pool (ctest does both). */
     const char *mode = getenv("CI_SANDBOX_MODE");
     c->local.mode = mode && strcmp(mode, "warm") == 0 ? CI_MODE_WARM : CI_MODE_COLD;
