@@ -296,6 +296,44 @@ static void t_watch_freed_while_the_next_event_is_handed_over(void)
         SKIP("the next event was not held when the watch was freed: nothing checked");
 }
 
+static bool on_result(void *closure, size_t i, ci_status s, const uint8_t *data, size_t len)
+{
+    (void)closure;
+    (void)i;
+    (void)s;
+    (void)data;
+    (void)len;
+    return true;
+}
+
+/* ci batch submit's look-up of results already stored
+ * (ci_broker_results_get_many) gives up on a lookup the server answered
+ * but the read loop holds past the wait (5 s): it returns with it in
+ * flight. */
+static void t_results_lookup_abandoned_while_its_answer_is_handed_over(void)
+{
+    START(srv);
+    struct ci_config *cfg = config_for(&srv);
+    REQUIRE(cfg);
+    struct ci_broker *b = worker_broker(cfg);
+    REQUIRE(b);
+    struct ci_error e = {{0}};
+    const char ids[1][65] = {"t-rdrain"};
+    /* Only the lookup's answer comes on an inbox meanwhile. */
+    delay_set("_INBOX.", false, 5600);
+    ci_status s = ci_broker_results_get_many(b, ids, 1, 1, on_result, NULL, &e);
+    bool exercised = s == CI_ERR_TIMEOUT && atomic_load(&delay_entered) > 0;
+    delay_wait_done();
+    /* The broker still looks results up. */
+    if (exercised)
+        CHECK(ci_broker_results_get_many(b, ids, 1, 1, on_result, NULL, &e) == CI_OK);
+    ci_broker_free(b);
+    ci_config_free(cfg);
+    server_stop(&srv);
+    if (!exercised)
+        SKIP("the lookup's answer was not held past its wait: nothing checked");
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -305,6 +343,7 @@ int main(int argc, char **argv)
         T_OWN(t_nowait_inbox_dropped_while_its_answer_is_handed_over),
         T_OWN(t_batch_read_stopped_while_the_next_event_is_handed_over),
         T_OWN(t_watch_freed_while_the_next_event_is_handed_over),
+        T_OWN(t_results_lookup_abandoned_while_its_answer_is_handed_over),
     };
     int rc = t_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
     ci_broker_library_close();
