@@ -2772,7 +2772,9 @@ bool ci_output_follow_free(struct ci_output_follow *f)
             break;
     done = done || f->done;
     pthread_mutex_unlock(&f->lock);
-    /* The handler is done, but the read loop may hold the next chunk. */
+    /* The handler is done, but the read loop may hold the next chunk
+     * (Unsubscribe's deletion of the consumer waits for an answer handed
+     * over after it, unless that fails). */
     release_sub(f->b, f->sub);
     if (!done)
         return false; /* leaked on purpose: the handler could still use it */
