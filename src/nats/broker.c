@@ -61,6 +61,10 @@ struct ci_broker {
     pthread_mutex_t graves_lock;
     natsSubscription **graves;
     size_t n_graves, cap_graves;
+    /* Unsubscribed ones whose round trip failed (release_sub): destroyed
+     * after the next one that succeeds, or at ci_broker_free. */
+    natsSubscription **limbo;
+    size_t n_limbo, cap_limbo;
     /* Recreating what an operator deleted (recover): one at a time. */
     bool may_create;            /* ci_broker_setup(create): a worker's broker */
     pthread_mutex_t recover_lock;
@@ -100,6 +104,7 @@ struct ci_delivery {
 };
 
 struct ci_watch {
+    struct ci_broker *b;
     natsSubscription *sub;
     natsMsg *cur;
 };
@@ -730,32 +735,86 @@ uint64_t ci_broker_recreated(const struct ci_broker *b)
     return atomic_load(&((struct ci_broker *)b)->recreated);
 }
 
+/* Appends sub to the list *v of *n (room for *cap); false when out of
+ * memory. */
+static bool subs_push(natsSubscription ***v, size_t *n, size_t *cap, natsSubscription *sub)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 8;
+        natsSubscription **g = realloc(*v, c * sizeof(*g));
+        if (!g)
+            return false;
+        *v = g;
+        *cap = c;
+    }
+    (*v)[(*n)++] = sub;
+    return true;
+}
+
 /* Why later: nats.c 3.4.1's read loop looks a message's subscription up
  * without a reference (natsConn_processMsg, src/conn.c: natsHash_Get, then
  * natsMsg_create, then natsMutex_Lock(sub->mu); nats.c issue #637, fixed in
  * 3.6.1). A subscription whose last reference goes meanwhile is freed under
  * it: a late 408 for a slot's last fetch, or a cancel, as the worker stops
  * (test_broker_drain). Ours goes only after natsConnection_Close has joined
- * the read loop (ci_broker_free). Bounded: the pullers, one per slot. */
+ * the read loop (ci_broker_free). Bounded: the pullers, one per slot (not
+ * unsubscribed: that could delete the shared durable). One unsubscribed
+ * goes sooner: release_sub. */
 static void release_later(struct ci_broker *b, natsSubscription *sub)
 {
     if (!sub)
         return;
     pthread_mutex_lock(&b->graves_lock);
-    if (b->n_graves == b->cap_graves) {
-        size_t cap = b->cap_graves ? b->cap_graves * 2 : 8;
-        natsSubscription **g = realloc(b->graves, cap * sizeof(*g));
-        if (g) {
-            b->graves = g;
-            b->cap_graves = cap;
-        }
-    }
-    bool kept = b->n_graves < b->cap_graves;
-    if (kept)
-        b->graves[b->n_graves++] = sub;
+    bool kept = subs_push(&b->graves, &b->n_graves, &b->cap_graves, sub);
     pthread_mutex_unlock(&b->graves_lock);
     if (!kept)
         natsSubscription_Destroy(sub); /* out of memory: at once, as before */
+}
+
+/* How long release_sub waits for the server's PONG. */
+#define RELEASE_FLUSH_MS 2000
+
+/* Lets go of sub while the connection stays open, when a message for it
+ * may still come (release_later says why it cannot simply be destroyed):
+ * unsubscribes it (the read loop finds it no more), then a round trip: the
+ * read loop handles the server's PONG only after every message it read
+ * before it, so once the flush returns it holds no pointer to sub, nor to
+ * one unsubscribed before. When the flush fails (the connection is down or
+ * closed, or no answer within RELEASE_FLUSH_MS), sub waits in limbo for the
+ * next round trip that succeeds (after a reconnect the old read loop has
+ * been joined) or for ci_broker_free. One round trip, and the library
+ * deletes a consumer it made for a JetStream sub (an ordered consumer's):
+ * not for a path every task takes. */
+static void release_sub(struct ci_broker *b, natsSubscription *sub)
+{
+    if (!sub)
+        return;
+    natsSubscription_Unsubscribe(sub); /* fails when already: fine */
+    pthread_mutex_lock(&b->graves_lock);
+    natsSubscription **old = b->limbo;
+    size_t n_old = b->n_limbo, cap_old = b->cap_limbo;
+    b->limbo = NULL;
+    b->n_limbo = b->cap_limbo = 0;
+    pthread_mutex_unlock(&b->graves_lock);
+    bool ok = natsConnection_FlushTimeout(b->nc, RELEASE_FLUSH_MS) == NATS_OK;
+    if (ok) {
+        natsSubscription_Destroy(sub);
+        for (size_t i = 0; i < n_old; i++)
+            natsSubscription_Destroy(old[i]);
+        free(old);
+        return;
+    }
+    /* Back, with what came meanwhile (out of memory: leaked, not freed
+     * under the read loop). */
+    pthread_mutex_lock(&b->graves_lock);
+    for (size_t i = 0; i < b->n_limbo; i++)
+        subs_push(&old, &n_old, &cap_old, b->limbo[i]);
+    free(b->limbo);
+    b->limbo = old;
+    b->n_limbo = n_old;
+    b->cap_limbo = cap_old;
+    subs_push(&b->limbo, &b->n_limbo, &b->cap_limbo, sub);
+    pthread_mutex_unlock(&b->graves_lock);
 }
 
 /* Unsubscribes sub and waits (at most 2 s) until its handler has returned
@@ -781,14 +840,17 @@ static ci_status subscribe_handler(struct ci_broker *b, const char *subj, const 
                                    natsMsgHandler cb, atomic_bool *done, natsSubscription **ret,
                                    const char *what, struct ci_error *err)
 {
-    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
+    natsSubscription *sub = NULL;
     natsStatus s = queue ? natsConnection_QueueSubscribe(&sub, b->nc, subj, queue, cb, b)
                          : natsConnection_Subscribe(&sub, b->nc, subj, cb, b);
     if (s == NATS_OK)
         s = natsSubscription_SetOnCompleteCB(sub, on_handler_done, done);
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, 0, "cannot subscribe to %s", what);
-    *ret = CI_STEAL(&sub);
+    if (s != NATS_OK) {
+        ci_status r = ci_nats_fail(err, s, 0, "cannot subscribe to %s", what);
+        release_sub(b, sub); /* a message may be on its way to it */
+        return r;
+    }
+    *ret = sub;
     return CI_OK;
 }
 
@@ -826,6 +888,9 @@ void ci_broker_free(struct ci_broker *b)
     for (size_t i = 0; i < b->n_graves; i++)
         natsSubscription_Destroy(b->graves[i]);
     free(b->graves);
+    for (size_t i = 0; i < b->n_limbo; i++)
+        natsSubscription_Destroy(b->limbo[i]);
+    free(b->limbo);
     natsConnection_Destroy(b->nc);
     pthread_mutex_destroy(&b->graves_lock);
     pthread_mutex_destroy(&b->recover_lock);
@@ -946,10 +1011,7 @@ const char *ci_puller_inbox(const struct ci_puller *p)
  * back to the stream after the ack wait, never to a slot that is busy. */
 static void nowait_drop(struct ci_puller *p)
 {
-    if (p->nowait_sub) {
-        natsSubscription_Unsubscribe(p->nowait_sub);
-        natsSubscription_Destroy(p->nowait_sub);
-    }
+    release_sub(p->b, p->nowait_sub); /* its late answer may be in the read loop's hands */
     p->nowait_sub = NULL;
 }
 
@@ -1385,38 +1447,23 @@ static ci_status lookup_answer(natsMsg *m, const char *id, uint8_t **ret_data, s
     return CI_OK;
 }
 
-ci_status ci_broker_results_get_many(struct ci_broker *b, const char (*ids)[65], size_t n,
-                                     size_t window, ci_result_each_fn fn, void *closure,
-                                     struct ci_error *err)
+/* ci_broker_results_get_many's lookups: requests on api, answered on
+ * sub as <inbox>.<i>. */
+static ci_status results_lookups(struct ci_broker *b, natsSubscription *sub, const char *inbox,
+                                 const char *api, const char (*ids)[65], size_t n,
+                                 size_t window, ci_result_each_fn fn, void *closure,
+                                 struct ci_error *err)
 {
-    if (n == 0)
-        return CI_OK;
-    if (window == 0)
-        window = 1;
     const char *bucket = b->cfg->jetstream.results_bucket;
-    char api[SUBJECT_MAX], wildcard[SUBJECT_MAX];
-    int k = snprintf(api, sizeof(api), "$JS.API.STREAM.MSG.GET.KV_%s", bucket);
-    if (k < 0 || (size_t)k >= sizeof(api))
-        return ci_error_set(err, CI_ERR_INVALID, "results bucket name too long");
-    CI_CLEANUP(natsInbox_Destroy) natsInbox *inbox = NULL;
-    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
-    natsStatus ns = natsInbox_Create(&inbox);
-    if (ns == NATS_OK) {
-        snprintf(wildcard, sizeof(wildcard), "%s.*", (const char *)inbox);
-        ns = natsConnection_SubscribeSync(&sub, b->nc, wildcard);
-    }
-    /* The window bounds what waits here; a record may be a few MiB. */
-    if (ns == NATS_OK)
-        ns = natsSubscription_SetPendingLimits(sub, (int)window + 16, -1);
-    if (ns != NATS_OK)
-        return ci_nats_fail(err, ns, 0, "cannot read the results bucket");
+    natsStatus ns = NATS_OK;
+    int k = 0;
     ci_status r = CI_OK;
     size_t sent = 0, in_flight = 0;
     bool more = true;
     while (!r && (in_flight || (more && sent < n))) {
         for (; more && sent < n && in_flight < window; sent++, in_flight++) {
             char subj[SUBJECT_MAX], reply[SUBJECT_MAX], body[SUBJECT_MAX + 32];
-            snprintf(reply, sizeof(reply), "%s.%zu", (const char *)inbox, sent);
+            snprintf(reply, sizeof(reply), "%s.%zu", inbox, sent);
             k = snprintf(subj, sizeof(subj), "$KV.%s.%s", bucket, ids[sent]);
             if (k < 0 || (size_t)k >= sizeof(subj))
                 return ci_error_set(err, CI_ERR_INVALID, "task id too long for a results key");
@@ -1450,6 +1497,41 @@ ci_status ci_broker_results_get_many(struct ci_broker *b, const char (*ids)[65],
             more = false; /* the requests in flight are still answered */
         }
     }
+    return r;
+}
+
+ci_status ci_broker_results_get_many(struct ci_broker *b, const char (*ids)[65], size_t n,
+                                     size_t window, ci_result_each_fn fn, void *closure,
+                                     struct ci_error *err)
+{
+    if (n == 0)
+        return CI_OK;
+    if (window == 0)
+        window = 1;
+    const char *bucket = b->cfg->jetstream.results_bucket;
+    char api[SUBJECT_MAX], wildcard[SUBJECT_MAX];
+    int k = snprintf(api, sizeof(api), "$JS.API.STREAM.MSG.GET.KV_%s", bucket);
+    if (k < 0 || (size_t)k >= sizeof(api))
+        return ci_error_set(err, CI_ERR_INVALID, "results bucket name too long");
+    CI_CLEANUP(natsInbox_Destroy) natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    natsStatus ns = natsInbox_Create(&inbox);
+    if (ns == NATS_OK) {
+        snprintf(wildcard, sizeof(wildcard), "%s.*", (const char *)inbox);
+        ns = natsConnection_SubscribeSync(&sub, b->nc, wildcard);
+    }
+    /* The window bounds what waits here; a record may be a few MiB. */
+    if (ns == NATS_OK)
+        ns = natsSubscription_SetPendingLimits(sub, (int)window + 16, -1);
+    if (ns != NATS_OK) {
+        natsSubscription_Destroy(sub); /* nothing was asked on it */
+        return ci_nats_fail(err, ns, 0, "cannot read the results bucket");
+    }
+    ci_status r = results_lookups(b, sub, (const char *)inbox, api, ids, n, window, fn,
+                                  closure, err);
+    /* It may return with lookups in flight: their answers may be in the
+     * read loop's hands. */
+    release_sub(b, sub);
     return r;
 }
 
@@ -2276,40 +2358,15 @@ static ci_status stored_from(struct ci_broker *b, const char *stream, const char
                         "stream API's", code);
 }
 
-ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const char *event,
-                               size_t max, ci_batch_msg_fn fn, void *closure, size_t *ret_read,
-                               bool *ret_cut, struct ci_error *err)
+/* ci_broker_batch_read's reading, from sub (an ordered consumer on filter
+ * of stream). */
+static ci_status batch_read_from(struct ci_broker *b, natsSubscription *sub, const char *stream,
+                                 const char *filter, size_t max, ci_batch_msg_fn fn,
+                                 void *closure, size_t *ret_read, bool *ret_cut,
+                                 struct ci_error *err)
 {
-    if (ret_read)
-        *ret_read = 0;
-    if (ret_cut)
-        *ret_cut = false;
-    char filter[SUBJECT_MAX];
-    ci_status r = batch_event_subject(b, batch_id, event, filter, sizeof(filter), err);
-    if (r)
-        return r;
-    const char *stream = b->cfg->jetstream.batch_events_stream;
-    uint64_t stored = 0;
-    r = subject_counts(b, stream, filter, count_one, &stored, err);
-    if (!r && ret_cut)
-        *ret_cut = stored > 0 && max == 0;
-    if (r || stored == 0 || max == 0)
-        return r;
-    jsSubOptions so;
-    jsSubOptions_Init(&so);
-    so.Stream = stream;
-    so.Ordered = true;
-    jsErrCode jerr = 0;
-    CI_CLEANUP(natsSubscription_Destroy) natsSubscription *sub = NULL;
-    natsStatus s = js_SubscribeSync(&sub, b->js, filter, NULL, &so, &jerr);
-    /* The server's flow control bounds what it sends ahead in bytes (32
-     * MiB); a batch's events are small, more of them than the library's
-     * default of 65,536 messages: a reader that fell behind lost them
-     * ("slow consumer"). Bounded in bytes only. */
-    if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(sub, -1, 64 * 1024 * 1024);
-    if (s != NATS_OK)
-        return ci_nats_fail(err, s, jerr, "cannot read %s from stream %s", filter, stream);
+    ci_status r = CI_OK;
+    natsStatus s = NATS_OK;
     size_t seen = 0;
     uint64_t last_seq = 0; /* of the last message read */
     int64_t quiet_since = ci_mono_ms();
@@ -2353,6 +2410,50 @@ ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const 
             return CI_OK;
         }
     }
+}
+
+ci_status ci_broker_batch_read(struct ci_broker *b, const char *batch_id, const char *event,
+                               size_t max, ci_batch_msg_fn fn, void *closure, size_t *ret_read,
+                               bool *ret_cut, struct ci_error *err)
+{
+    if (ret_read)
+        *ret_read = 0;
+    if (ret_cut)
+        *ret_cut = false;
+    char filter[SUBJECT_MAX];
+    ci_status r = batch_event_subject(b, batch_id, event, filter, sizeof(filter), err);
+    if (r)
+        return r;
+    const char *stream = b->cfg->jetstream.batch_events_stream;
+    uint64_t stored = 0;
+    r = subject_counts(b, stream, filter, count_one, &stored, err);
+    if (!r && ret_cut)
+        *ret_cut = stored > 0 && max == 0;
+    if (r || stored == 0 || max == 0)
+        return r;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = stream;
+    so.Ordered = true;
+    jsErrCode jerr = 0;
+    natsSubscription *sub = NULL;
+    natsStatus s = js_SubscribeSync(&sub, b->js, filter, NULL, &so, &jerr);
+    /* The server's flow control bounds what it sends ahead in bytes (32
+     * MiB); a batch's events are small, more of them than the library's
+     * default of 65,536 messages: a reader that fell behind lost them
+     * ("slow consumer"). Bounded in bytes only. */
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(sub, -1, 64 * 1024 * 1024);
+    if (s != NATS_OK) {
+        r = ci_nats_fail(err, s, jerr, "cannot read %s from stream %s", filter, stream);
+        release_sub(b, sub);
+        return r;
+    }
+    r = batch_read_from(b, sub, stream, filter, max, fn, closure, ret_read, ret_cut, err);
+    /* It may stop before the last message: those after it keep coming,
+     * one may be in the read loop's hands. */
+    release_sub(b, sub);
+    return r;
 }
 
 /* The batch id of <prefix>.<batch_id>.<event>, or false. */
@@ -2524,6 +2625,7 @@ ci_status ci_watch_new(struct ci_broker *b, const char *task_id, struct ci_watch
     CI_AUTOFREE struct ci_watch *w = calloc(1, sizeof(*w));
     if (!w)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    w->b = b;
     char subj[SUBJECT_MAX];
     snprintf(subj, sizeof(subj), "%s.%s", b->cfg->jetstream.status_prefix, task_id);
     jsSubOptions so;
@@ -2564,11 +2666,12 @@ void ci_watch_free(struct ci_watch *w)
     if (!w)
         return;
     natsMsg_Destroy(w->cur);
-    natsSubscription_Destroy(w->sub);
+    release_sub(w->b, w->sub); /* it follows live: the next event may be on its way */
     free(w);
 }
 
 struct ci_output_follow {
+    struct ci_broker *b;
     natsSubscription *sub;
     ci_output_fn fn;
     void *closure;
@@ -2618,6 +2721,7 @@ ci_status ci_output_follow_new(struct ci_broker *b, const char *task_id, ci_outp
     struct ci_output_follow *f = calloc(1, sizeof(*f));
     if (!f)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    f->b = b;
     f->fn = fn;
     f->closure = closure;
     pthread_mutex_init(&f->lock, NULL);
@@ -2638,10 +2742,7 @@ ci_status ci_output_follow_new(struct ci_broker *b, const char *task_id, ci_outp
                                              "there is no live output stream '%s'",
                                              b->cfg->jetstream.output_stream)
                               : ci_nats_fail(err, s, jerr, "cannot follow the task's output");
-        if (f->sub) {
-            natsSubscription_Unsubscribe(f->sub);
-            natsSubscription_Destroy(f->sub);
-        }
+        release_sub(b, f->sub);
         pthread_cond_destroy(&f->done_cond);
         pthread_mutex_destroy(&f->lock);
         free(f);
@@ -2671,7 +2772,10 @@ bool ci_output_follow_free(struct ci_output_follow *f)
             break;
     done = done || f->done;
     pthread_mutex_unlock(&f->lock);
-    natsSubscription_Destroy(f->sub);
+    /* The handler is done, but the read loop may hold the next chunk
+     * (Unsubscribe's deletion of the consumer waits for an answer handed
+     * over after it, unless that fails). */
+    release_sub(f->b, f->sub);
     if (!done)
         return false; /* leaked on purpose: the handler could still use it */
     pthread_cond_destroy(&f->done_cond);

@@ -29,7 +29,6 @@ static inline bool ci_nats_gone(natsStatus ns, jsErrCode jerr)
 CI_DEFINE_CLEANUP(natsMsg, natsMsg_Destroy)
 CI_DEFINE_CLEANUP(natsInbox, natsInbox_Destroy)
 CI_DEFINE_CLEANUP(natsOptions, natsOptions_Destroy)
-CI_DEFINE_CLEANUP(natsSubscription, natsSubscription_Destroy)
 CI_DEFINE_CLEANUP(natsConnection, natsConnection_Destroy)
 CI_DEFINE_CLEANUP(jsCtx, jsCtx_Destroy)
 CI_DEFINE_CLEANUP(jsPubAck, jsPubAck_Destroy)
@@ -38,6 +37,10 @@ CI_DEFINE_CLEANUP(jsConsumerInfo, jsConsumerInfo_Destroy)
 CI_DEFINE_CLEANUP(jsMsgMetaData, jsMsgMetaData_Destroy)
 CI_DEFINE_CLEANUP(kvStore, kvStore_Destroy)
 CI_DEFINE_CLEANUP(kvEntry, kvEntry_Destroy)
+
+/* No cleanup for natsSubscription on purpose: one that may still get a
+ * message on an open connection must not simply be destroyed (nats.c
+ * 3.4.1's read loop may hold it: broker.c, release_sub). */
 
 /* natsMsgList and kvKeysList live on the stack: their destructors take the
  * struct itself. */

@@ -176,12 +176,174 @@ static void t_handler_freed_while_a_message_is_handed_over(void)
         SKIP("the cancel was not being handed over when the broker was freed: nothing checked");
 }
 
+/* Waits (at most 3 s) until the n-th delayed message is in the read
+ * loop's hands (looked up, not yet handed over); whether it is. */
+static bool delay_holding(int n)
+{
+    for (int i = 0; i < 300; i++) {
+        int in = atomic_load(&delay_entered);
+        if (in >= n && in > atomic_load(&delay_left))
+            return true;
+        sleep_ms(10);
+    }
+    return false;
+}
+
+/* A batch slot's pull that does not wait: its answer (a 404, the queue is
+ * empty) is held by the read loop past the pull's own wait (2 s), so the
+ * slot drops the inbox while the read loop holds it (nowait_drop). */
+static void t_nowait_inbox_dropped_while_its_answer_is_handed_over(void)
+{
+    START(srv);
+    struct ci_config *cfg = config_for(&srv);
+    REQUIRE(cfg);
+    struct ci_broker *b = worker_broker(cfg);
+    REQUIRE(b);
+    struct ci_error e = {{0}};
+    struct ci_puller *p = NULL;
+    REQUIRE(ci_puller_new_batch(b, &p, &e) == CI_OK);
+    /* Only the pull's answer comes on an inbox meanwhile. */
+    delay_set("_INBOX.", false, 2600);
+    struct ci_delivery *d = NULL;
+    ci_status s = ci_puller_fetch_nowait(p, &d, &e);
+    /* The answer came (looked up: the subscription was there) and was held
+     * past the wait, which gave up on it. */
+    bool exercised = s != CI_OK && e.msg[0] && atomic_load(&delay_entered) > 0;
+    ci_delivery_free(d);
+    delay_wait_done();
+    /* The puller still works: a fresh inbox, an answer in time. */
+    if (exercised)
+        CHECK(ci_puller_fetch_nowait(p, &d, &e) == CI_ERR_TIMEOUT);
+    ci_puller_free(p);
+    ci_broker_free(b);
+    ci_config_free(cfg);
+    server_stop(&srv);
+    if (!exercised)
+        SKIP("the pull's answer was not held past its wait: nothing checked");
+}
+
+static atomic_bool batch_held; /* the next event was held when the reader stopped */
+static bool on_batch_event(void *closure, const char *subject, const uint8_t *data, size_t len)
+{
+    (void)closure;
+    (void)subject;
+    (void)data;
+    (void)len;
+    atomic_store(&batch_held, delay_holding(2));
+    return false; /* enough */
+}
+
+/* A reader of a batch's events (ci batch status, ci batch results) stops
+ * after the first of three while the read loop holds the second. */
+static void t_batch_read_stopped_while_the_next_event_is_handed_over(void)
+{
+    START(srv);
+    struct ci_config *cfg = config_for(&srv);
+    REQUIRE(cfg);
+    struct ci_broker *b = worker_broker(cfg);
+    REQUIRE(b);
+    struct ci_error e = {{0}};
+    for (int i = 0; i < 3; i++)
+        REQUIRE(ci_broker_batch_publish(b, "bdrain", "taken", NULL, NULL, "x", 1, NULL, &e) ==
+                CI_OK);
+    char prefix[160];
+    snprintf(prefix, sizeof(prefix), "%s.bdrain.", cfg->jetstream.batch_events_prefix);
+    atomic_store(&batch_held, false);
+    delay_set(prefix, false, DELAY_MS);
+    size_t read = 0;
+    bool cut = false;
+    CHECK(ci_broker_batch_read(b, "bdrain", "taken", 3, on_batch_event, NULL, &read, &cut, &e) ==
+          CI_OK);
+    CHECK(read == 1 && cut);
+    bool exercised = atomic_load(&batch_held);
+    delay_wait_done();
+    ci_broker_free(b);
+    ci_config_free(cfg);
+    server_stop(&srv);
+    if (!exercised)
+        SKIP("the next event was not held when the reader stopped: nothing checked");
+}
+
+/* ci run's wait (ci_client_wait) ends at the first terminal event while the
+ * read loop holds another. */
+static void t_watch_freed_while_the_next_event_is_handed_over(void)
+{
+    START(srv);
+    struct ci_config *cfg = config_for(&srv);
+    REQUIRE(cfg);
+    struct ci_broker *b = worker_broker(cfg);
+    REQUIRE(b);
+    struct ci_error e = {{0}};
+    for (int i = 0; i < 2; i++)
+        REQUIRE(ci_broker_event_publish(b, "t-wdrain", "RUNNING", "application/json", NULL,
+                                        "{}", 2, &e) == CI_OK);
+    char prefix[160];
+    snprintf(prefix, sizeof(prefix), "%s.t-wdrain", cfg->jetstream.status_prefix);
+    delay_set(prefix, false, DELAY_MS);
+    struct ci_watch *w = NULL;
+    REQUIRE(ci_watch_new(b, "t-wdrain", &w, &e) == CI_OK);
+    const uint8_t *data = NULL;
+    size_t len = 0;
+    const char *ct = NULL;
+    CHECK(ci_watch_next(w, 5000, &data, &len, &ct, &e) == CI_OK);
+    bool exercised = delay_holding(2);
+    ci_watch_free(w);
+    delay_wait_done();
+    ci_broker_free(b);
+    ci_config_free(cfg);
+    server_stop(&srv);
+    if (!exercised)
+        SKIP("the next event was not held when the watch was freed: nothing checked");
+}
+
+static bool on_result(void *closure, size_t i, ci_status s, const uint8_t *data, size_t len)
+{
+    (void)closure;
+    (void)i;
+    (void)s;
+    (void)data;
+    (void)len;
+    return true;
+}
+
+/* ci batch submit's look-up of results already stored
+ * (ci_broker_results_get_many) gives up on a lookup the server answered
+ * but the read loop holds past the wait (5 s): it returns with it in
+ * flight. */
+static void t_results_lookup_abandoned_while_its_answer_is_handed_over(void)
+{
+    START(srv);
+    struct ci_config *cfg = config_for(&srv);
+    REQUIRE(cfg);
+    struct ci_broker *b = worker_broker(cfg);
+    REQUIRE(b);
+    struct ci_error e = {{0}};
+    const char ids[1][65] = {"t-rdrain"};
+    /* Only the lookup's answer comes on an inbox meanwhile. */
+    delay_set("_INBOX.", false, 5600);
+    ci_status s = ci_broker_results_get_many(b, ids, 1, 1, on_result, NULL, &e);
+    bool exercised = s == CI_ERR_TIMEOUT && atomic_load(&delay_entered) > 0;
+    delay_wait_done();
+    /* The broker still looks results up. */
+    if (exercised)
+        CHECK(ci_broker_results_get_many(b, ids, 1, 1, on_result, NULL, &e) == CI_OK);
+    ci_broker_free(b);
+    ci_config_free(cfg);
+    server_stop(&srv);
+    if (!exercised)
+        SKIP("the lookup's answer was not held past its wait: nothing checked");
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     static const struct t_case cases[] = {
         T_OWN(t_puller_freed_while_its_408_is_handed_over),
         T_OWN(t_handler_freed_while_a_message_is_handed_over),
+        T_OWN(t_nowait_inbox_dropped_while_its_answer_is_handed_over),
+        T_OWN(t_batch_read_stopped_while_the_next_event_is_handed_over),
+        T_OWN(t_watch_freed_while_the_next_event_is_handed_over),
+        T_OWN(t_results_lookup_abandoned_while_its_answer_is_handed_over),
     };
     int rc = t_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
     ci_broker_library_close();
