@@ -23,7 +23,7 @@
 /* What the read loop delays: messages whose subject starts with
  * delay_subject, or status 408s (a pull request that expired). */
 static pthread_mutex_t delay_lock = PTHREAD_MUTEX_INITIALIZER;
-static char delay_subject[128];
+static char delay_subject[256];
 static bool delay_408;
 static atomic_int delay_ms;
 static atomic_int delay_entered, delay_left; /* delayed messages: begun, done */
