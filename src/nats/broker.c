@@ -771,41 +771,48 @@ static void release_later(struct ci_broker *b, natsSubscription *sub)
         natsSubscription_Destroy(sub); /* out of memory: at once, as before */
 }
 
-/* How long release_sub waits for the server's PONG. */
-#define RELEASE_FLUSH_MS 2000
+/* How long release_sub waits for its round trip's answer. */
+#define RELEASE_WAIT_MS 2000
 
-/* Lets go of sub while the connection stays open, when a message for it
- * may still come (release_later says why it cannot simply be destroyed):
- * unsubscribes it (the read loop finds it no more), then a round trip: the
- * read loop handles the server's PONG only after every message it read
- * before it, so once the flush returns it holds no pointer to sub, nor to
- * one unsubscribed before. When the flush fails (the connection is down or
- * closed, or no answer within RELEASE_FLUSH_MS), sub waits in limbo for the
- * next round trip that succeeds (after a reconnect the old read loop has
- * been joined) or for ci_broker_free. One round trip, and the library
- * deletes a consumer it made for a JetStream sub (an ordered consumer's):
- * not for a path every task takes. */
-static void release_sub(struct ci_broker *b, natsSubscription *sub)
+/* A round trip through the read loop: a request to a subject nobody
+ * serves, which the server answers with "no responders". The read loop
+ * hands that answer over only after every message it read before it. Not
+ * a flush: nats.c 3.4.1's flush returns NATS_OK without a round trip when
+ * its PING cannot be written (_flushTimeout ignores _sendPing's error). */
+static bool round_trip(struct ci_broker *b)
 {
-    if (!sub)
-        return;
-    natsSubscription_Unsubscribe(sub); /* fails when already: fine */
+    if (natsConnection_Status(b->nc) != NATS_CONN_STATUS_CONNECTED)
+        return false; /* it would only wait out RELEASE_WAIT_MS */
+    CI_CLEANUP(natsInbox_Destroy) natsInbox *nobody = NULL;
+    if (natsInbox_Create(&nobody) != NATS_OK)
+        return false;
+    natsMsg *m = NULL;
+    natsStatus s = natsConnection_RequestString(&m, b->nc, (const char *)nobody, "",
+                                                RELEASE_WAIT_MS);
+    natsMsg_Destroy(m);
+    return s == NATS_NO_RESPONDERS || s == NATS_OK; /* an answer came through */
+}
+
+/* Destroys the subscriptions in limbo once a round trip says the read loop
+ * holds none of them; back in limbo (with any that came meanwhile) when it
+ * fails. Out of memory: one is leaked, never freed under the read loop. */
+static void limbo_release(struct ci_broker *b, natsSubscription *sub)
+{
     pthread_mutex_lock(&b->graves_lock);
     natsSubscription **old = b->limbo;
     size_t n_old = b->n_limbo, cap_old = b->cap_limbo;
     b->limbo = NULL;
     b->n_limbo = b->cap_limbo = 0;
     pthread_mutex_unlock(&b->graves_lock);
-    bool ok = natsConnection_FlushTimeout(b->nc, RELEASE_FLUSH_MS) == NATS_OK;
-    if (ok) {
+    if (!sub && n_old == 0)
+        return;
+    if (round_trip(b)) {
         natsSubscription_Destroy(sub);
         for (size_t i = 0; i < n_old; i++)
             natsSubscription_Destroy(old[i]);
         free(old);
         return;
     }
-    /* Back, with what came meanwhile (out of memory: leaked, not freed
-     * under the read loop). */
     pthread_mutex_lock(&b->graves_lock);
     for (size_t i = 0; i < b->n_limbo; i++)
         subs_push(&old, &n_old, &cap_old, b->limbo[i]);
@@ -813,8 +820,49 @@ static void release_sub(struct ci_broker *b, natsSubscription *sub)
     b->limbo = old;
     b->n_limbo = n_old;
     b->cap_limbo = cap_old;
-    subs_push(&b->limbo, &b->n_limbo, &b->cap_limbo, sub);
+    if (sub)
+        subs_push(&b->limbo, &b->n_limbo, &b->cap_limbo, sub);
     pthread_mutex_unlock(&b->graves_lock);
+}
+
+/* Lets go of sub while the connection stays open, when a message for it
+ * may still come (release_later says why it cannot simply be destroyed):
+ * unsubscribes it (the read loop finds it no more), then a round trip
+ * (round_trip), after which the read loop holds no pointer to sub, nor to
+ * one unsubscribed before. When that fails (the connection is down or
+ * closed, or no answer within RELEASE_WAIT_MS), sub waits in limbo for the
+ * next round trip that succeeds (after a reconnect the old read loop has
+ * been joined; the worker's ticker asks: ci_broker_release_pending) or for
+ * ci_broker_free. One round trip, and the library deletes a consumer it
+ * made for a JetStream sub (an ordered consumer's): not for a path every
+ * task takes. */
+static void release_sub(struct ci_broker *b, natsSubscription *sub)
+{
+    if (!sub)
+        return;
+    natsSubscription_Unsubscribe(sub); /* fails when already: fine */
+    /* An ordered consumer's reset may have given it a new sid meanwhile
+     * (nats.c reads the sid without the sub's lock): once more. */
+    if (natsSubscription_IsValid(sub))
+        natsSubscription_Unsubscribe(sub);
+    limbo_release(b, sub);
+}
+
+size_t ci_broker_pending_releases(struct ci_broker *b)
+{
+    pthread_mutex_lock(&b->graves_lock);
+    size_t n = b->n_limbo;
+    pthread_mutex_unlock(&b->graves_lock);
+    return n;
+}
+
+void ci_broker_release_pending(struct ci_broker *b)
+{
+    pthread_mutex_lock(&b->graves_lock);
+    bool any = b->n_limbo > 0;
+    pthread_mutex_unlock(&b->graves_lock);
+    if (any)
+        limbo_release(b, NULL);
 }
 
 /* Unsubscribes sub and waits (at most 2 s) until its handler has returned

@@ -58,6 +58,14 @@ bool ci_broker_live_output(struct ci_broker *b, char *why, size_t n);
 /* How many times it made what was gone again. */
 uint64_t ci_broker_recreated(const struct ci_broker *b);
 
+/* Destroys the subscriptions let go of while NATS did not answer (they
+ * wait for a round trip that proves nats.c's read loop holds none of them:
+ * broker.c, release_sub), once NATS answers. For a periodic thread of the
+ * caller's, never a NATS callback; costs nothing when none waits. */
+void ci_broker_release_pending(struct ci_broker *b);
+/* How many such wait now (for tests and logs). */
+size_t ci_broker_pending_releases(struct ci_broker *b);
+
 /* Releases the NATS library's own threads and memory; call once at exit. */
 void ci_broker_library_close(void);
 

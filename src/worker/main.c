@@ -407,6 +407,8 @@ static void *ticker_main(void *p)
         log_connection_change(w);
         log_live_output_change(w);
         log_warm_pool_change(w);
+        if (atomic_load(&w->broker_up))
+            ci_broker_release_pending(w->env.broker);
         for (size_t i = 0; i < w->n_slots; i++) {
             struct ci_slot *s = &w->slots[i];
             pthread_mutex_lock(&s->lock);

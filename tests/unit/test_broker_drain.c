@@ -334,6 +334,68 @@ static void t_results_lookup_abandoned_while_its_answer_is_handed_over(void)
         SKIP("the lookup's answer was not held past its wait: nothing checked");
 }
 
+/* The same server again (its port and store), after server_kill. */
+static bool server_again(struct server *s)
+{
+    char port[16];
+    snprintf(port, sizeof(port), "%d", s->port);
+    s->pid = fork();
+    if (s->pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        const char *bin = getenv("NATS_SERVER") ? getenv("NATS_SERVER") : "nats-server";
+        execlp(bin, bin, "-js", "-a", "127.0.0.1", "-p", port, "-sd", s->dir, (char *)NULL);
+        _exit(127);
+    }
+    return s->pid > 0;
+}
+
+static void server_kill(struct server *s)
+{
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+    s->pid = 0;
+}
+
+/* A subscription let go of while NATS is away waits (no round trip can
+ * prove the read loop is done with it), without waiting out the round
+ * trip's 2 s; once NATS answers again, the worker's ticker call destroys
+ * it. */
+static void t_released_once_nats_answers_again(void)
+{
+    START(srv);
+    struct ci_config *cfg = config_for(&srv);
+    REQUIRE(cfg);
+    struct ci_broker *b = worker_broker(cfg);
+    REQUIRE(b);
+    server_kill(&srv);
+    for (int i = 0; i < 500 && ci_broker_connected(b); i++)
+        sleep_ms(10);
+    CHECK(!ci_broker_connected(b));
+    struct ci_error e = {{0}};
+    const char ids[1][65] = {"t-away"};
+    ci_status s = ci_broker_results_get_many(b, ids, 1, 1, on_result, NULL, &e);
+    CHECK(s != CI_OK);
+    CHECK(ci_broker_pending_releases(b) == 1);
+    int64_t t0 = ci_mono_ms();
+    ci_broker_release_pending(b); /* still away: no round trip, no wait */
+    CHECK(ci_mono_ms() - t0 < 1000);
+    CHECK(ci_broker_pending_releases(b) == 1);
+    REQUIRE(server_again(&srv));
+    for (int i = 0; i < 1000 && !ci_broker_connected(b); i++)
+        sleep_ms(10);
+    CHECK(ci_broker_connected(b));
+    ci_broker_release_pending(b);
+    CHECK(ci_broker_pending_releases(b) == 0);
+    /* A lookup now lets go of its inbox at once. */
+    CHECK(ci_broker_results_get_many(b, ids, 1, 1, on_result, NULL, &e) == CI_OK);
+    CHECK(ci_broker_pending_releases(b) == 0);
+    ci_broker_free(b);
+    ci_config_free(cfg);
+    server_stop(&srv);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -344,6 +406,7 @@ int main(int argc, char **argv)
         T_OWN(t_batch_read_stopped_while_the_next_event_is_handed_over),
         T_OWN(t_watch_freed_while_the_next_event_is_handed_over),
         T_OWN(t_results_lookup_abandoned_while_its_answer_is_handed_over),
+        T_OWN(t_released_once_nats_answers_again),
     };
     int rc = t_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
     ci_broker_library_close();

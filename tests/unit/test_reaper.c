@@ -190,7 +190,7 @@ static int dirs_of(struct ci_sandbox_run *const *runs, int n)
 
 static int write_file(const char *dir, const char *name, const char *text)
 {
-    char path[512];
+    char path[1280];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd < 0)
@@ -202,7 +202,7 @@ static int write_file(const char *dir, const char *name, const char *text)
 
 static bool read_file(const char *dir, const char *name, char *buf, size_t size)
 {
-    char path[512];
+    char path[1280];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
