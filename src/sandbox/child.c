@@ -68,6 +68,45 @@ int child_send_with_fd(int sock, const struct msg *m, int fd)
     return child_send_fds(sock, m, sizeof(*m), &fd, 1);
 }
 
+int child_recv_fds(int sock, void *buf, size_t len, int *fds, int flags)
+{
+    union {
+        char buf[CMSG_SPACE(FD_COUNT * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof(cm.buf)};
+    ssize_t n;
+    do
+        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | flags);
+    while (n < 0 && errno == EINTR && !(flags & MSG_DONTWAIT));
+    if (n == 0)
+        return 0;
+    if (n < 0)
+        return -1;
+    int got = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (got < FD_COUNT)
+                fds[got++] = fd;
+            else
+                close(fd);
+        }
+    }
+    if (n != (ssize_t)len || got != FD_COUNT || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        for (int i = 0; i < got; i++)
+            close(fds[i]);
+        return -1;
+    }
+    return 1;
+}
+
 int child_move_fds(const int *src, int keep)
 {
     int base = FD_COUNT + 1;

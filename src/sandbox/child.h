@@ -56,6 +56,11 @@ bool child_wait_byte(int sock);
 int child_send_fds(int sock, const void *buf, size_t len, const int *fds, int n);
 int child_send_with_fd(int sock, const struct msg *m, int fd);
 
+/* Receives one message of exactly len bytes carrying exactly FD_COUNT fds
+ * (flags: recvmsg's, MSG_DONTWAIT or 0): 1 with buf and fds filled, 0 at
+ * EOF, -1 for nothing usable (what came is closed). */
+int child_recv_fds(int sock, void *buf, size_t len, int *fds, int flags);
+
 /* Puts src[0..4] at 0..4, keep (if >= 0) at FD_COUNT, and closes every
  * other fd: O_CLOEXEC only helps at execve, and an init never executes
  * anything. */

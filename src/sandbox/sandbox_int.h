@@ -83,6 +83,7 @@ struct ci_sandbox {
     /* Warm mode (warm.c): the zygotes; NULL when tasks run cold. */
     struct ci_zygote_pool *warm;
     char *zygote_path;
+    char *zygote_init_path; /* ci-zygote-init, beside zygote_path */
     char *zygote_argv[2];
     atomic_ulong warm_fallbacks; /* tasks that ran cold because no zygote took them */
     int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */

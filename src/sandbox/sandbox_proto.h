@@ -65,6 +65,7 @@ enum step {
     STEP_HELLO,          /* the task's init sends pidfds of itself and the task */
     STEP_PYTHON,         /* the task could not call the driver */
     STEP_ZYGOTE_MOUNTS,  /* a zygote's init detaches its own /workspace and /dev/shm */
+    STEP_ZYGOTE_INIT,    /* a spare's init executes ci-zygote-init, which reads SETUP */
     STEP_COUNT,
 };
 
@@ -96,6 +97,7 @@ static const char *const step_names[STEP_COUNT] = {
     [STEP_HELLO] = "report the task's processes to the worker",
     [STEP_PYTHON] = "start the driver in the warm runtime",
     [STEP_ZYGOTE_MOUNTS] = "detach the warm runtime's own /workspace and /dev/shm",
+    [STEP_ZYGOTE_INIT] = "start the task's init (ci-zygote-init)",
 };
 
 enum msg_type { MSG_READY = 1, MSG_FAILED, MSG_DONE, MSG_HELLO };
@@ -113,8 +115,9 @@ struct msg {
 /* --- the zygote --- */
 
 #define ZYGOTE_FD_REQ 4        /* the request socket in the zygote (its init's FD_SOCK) */
-#define ZYGOTE_PROTO_VERSION 4 /* 2: HELLO carries the task process's pidfd too; 3: spares;
-                                * 4: task uids, inotify quota */
+#define ZYGOTE_PROTO_VERSION 5 /* 2: HELLO carries the task process's pidfd too; 3: spares;
+                                * 4: task uids, inotify quota; 5: SETUP carries
+                                * ci-zygote-init, each task's init */
 #define ZYGOTE_MAX_OPS 16
 #define ZYGOTE_MAX_SPARES 16
 #define ZYGOTE_SETUP_MAX (4u << 20) /* bytes of one SETUP message, font list included */
@@ -132,7 +135,8 @@ struct zop_head {
     uint64_t flags;     /* ZOP_TMPFS: mount flags */
 };
 
-/* SETUP: a small message with a sealed memfd holding the plan: a
+/* SETUP: a small message with two fds: a sealed memfd holding the plan and
+ * ci-zygote-init (O_PATH), the program each task's init executes. The plan: a
  * zsetup_head, n_ops times (zop_head, path, data), the BPF program
  * (filter_len struct sock_filter, may be 0), the python path (NUL included). */
 struct zmsg_setup {

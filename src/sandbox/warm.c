@@ -182,6 +182,15 @@ static ci_status launch_zygote(void *ctx, struct ci_zygote_proc *ret, struct ci_
                            sb->zygote_path);
         goto out;
     }
+    /* Each task's init executes it: sent with SETUP, and never in a task
+     * (close-on-exec in the zygote, closed by its task processes). */
+    ret->init_fd = open(sb->zygote_init_path, O_PATH | O_CLOEXEC);
+    if (ret->init_fd < 0) {
+        s = ci_error_errno(err, CI_ERR_UNSUPPORTED, errno, "cannot open %s, the program of "
+                           "each warm task's init (build ci-zygote-init beside ci-zygote)",
+                           sb->zygote_init_path);
+        goto out;
+    }
     null = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (null < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0 ||
         pipe2(errp, O_CLOEXEC) != 0) {
@@ -243,6 +252,7 @@ out:
             ;
     }
     uids_give_block(&sb->uids, block); /* its zygote is dead */
+    close_fd(&ret->init_fd);
     close_fd(&pidfd);
     close_fd(&prog);
     close_fd(&null);
@@ -253,7 +263,8 @@ out:
     return s;
 }
 
-/* Where ci-zygote is: local.zygote, or beside the running program. */
+/* Where ci-zygote is: local.zygote, or beside the running program; and
+ * ci-zygote-init, the program of each warm task's init, beside it. */
 static ci_status zygote_program(struct ci_sandbox *sb, struct ci_error *err)
 {
     const char *conf = sb->cfg->local.zygote;
@@ -281,6 +292,12 @@ static ci_status zygote_program(struct ci_sandbox *sb, struct ci_error *err)
     sb->zygote_argv[0] = plan_str(sb, "ci-zygote");
     sb->zygote_argv[1] = NULL;
     if (!sb->zygote_path || !sb->zygote_argv[0])
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
+    /* Opened at each launch, which fails (saying so) when it is missing. */
+    char *slash = strrchr(path, '/');
+    snprintf(slash + 1, sizeof(path) - (size_t)(slash + 1 - path), "ci-zygote-init");
+    sb->zygote_init_path = plan_str(sb, "%s", path);
+    if (!sb->zygote_init_path)
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     return CI_OK;
 }

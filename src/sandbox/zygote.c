@@ -106,6 +106,7 @@ static void zygote_free(struct ci_zygote_pool *p, struct zygote *z, int *ret_sta
     close_fd(&z->proc.pidfd);
     close_fd(&z->proc.sock);
     close_fd(&z->proc.err_fd);
+    close_fd(&z->proc.init_fd);
     free(z);
 }
 
@@ -115,7 +116,7 @@ static ci_status send_setup(struct ci_zygote_pool *p, struct zygote *z, struct c
                            .size = p->setup_len};
     struct iovec iov = {.iov_base = &m, .iov_len = sizeof(m)};
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(2 * sizeof(int))];
         struct cmsghdr align;
     } cm;
     memset(&cm, 0, sizeof(cm));
@@ -124,10 +125,14 @@ static ci_status send_setup(struct ci_zygote_pool *p, struct zygote *z, struct c
     struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &p->setup_fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    int fds[2] = {p->setup_fd, z->proc.init_fd};
+    if (fds[1] < 0)
+        return ci_error_set(err, CI_ERR_SYS, "the zygote has no program for its tasks' init");
+    memcpy(CMSG_DATA(c), fds, sizeof(fds));
     if (sendmsg(z->proc.sock, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof(m))
         return ci_error_errno(err, CI_ERR_SYS, errno, "cannot send the zygote its setup");
+    close_fd(&z->proc.init_fd); /* the zygote has its own now */
     return CI_OK;
 }
 
@@ -213,7 +218,7 @@ static void launch_one(struct ci_zygote_pool *p)
         record_failure(p, "out of memory");
         return;
     }
-    z->proc.pidfd = z->proc.sock = z->proc.err_fd = -1;
+    z->proc.pidfd = z->proc.sock = z->proc.err_fd = z->proc.init_fd = -1;
     z->state = Z_STARTING;
     z->started_at = ci_mono_ms();
     p->st.started++;

@@ -35,6 +35,7 @@ struct ci_zygote_proc {
     int pidfd;
     int sock;   /* the request socket (SOCK_SEQPACKET) */
     int err_fd; /* its stderr (a pipe), or -1 */
+    int init_fd; /* the program of each task's init (O_PATH), sent in SETUP then closed */
     int tag;    /* the launcher's own (warm.c: the zygote's block of task uids) */
 };
 

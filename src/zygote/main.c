@@ -95,26 +95,20 @@
 #include "sandbox/child.h"
 #include "sandbox/sandbox_proto.h"
 #include "sandbox/sys.h"
+#include "sandbox/zsetup.h"
 
 extern const char ci_driver_py[];
 extern const size_t ci_driver_py_len;
 
 #define SETUP_TIMEOUT_MS 30000
-#define SPARE_FD 3 /* in a spare's init until its SPAWN: the socket to the zygote */
+#define INIT_FD_PROG 6 /* in a spare's init until its exec: ci-zygote-init (close-on-exec) */
+#define TASK_FD_CHAN 7 /* in a spare's task process: the socketpair to its init */
+#define SPARE_INIT_STACK 16384 /* the stack of a spare's init until its exec */
 #define WARM_UP_DELAY_MS 150 /* a spare idle this long starts to warm up */
 #define SPARE_MAP_TIMEOUT_MS 10000 /* longest wait for a new spare to ask for its maps */
 
-/* The task process to its init, last thing before the task's code runs:
- * the CPU time it spent before (its warm-up), and its keeper. */
-struct task_note {
-    int64_t utime_us, stime_us;
-    int32_t keeper; /* pid, or 0 */
-    int32_t pad;
-};
-
 #define KEEPER_STACK 16384
 
-#define MAX_UID_BLOCK 4096
 /* With task uids: the spare init (later the task's init) holding each uid
  * of our block, 0 if none; freed when we reap it (its tasks are dead). */
 static pid_t uid_holder[MAX_UID_BLOCK];
@@ -125,21 +119,13 @@ static pid_t keeper_setting_up;
 /* Everything the children need, filled before the first fork and never
  * changed after it. */
 static struct {
-    unsigned long clone_flags;
-    bool cgroupns;
-    bool idle_warmup;
-    uint32_t spares;          /* spares kept made ahead */
-    uint32_t uid_block;       /* ZSETUP_TASK_UIDS: task uids at TASK_IDS_INSIDE; 0: none */
-    char inotify[2][16];      /* each task's inotify quota (instances, watches); "": none */
-    struct op ops[ZYGOTE_MAX_OPS];
-    size_t n_ops;
-    struct sock_fprog filter; /* .filter NULL: no filter */
-    const char *python;
+    struct zsetup s;          /* SETUP */
+    int setup_fd;             /* its sealed memfd, for each spare's init */
+    int init_prog;            /* ci-zygote-init (O_PATH, close-on-exec) */
     PyObject *warm_main;      /* ci_driver._warm_main */
     PyObject *warm_up;        /* ci_driver._warm_up */
     int task_dir;             /* /proc/self/task, to count our threads */
-    struct sigaction saved[NSIG]; /* the dispositions Python set, for the task */
-} z = {.task_dir = -1};
+} z = {.setup_fd = -1, .init_prog = -1, .task_dir = -1};
 
 /* One task: the request and its fds, at the zygote's numbers. */
 struct task_req {
@@ -150,48 +136,6 @@ struct task_req {
 /* ---------------------------------------------------------------------- */
 /* Small system helpers (those a cold sandbox uses too: sandbox/child.h)  */
 /* ---------------------------------------------------------------------- */
-
-/* Receives one message of exactly len bytes carrying exactly FD_COUNT fds:
- * 1 with buf and fds filled, 0 at EOF, -1 for nothing usable (what came
- * is closed). */
-static int recv_fds(int sock, void *buf, size_t len, int *fds, int flags)
-{
-    union {
-        char buf[CMSG_SPACE(FD_COUNT * sizeof(int))];
-        struct cmsghdr align;
-    } cm;
-    struct iovec iov = {.iov_base = buf, .iov_len = len};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-                        .msg_controllen = sizeof(cm.buf)};
-    ssize_t n;
-    do
-        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | flags);
-    while (n < 0 && errno == EINTR && !(flags & MSG_DONTWAIT));
-    if (n == 0)
-        return 0;
-    if (n < 0)
-        return -1;
-    int got = 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        for (int i = 0; i < k; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            if (got < FD_COUNT)
-                fds[got++] = fd;
-            else
-                close(fd);
-        }
-    }
-    if (n != (ssize_t)len || got != FD_COUNT || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-        for (int i = 0; i < got; i++)
-            close(fds[i]);
-        return -1;
-    }
-    return 1;
-}
 
 /* Threads of this process, from its open /proc/self/task, without allocating. */
 static int count_threads(int task_dir)
@@ -284,7 +228,7 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, str
     int64_t warm_us = note.utime_us + note.stime_us;
     /* The worker moved us into the task's cgroup along with init (HELLO
      * carried our pidfd): the same view of it as init's. */
-    if (z.cgroupns)
+    if (z.s.cgroupns)
         (void)unshare(CLONE_NEWCGROUP);
     /* The warm-up ran Python in this process: a thread a library started
      * would keep our privileges and no filter, as the calls below act on
@@ -338,8 +282,8 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, str
     if (chdir("/workspace") != 0)
         child_fail(FD_SOCK, STEP_CHDIR, 0, errno);
     /* Last: from here on the calls above would be refused. */
-    if (z.filter.filter &&
-        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &z.filter) != 0)
+    if (z.s.filter.filter &&
+        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &z.s.filter) != 0)
         child_fail(FD_SOCK, STEP_SECCOMP, 0, errno);
     close(FD_SOCK); /* the code gets 0-3 only, as after execve in a cold task */
     note.keeper = start_keeper(); /* none: the exit is only slower */
@@ -362,17 +306,18 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, str
 __attribute__((noreturn)) static void prefork_task_main(int chan)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    /* Python's own dispositions (SIGINT, SIGPIPE, SIGXFSZ), which init reset. */
-    for (int sig = 1; sig < NSIG; sig++)
-        if (sig != SIGKILL && sig != SIGSTOP)
-            sigaction(sig, &z.saved[sig], NULL);
+    /* Our init's first byte: our namespace's maps are written (our ids are
+     * 1000 from now on). EOF: it failed, or is gone. Python's dispositions
+     * are ours already (a copy of the zygote's); its mask blocked all. */
+    if (!child_wait_byte(chan))
+        _exit(0);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     /* Only CPU nothing else wants (the worker resets it when a task comes):
      * a queue of tasks then runs first. */
     struct sched_param idle = {.sched_priority = 0};
-    if (z.idle_warmup)
+    if (z.s.idle_warmup)
         (void)sched_setscheduler(0, SCHED_IDLE, &idle);
     PyOS_AfterFork_Child();
     /* Step by step, and no further once a task has come (init's note). A
@@ -398,7 +343,7 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
 
     struct zmsg_spawn sp;
     int fds[FD_COUNT];
-    if (!child_wait_byte(chan) || recv_fds(chan, &sp, sizeof(sp), fds, 0) != 1)
+    if (!child_wait_byte(chan) || child_recv_fds(chan, &sp, sizeof(sp), fds, 0) != 1)
         _exit(0); /* init went away before a task came */
     /* What the warm-up cost is not the task's: init takes it off the CPU
      * time it reports, task_main() puts it on top of RLIMIT_CPU. No task
@@ -415,131 +360,8 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
 }
 
 /* ---------------------------------------------------------------------- */
-/* The task's init                                                         */
+/* A spare's init, until it executes ci-zygote-init                      */
 /* ---------------------------------------------------------------------- */
-
-/* After kill(-1): is the task's keeper all that is left in the namespace
- * but us? Our /proc is the namespace's (a process stays in it until reaped). */
-static bool only_keeper_left(pid_t keeper)
-{
-    char buf[1024];
-    bool other = false;
-    int dir = keeper > 0 ? open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-    if (dir < 0)
-        return false;
-    for (;;) {
-        long got = syscall(SYS_getdents64, dir, buf, sizeof(buf));
-        if (got <= 0) {
-            other = other || got < 0;
-            break;
-        }
-        for (long off = 0; off < got;) {
-            unsigned short reclen;
-            memcpy(&reclen, buf + off + 16, sizeof(reclen)); /* d_reclen in linux_dirent64 */
-            const char *name = buf + off + 19;
-            off += reclen;
-            if (name[0] < '0' || name[0] > '9')
-                continue;
-            long pid = strtol(name, NULL, 10);
-            if (pid != 1 && pid != keeper)
-                other = true;
-        }
-    }
-    close(dir);
-    return !other;
-}
-
-/* Adds the keeper's CPU time so far to done: its exit is not waited for
- * (see reap_all), but it runs in the code's memory, so code that patches
- * the instructions it sleeps on can make it compute, and that time is the
- * task's. Read from /proc/<keeper>/stat (utime and stime, fields 14-15).
- * Called once it has its SIGKILL: what it adds after that is its exit. */
-static void add_keeper_cpu(pid_t keeper, struct msg *done)
-{
-    char path[32];
-    unsigned long long ticks[2]; /* utime, stime */
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)keeper);
-    long hz = sysconf(_SC_CLK_TCK);
-    if (hz <= 0 || child_stat_fields(path, 14, 2, ticks) != 0)
-        return;
-    done->utime_us += (int64_t)(ticks[0] * 1000000 / (unsigned long long)hz);
-    done->stime_us += (int64_t)(ticks[1] * 1000000 / (unsigned long long)hz);
-}
-
-/* As init.c's reap_all(): reap until the task is gone or the worker
- * says stop (a signal from outside the namespace), kill what is left, report.
- * Everything but the task's keeper is reaped first, so that the report
- * counts it; the keeper's exit (the task's memory going away) is not
- * waited for. note: the task process's CPU time before its task, not
- * reported, and its keeper. */
-__attribute__((noreturn)) static void reap_all(pid_t task, struct task_note note)
-{
-    sigset_t waited;
-    sigemptyset(&waited);
-    sigaddset(&waited, SIGCHLD);
-    sigaddset(&waited, SIG_STOP);
-    struct msg done = {.type = MSG_DONE};
-    bool task_done = false, stopping = false;
-    for (;;) {
-        for (;;) {
-            int st;
-            struct rusage ru;
-            pid_t r = wait4(-1, &st, __WALL | WNOHANG, &ru);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r < 0)
-                goto report;
-            if (r == 0)
-                break;
-            child_add_rusage(&done, &ru);
-            if (r == note.keeper)
-                note.keeper = 0; /* gone early (the code killed it): nothing to skip */
-            if (r == task) {
-                done.utime_us -= note.utime_us < done.utime_us ? note.utime_us : done.utime_us;
-                done.stime_us -= note.stime_us < done.stime_us ? note.stime_us : done.stime_us;
-                done.status = st;
-                task_done = true;
-            }
-        }
-        if (task_done || stopping) {
-            stopping = true;
-            kill(-1, SIGKILL);
-            if (task_done && only_keeper_left(note.keeper)) {
-                add_keeper_cpu(note.keeper, &done);
-                goto report;
-            }
-        }
-        siginfo_t si;
-        int sig = sigwaitinfo(&waited, &si);
-        if (child_is_stop_request(sig, &si))
-            stopping = true;
-    }
-report:
-    if (!task_done)
-        _exit(1);
-    child_send(FD_SOCK, &done);
-    _exit(0);
-}
-
-/* Writes "1000 1000 1": the zygote's sandbox user is ours, nobody else. The
- * zygote is not dumpable, which would make these files root's. */
-static int write_own_maps(void)
-{
-    char map[32];
-    int n = snprintf(map, sizeof(map), "%d %d 1\n", SANDBOX_ID, SANDBOX_ID);
-    if (n <= 0 || (size_t)n >= sizeof(map))
-        return -1;
-    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-    int rc = child_write_file("/proc/self/setgroups", "deny\n", 5, 0);
-    if (rc == 0)
-        rc = child_write_file("/proc/self/uid_map", map, (size_t)n, 0);
-    if (rc == 0)
-        rc = child_write_file("/proc/self/gid_map", map, (size_t)n, 0);
-    int e = errno;
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    errno = e;
-    return rc;
-}
 
 /* With task uids, the maps of a spare's namespace, written by us (which
  * takes CAP_SETUID and CAP_SETGID here): its uid 1000 is `uid` of our
@@ -563,173 +385,107 @@ static int write_spare_maps(pid_t pid, uint32_t uid)
     return child_write_file(path, map, (size_t)n, 0);
 }
 
-/* Is our child task gone (not reaped: its pid stays ours)? */
-static bool task_gone(pid_t task)
+/* What a spare's init, cloned on our memory, leaves us when it fails
+ * before its exec (it writes nothing else of ours). */
+struct spare_start {
+    int sock;       /* its end of the socketpair to us */
+    int step, err;  /* 0, or the step that failed and its errno */
+};
+
+/* Moves fd to target (flags: 0 or O_CLOEXEC); -1 if it could not. */
+static int move_fd(int fd, int target, int flags)
 {
-    siginfo_t si;
-    memset(&si, 0, sizeof(si));
-    return waitid(P_PID, (id_t)task, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == task;
+    if (fd == target)
+        return (int)syscall(SYS_fcntl, fd, F_SETFD, flags ? FD_CLOEXEC : 0);
+    if (syscall(SYS_dup3, fd, target, flags) < 0)
+        return -1;
+    return (int)syscall(SYS_close, fd);
 }
 
-/* A spare's init: cloned by the zygote ahead of any task, with the task's
- * namespaces. It writes its maps, forks the task process (which warms up),
- * and waits for a SPAWN on SPARE_FD. From then on it is the task's init,
- * as in a cold sandbox: HELLO (pidfds of itself and of the task process,
- * both to be put in the task's cgroup), mounts, READY, GO; then it hands
- * the task's fds to the task process and reaps. */
-__attribute__((noreturn)) static void spare_init_main(int sock)
+/* A spare's init from its clone (CLONE_VM|CLONE_VFORK and the task's
+ * namespaces) to its exec: on our memory, on a stack that is part of ours,
+ * while we wait. So: raw system calls only (no malloc, stdio, locks: ours),
+ * every signal blocked (spare_make), no write to our globals. It puts its
+ * fds where ci-zygote-init wants them (zsetup.h), forks the task process (a
+ * copy of our memory, as every child was), raises every capability of its
+ * new namespace as ambient (its uid is not mapped yet: nothing else would
+ * survive the exec) and executes ci-zygote-init. Returns only on failure. */
+static int spare_init_start(void *arg)
 {
-    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0); /* dies with the zygote */
-    /* Keep Python's dispositions for the task, take default ones here. */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof(dfl));
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++) {
-        if (sigaction(sig, NULL, &z.saved[sig]) != 0)
-            z.saved[sig] = dfl;
-        sigaction(sig, &dfl, NULL);
-    }
-    sigset_t waited;
-    sigemptyset(&waited);
-    sigaddset(&waited, SIGCHLD);
-    sigaddset(&waited, SIG_STOP);
-    sigprocmask(SIG_SETMASK, &waited, NULL);
-    if (dup2(sock, SPARE_FD) < 0)
-        _exit(1);
-    close_fds_from(SPARE_FD + 1); /* the zygote's request socket among them */
-
-    /* A failure before the SPAWN is told to the task it would have served. */
-    enum step failed = STEP_NONE;
-    int failed_err = 0, chan = -1;
-    pid_t task = -1;
-    if (z.uid_block) {
-        /* The zygote writes our maps (spare_make): dumpable for that (our
-         * /proc files are then ours, which is its uid), we ask with a byte
-         * and a byte says done. We are INIT_ID from then on, as the zygote
-         * is, outside. */
-        prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-        if (send(SPARE_FD, "m", 1, MSG_NOSIGNAL) != 1 || !child_wait_byte(SPARE_FD))
-            _exit(1);
-        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    } else if (write_own_maps() != 0) {
-        failed = STEP_MAPS;
-        failed_err = errno;
-    }
+    struct spare_start *a = arg;
+    enum step step = STEP_FDS;
+    syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0); /* dies with us */
+    long sock = syscall(SYS_fcntl, a->sock, F_DUPFD_CLOEXEC, 16);
+    long setup = syscall(SYS_fcntl, z.setup_fd, F_DUPFD_CLOEXEC, 16);
+    long prog = syscall(SYS_fcntl, z.init_prog, F_DUPFD_CLOEXEC, 16);
+    if (sock < 0 || setup < 0 || prog < 0 || move_fd((int)sock, INIT_FD_ZYGOTE, 0) != 0 ||
+        move_fd((int)setup, INIT_FD_SETUP, 0) != 0 ||
+        move_fd((int)prog, INIT_FD_PROG, O_CLOEXEC) != 0)
+        goto fail;
+    /* Our request socket (ZYGOTE_FD_REQ, where INIT_FD_CHAN goes) and the rest. */
+    syscall(SYS_close, INIT_FD_CHAN);
+    if (syscall(SYS_close_range, INIT_FD_PROG + 1, ~0U, 0) != 0)
+        goto fail;
     int tp[2];
-    if (!failed && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, tp) != 0) {
-        failed = STEP_FORK;
-        failed_err = errno;
+    step = STEP_FORK;
+    if (syscall(SYS_socketpair, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, tp) != 0 ||
+        move_fd(tp[0], INIT_FD_CHAN, 0) != 0 || move_fd(tp[1], TASK_FD_CHAN, O_CLOEXEC) != 0)
+        goto fail;
+    pid_t task = sys_clone(SIGCHLD);
+    if (task == 0) {
+        /* A copy of our memory of its own now: anything goes. */
+        syscall(SYS_close_range, 3U, (unsigned)TASK_FD_CHAN - 1, 0U);
+        prefork_task_main(TASK_FD_CHAN);
     }
-    if (!failed) {
-        task = sys_clone(SIGCHLD);
-        if (task == 0) {
-            close(SPARE_FD);
-            close(tp[0]);
-            prefork_task_main(tp[1]);
-        }
-        close(tp[1]);
-        chan = tp[0];
-        if (task < 0) {
-            failed = STEP_FORK;
-            failed_err = errno;
-        }
-    }
+    if (task < 0)
+        goto fail;
+    syscall(SYS_close, TASK_FD_CHAN);
 
-    /* Wait for a task; a task process that dies first leaves nothing to
-     * offer: go, the zygote makes another spare. */
-    sigset_t chld;
-    sigemptyset(&chld);
-    sigaddset(&chld, SIGCHLD);
-    int sfd = task > 0 ? signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK) : -1;
-    for (;;) {
-        struct pollfd p[2] = {{.fd = SPARE_FD, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
-        if (poll(p, 2, -1) < 0)
-            continue; /* EINTR */
-        if (p[1].revents & POLLIN) {
-            struct signalfd_siginfo si;
-            while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
-                ;
-            if (task_gone(task))
-                _exit(1);
-        }
-        if (p[0].revents)
-            break;
-    }
-    struct task_req rq;
-    if (recv_fds(SPARE_FD, &rq.spawn, sizeof(rq.spawn), rq.fds, 0) != 1)
-        _exit(0); /* EOF: the zygote retires */
-    if (rq.spawn.type != ZMSG_SPAWN || child_move_fds(rq.fds, chan) != 0)
-        child_fail(rq.fds[FD_SOCK], STEP_FDS, 0, errno);
-    if (chan >= 0) { /* the note: the task process stops warming up */
-        char note = 1;
-        ssize_t w = send(FD_COUNT, &note, 1, MSG_NOSIGNAL);
-        (void)w;
-    }
-    if (failed)
-        child_fail(FD_SOCK, failed, 0, failed_err);
-    if (task_gone(task))
-        child_fail(FD_SOCK, STEP_FORK, 0, ECHILD);
+    step = STEP_ZYGOTE_INIT;
+    struct __user_cap_header_struct ch = {.version = _LINUX_CAPABILITY_VERSION_3};
+    struct __user_cap_data_struct cd[2];
+    memset(cd, 0, sizeof(cd));
+    if (syscall(SYS_capget, &ch, cd) != 0)
+        goto fail;
+    for (int i = 0; i < 2; i++)
+        cd[i].inheritable = cd[i].permitted; /* PR_CAP_AMBIENT_RAISE needs both */
+    if (syscall(SYS_capset, &ch, cd) != 0)
+        goto fail;
+    for (long cap = 0; cap < 64; cap++)
+        if ((cd[cap / 32].permitted >> (cap % 32)) & 1u)
+            syscall(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0);
+    char num[16], *p = num + sizeof(num);
+    *--p = '\0';
+    for (unsigned v = (unsigned)task; v || p == num + sizeof(num) - 1; v /= 10)
+        *--p = (char)('0' + v % 10);
+    char *argv[] = {"ci-zygote-init", p, NULL};
+    char *envp[] = {NULL};
+    syscall(SYS_execveat, INIT_FD_PROG, "", argv, envp, AT_EMPTY_PATH);
+fail:
+    a->step = step;
+    a->err = errno; /* our own errno: read only now that this one is failing */
+    return 127;     /* the task process, if any, sees EOF on its channel and goes */
+}
 
-    /* HELLO with pidfds: the worker learns our pid and the task process's
-     * in its namespace, signals us without racing a reused pid, and puts
-     * both in the task's cgroup (moving init would not move its child). */
-    int pfd[2] = {(int)syscall(SYS_pidfd_open, getpid(), 0),
-                  (int)syscall(SYS_pidfd_open, task, 0)};
-    if (pfd[0] < 0 || pfd[1] < 0)
-        child_fail(FD_SOCK, STEP_HELLO, 0, errno);
-    struct msg hello = {.type = MSG_HELLO};
-    if (child_send_fds(FD_SOCK, &hello, sizeof(hello), pfd, 2) != 0)
-        _exit(1);
-    close(pfd[0]);
-    close(pfd[1]);
-    if (!child_wait_byte(FD_SOCK)) /* we and the task process are in the task's cgroup now */
-        _exit(1);
-    if (z.cgroupns)
-        (void)unshare(CLONE_NEWCGROUP); /* a view only, as in init.c */
-    if (sys_setresgid(SANDBOX_ID) != 0)
-        child_fail(FD_SOCK, STEP_SETGID, 0, errno);
-    /* What we create below is the code's (1000); with task uids we stay
-     * INIT_ID otherwise, out of the code's reach, as a cold init does. */
-    if ((z.uid_block ? syscall(SYS_setresuid, INIT_ID, SANDBOX_ID, INIT_ID)
-                     : sys_setresuid(SANDBOX_ID)) != 0)
-        child_fail(FD_SOCK, STEP_SETUID, 0, errno);
-    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
-        child_fail(FD_SOCK, STEP_PRIVATE, 0, errno);
-    for (size_t i = 0; i < z.n_ops; i++)
-        if (child_run_op(&z.ops[i]) != 0)
-            child_fail(FD_SOCK, STEP_OP, (int)i, errno);
-    if (sethostname("sandbox", 7) != 0 || setdomainname("sandbox", 7) != 0)
-        child_fail(FD_SOCK, STEP_HOSTNAME, 0, errno);
-    if (z.inotify[0][0]) /* best effort, as in init.c */
-        (void)child_limit_inotify(z.inotify[0], z.inotify[1]);
-    uint64_t keep = 0;
-    if (z.uid_block) {
-        if (sys_setresuid(INIT_ID) != 0)
-            child_fail(FD_SOCK, STEP_SETUID, 0, errno);
-        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-        keep = 1ull << CAP_KILL; /* kill(-1) must reach the code's uid */
-    }
-
-    child_ready_then_go(FD_SOCK, -1, keep); /* HELLO had the pidfds */
-
-    /* The task process takes it from here, with the task's fds and limits. */
-    static const int all[FD_COUNT] = {0, 1, 2, 3, 4};
-    if (child_send_fds(FD_COUNT, &rq.spawn, sizeof(rq.spawn), all, FD_COUNT) != 0)
-        child_fail(FD_SOCK, STEP_FORK, 0, errno);
-    for (int fd = 0; fd < FD_SOCK; fd++)
-        close(fd);
-    /* Its note comes before any task code runs (or never: it died). */
-    struct task_note note = {0};
-    ssize_t got;
-    do
-        got = recv(FD_COUNT, &note, sizeof(note), 0);
-    while (got < 0 && errno == EINTR);
-    if (got != (ssize_t)sizeof(note) || note.utime_us < 0 || note.stime_us < 0 || note.keeper < 0)
-        note = (struct task_note){0};
-    close(FD_COUNT);
-    reap_all(task, note);
+/* Clones a spare's init on our memory (spare_init_start): the stack it
+ * runs on is this function's array, a part of our own [stack] mapping, and
+ * so is the task process's, which it forks there and which runs Python on
+ * it (whose stack checks then see a real stack). We wait until it has
+ * executed ci-zygote-init, or failed. Every signal is blocked meanwhile: a
+ * handler of ours must not run on its stack, nor in it. */
+__attribute__((noinline)) static pid_t spare_clone(struct spare_start *a)
+{
+    char stack[SPARE_INIT_STACK] __attribute__((aligned(16)));
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
+    pid_t pid = clone(spare_init_start, stack + sizeof(stack),
+                      (int)(z.s.clone_flags | CLONE_VM | CLONE_VFORK | SIGCHLD), a);
+    int e = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    __asm__ volatile("" : : "r"(stack) : "memory"); /* the array lives until here */
+    errno = e;
+    return pid;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -778,15 +534,6 @@ __attribute__((noreturn)) static void fail(int err, const char *fmt, ...)
     _exit(1);
 }
 
-/* The plan step a SETUP step names; 0 (refused by child_run_op() in the
- * task's init) for a kind this zygote does not know. */
-static enum op_kind op_kind_of(uint32_t kind)
-{
-    static const enum op_kind kinds[] = {[ZOP_TMPFS] = OP_TMPFS, [ZOP_DIR] = OP_DIR,
-                                         [ZOP_FILE] = OP_FILE, [ZOP_PROC] = OP_PROC};
-    return kind < sizeof(kinds) / sizeof(kinds[0]) ? kinds[kind] : 0;
-}
-
 /* Reads SETUP: a small message carrying a sealed memfd with the plan. */
 static void read_setup(void)
 {
@@ -794,9 +541,9 @@ static void read_setup(void)
     if (poll(&p, 1, SETUP_TIMEOUT_MS) != 1)
         fail(ETIMEDOUT, "no setup message from the worker");
     struct zmsg_setup m;
-    int fd = -1;
+    int fds[2] = {-1, -1}, got = 0; /* the plan, ci-zygote-init */
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(2 * sizeof(int))];
         struct cmsghdr align;
     } cm;
     struct iovec iov = {.iov_base = &m, .iov_len = sizeof(m)};
@@ -805,91 +552,38 @@ static void read_setup(void)
     ssize_t n = recvmsg(ZYGOTE_FD_REQ, &mh, MSG_CMSG_CLOEXEC);
     for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c))
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-            memcpy(&fd, CMSG_DATA(c), sizeof(int));
-    if (n != (ssize_t)sizeof(m) || m.type != ZMSG_SETUP || fd < 0)
+            for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                if (got < 2)
+                    fds[got++] = fd;
+                else
+                    close(fd);
+            }
+    if (n != (ssize_t)sizeof(m) || m.type != ZMSG_SETUP || got != 2 ||
+        (mh.msg_flags & MSG_CTRUNC))
         fail(EPROTO, "a malformed setup message");
     if (m.version != ZYGOTE_PROTO_VERSION)
         fail(EPROTO, "setup version %u, this zygote speaks %u", m.version,
              ZYGOTE_PROTO_VERSION);
-    if (m.size < sizeof(struct zsetup_head) || m.size > ZYGOTE_SETUP_MAX)
-        fail(EPROTO, "a setup of %llu bytes", (unsigned long long)m.size);
-    char *blob = malloc(m.size + 1); /* kept for the zygote's life: ops point into it */
-    if (!blob)
-        fail(ENOMEM, "out of memory");
-    size_t got = 0;
-    while (got < m.size) {
-        ssize_t r = pread(fd, blob + got, m.size - got, (off_t)got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            fail(errno, "cannot read the setup");
-        got += (size_t)r;
-    }
-    close(fd);
-    blob[m.size] = '\0';
-
-    struct zsetup_head h;
-    memcpy(&h, blob, sizeof(h));
-    z.clone_flags = (unsigned long)h.clone_flags;
-    z.cgroupns = (h.flags & ZSETUP_CGROUPNS) != 0;
-    z.idle_warmup = (h.flags & ZSETUP_IDLE_WARMUP) != 0;
-    if (h.inotify_instances && h.inotify_watches) {
-        snprintf(z.inotify[0], sizeof(z.inotify[0]), "%u", h.inotify_instances);
-        snprintf(z.inotify[1], sizeof(z.inotify[1]), "%u", h.inotify_watches);
-    }
-    if (h.flags & ZSETUP_TASK_UIDS) {
-        if (h.uid_block < 1 || h.uid_block > MAX_UID_BLOCK)
-            fail(EPROTO, "a block of %u task uids, 1 to %d", h.uid_block, MAX_UID_BLOCK);
+    char *blob, why[200];
+    if (zsetup_read(fds[0], m.size, &blob, &z.s, why, sizeof(why)) != 0)
+        fail(errno, "%s", why);
+    /* blob is kept for the zygote's life: ops point into it. The memfd too:
+     * each spare's init reads it again after its exec. */
+    z.setup_fd = fds[0];
+    z.init_prog = fds[1];
+    struct stat st;
+    if (fstat(z.init_prog, &st) != 0 || !S_ISREG(st.st_mode))
+        fail(EPROTO, "the setup's small init is not a regular file");
+    if (z.s.uid_block) {
         struct __user_cap_header_struct ch = {.version = _LINUX_CAPABILITY_VERSION_3};
         struct __user_cap_data_struct cd[2];
         memset(cd, 0, sizeof(cd));
         if (syscall(SYS_capget, &ch, cd) != 0 || !(cd[0].effective >> CAP_SETUID & 1) ||
             !(cd[0].effective >> CAP_SETGID & 1))
             fail(EPERM, "task uids need CAP_SETUID and CAP_SETGID in the zygote's namespace");
-        z.uid_block = h.uid_block;
     }
-    if (h.spares < 1 || h.spares > ZYGOTE_MAX_SPARES)
-        fail(EPROTO, "%u spares, 1 to %d", h.spares, ZYGOTE_MAX_SPARES);
-    z.spares = h.spares;
-    if (h.n_ops > ZYGOTE_MAX_OPS)
-        fail(EPROTO, "%u setup steps, at most %d", h.n_ops, ZYGOTE_MAX_OPS);
-    size_t off = sizeof(h);
-    for (uint32_t i = 0; i < h.n_ops; i++) {
-        struct zop_head oh;
-        if (m.size - off < sizeof(oh))
-            fail(EPROTO, "a truncated setup");
-        memcpy(&oh, blob + off, sizeof(oh));
-        off += sizeof(oh);
-        if (oh.path_len == 0 || oh.data_len == 0 || oh.path_len > m.size - off ||
-            oh.data_len > m.size - off - oh.path_len)
-            fail(EPROTO, "a truncated setup step");
-        struct op *op = &z.ops[z.n_ops++];
-        op->kind = op_kind_of(oh.kind);
-        op->flags = (unsigned long)oh.flags;
-        op->path = blob + off;
-        op->data = blob + off + oh.path_len;
-        op->data_len = oh.data_len - 1;
-        if (op->path[oh.path_len - 1] || op->data[op->data_len] || op->path[0] != '/')
-            fail(EPROTO, "a malformed setup step");
-        off += oh.path_len + oh.data_len;
-    }
-    size_t filter_bytes = (size_t)h.filter_len * sizeof(struct sock_filter);
-    if (h.filter_len > BPF_MAXINSNS || filter_bytes > m.size - off)
-        fail(EPROTO, "a truncated seccomp filter");
-    if (h.filter_len) {
-        /* Aligned copy: the blob offsets are not. */
-        struct sock_filter *prog = malloc(filter_bytes);
-        if (!prog)
-            fail(ENOMEM, "out of memory");
-        memcpy(prog, blob + off, filter_bytes);
-        z.filter.filter = prog;
-        z.filter.len = (unsigned short)h.filter_len;
-    }
-    off += filter_bytes;
-    if (h.python_len == 0 || h.python_len > m.size - off || blob[off + h.python_len - 1] ||
-        blob[off] != '/')
-        fail(EPROTO, "a malformed python path");
-    z.python = blob + off;
 }
 
 /* The first line of the pending Python exception, then the whole traceback
@@ -924,7 +618,7 @@ static void python_start(void)
         fail(0, "python pre-initialization failed: %s", st.err_msg ? st.err_msg : "?");
     PyConfig cfg;
     PyConfig_InitPythonConfig(&cfg);
-    st = PyConfig_SetBytesString(&cfg, &cfg.program_name, z.python);
+    st = PyConfig_SetBytesString(&cfg, &cfg.program_name, z.s.python);
     if (!PyStatus_Exception(st))
         st = PyConfig_SetBytesArgv(&cfg, 5, argv);
     if (!PyStatus_Exception(st))
@@ -962,8 +656,8 @@ static void python_start(void)
     /* mod stays alive: _warm_main's globals. */
 }
 
-/* The runtime must not keep a file open: every child closes all fds but
- * its five (move_fds), and a Python object still holding one would then use
+/* The runtime must not keep a file open (but the two SETUP brought): every
+ * child closes all fds but its five (move_fds), and a Python object still holding one would then use
  * whatever the task opens under that number. */
 static void check_fds(void)
 {
@@ -974,7 +668,8 @@ static void check_fds(void)
     while ((e = readdir(d)) != NULL) {
         char *end = NULL;
         long fd = strtol(e->d_name, &end, 10);
-        if (e->d_name[0] == '.' || !end || *end || fd < FD_COUNT || fd == dirfd(d))
+        if (e->d_name[0] == '.' || !end || *end || fd < FD_COUNT || fd == dirfd(d) ||
+            fd == z.setup_fd || fd == z.init_prog) /* ours, for each spare's init */
             continue;
         char path[64], target[256];
         snprintf(path, sizeof(path), "/proc/self/fd/%ld", fd);
@@ -989,7 +684,7 @@ static void check_fds(void)
 /* Receives one SPAWN; 1 with rq filled, 0 at EOF, -1 for nothing usable. */
 static int recv_request(struct task_req *rq)
 {
-    int r = recv_fds(ZYGOTE_FD_REQ, &rq->spawn, sizeof(rq->spawn), rq->fds, MSG_DONTWAIT);
+    int r = child_recv_fds(ZYGOTE_FD_REQ, &rq->spawn, sizeof(rq->spawn), rq->fds, MSG_DONTWAIT);
     if (r == 1 && rq->spawn.type != ZMSG_SPAWN) {
         for (int i = 0; i < FD_COUNT; i++)
             close(rq->fds[i]);
@@ -999,12 +694,12 @@ static int recv_request(struct task_req *rq)
 }
 
 /* The spares: inits cloned ahead of the next tasks, each with its task
- * process forked and warming up; z.spares of them, oldest (the warmest)
+ * process forked and warming up; z.s.spares of them, oldest (the warmest)
  * first, so that tasks coming together each find one and a task's critical
  * path has no fork of this big image and no first-call costs. */
 static struct spare {
     pid_t pid;
-    int sock; /* our end of its SPARE_FD */
+    int sock; /* our end of its INIT_FD_ZYGOTE */
 } spares[ZYGOTE_MAX_SPARES];
 static uint32_t n_spares;
 
@@ -1032,10 +727,10 @@ static enum step spare_make(unsigned long *children)
         return STEP_ZYGOTE_THREADS;
     }
     uint32_t uid = 0;
-    if (z.uid_block) {
-        while (uid < z.uid_block && uid_holder[uid])
+    if (z.s.uid_block) {
+        while (uid < z.s.uid_block && uid_holder[uid])
             uid++;
-        if (uid == z.uid_block) {
+        if (uid == z.s.uid_block) {
             errno = EAGAIN;
             return STEP_MAPS;
         }
@@ -1043,9 +738,8 @@ static enum step spare_make(unsigned long *children)
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) != 0)
         return STEP_ZYGOTE_CLONE;
-    pid_t pid = sys_clone(z.clone_flags | SIGCHLD);
-    if (pid == 0)
-        spare_init_main(sp[1]);
+    struct spare_start start = {.sock = sp[1]};
+    pid_t pid = spare_clone(&start);
     int e = errno;
     close(sp[1]);
     if (pid < 0) {
@@ -1053,8 +747,14 @@ static enum step spare_make(unsigned long *children)
         errno = e;
         return STEP_ZYGOTE_CLONE;
     }
+    if (start.step) { /* it failed before its exec, and has exited */
+        (*children)++;
+        close(sp[0]);
+        errno = start.err;
+        return (enum step)start.step;
+    }
     (*children)++;
-    if (z.uid_block) {
+    if (z.s.uid_block) {
         uid_holder[uid] = pid; /* until we reap it, whatever happens now */
         /* It asks once it is dumpable (its /proc files ours to write). */
         struct pollfd p = {.fd = sp[0], .events = POLLIN};
@@ -1073,21 +773,21 @@ static enum step spare_make(unsigned long *children)
     return STEP_NONE;
 }
 
-/* Makes spares until there are z.spares; 0, or the step that failed. */
+/* Makes spares until there are z.s.spares; 0, or the step that failed. */
 static enum step spares_fill(unsigned long *children)
 {
     enum step failed = STEP_NONE;
-    while (n_spares < z.spares && (failed = spare_make(children)) == STEP_NONE)
+    while (n_spares < z.s.spares && (failed = spare_make(children)) == STEP_NONE)
         ;
     return failed;
 }
 
 /* Hands one task to the oldest spare (one made now if there is none, the
- * next if it died meanwhile), then makes spares up to z.spares again. */
+ * next if it died meanwhile), then makes spares up to z.s.spares again. */
 static void spawn(const struct task_req *rq, unsigned long *children, bool *broken)
 {
     enum step failed = STEP_NONE;
-    for (uint32_t attempt = 0; attempt < z.spares + 1; attempt++) {
+    for (uint32_t attempt = 0; attempt < z.s.spares + 1; attempt++) {
         if (!n_spares && (failed = spare_make(children)) != STEP_NONE)
             break;
         if (child_send_fds(spares[0].sock, &rq->spawn, sizeof(rq->spawn), rq->fds, FD_COUNT) == 0) {
@@ -1133,7 +833,7 @@ __attribute__((noreturn)) static void serve(void)
         while ((pid = waitpid(-1, NULL, WNOHANG | __WALL)) > 0) {
             if (children)
                 children--;
-            for (uint32_t u = 0; u < z.uid_block; u++)
+            for (uint32_t u = 0; u < z.s.uid_block; u++)
                 if (uid_holder[u] == pid)
                     uid_holder[u] = 0; /* its namespace, and every process in it, is gone */
             for (uint32_t i = 0; i < n_spares; i++)
@@ -1173,7 +873,7 @@ static void detach_own_tmp(void)
 {
     if (umount2("/tmp", MNT_DETACH) != 0)
         fail(errno, "cannot detach the runtime's own /tmp");
-    uint64_t keep = z.uid_block ? (1ull << CAP_SETUID) | (1ull << CAP_SETGID) : 0;
+    uint64_t keep = z.s.uid_block ? (1ull << CAP_SETUID) | (1ull << CAP_SETGID) : 0;
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
     if ((keep ? sys_capset_keep(keep) : sys_capset_zero()) != 0)
         fail(errno, "cannot drop CAP_SYS_ADMIN");
