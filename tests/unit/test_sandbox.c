@@ -1765,6 +1765,75 @@ static void t_warm_spare(void)
     free(c);
 }
 
+/* VmRSS of pid in kB, or -1. */
+static long rss_kb(pid_t pid)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof(path), "/proc/%d", (int)pid);
+    read_text(path, "status", buf, sizeof(buf));
+    const char *p = strstr(buf, "\nVmRSS:");
+    return p ? strtol(p + 8, NULL, 10) : -1;
+}
+
+/* Issue 16: a warm task's init is the small ci-zygote-init, not a copy of
+ * the ~100 MB zygote (docs/design/small-init.md): a spare's init and a
+ * running task's init hold a few hundred kB, while their task process is
+ * the warm runtime and its code finds the zygote's imports. */
+static void t_warm_small_init(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    pid_t zygote = st.pids[0], init = 0, task = 0;
+    REQUIRE(spare_of(zygote, &init, &task));
+    long init_kb = rss_kb(init), task_kb = rss_kb(task);
+    printf("spare: init %ld kB, task process %ld kB\n", init_kb, task_kb);
+    CHECK(init_kb > 0 && init_kb < 4096);
+    CHECK(task_kb > 20 * 1024); /* the runtime: else the check above says nothing */
+
+    static const char code[] = "import sys, time\nprint('pandas' in sys.modules, flush=True)\n"
+                               "time.sleep(60)\n";
+    struct ci_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 90000,
+                         .memory_mb = 1024};
+    struct ci_sandbox_run *run = NULL;
+    struct ci_error err = {{0}};
+    REQUIRE(ci_sandbox_start(sb, &job, &run, &err) == CI_OK);
+    /* The running task's init: the zygote's child whose child has its own
+     * session (task_main's setsid); a spare's task process has not. */
+    pid_t running = 0;
+    for (int i = 0; i < 500 && !running; i++) { /* up to 5 s */
+        pid_t inits[8], kids[8];
+        int n = children_of(zygote, inits, 8);
+        for (int k = 0; k < n && !running; k++) {
+            int m = children_of(inits[k], kids, 8);
+            for (int j = 0; j < m; j++)
+                if (session_of(kids[j]) == kids[j])
+                    running = inits[k];
+        }
+        if (!running)
+            usleep(10 * 1000);
+    }
+    CHECK(running != 0);
+    if (running) {
+        init_kb = rss_kb(running);
+        printf("running: init %ld kB\n", init_kb);
+        CHECK(init_kb > 0 && init_kb < 4096);
+    }
+    ci_sandbox_cancel(run);
+    struct ci_sandbox_result r;
+    REQUIRE(ci_sandbox_wait(run, &r) == CI_OK);
+    CHECK(r.outcome.out && strcmp(r.outcome.out, "True\n") == 0); /* warm: pandas imported */
+    ci_sandbox_result_release(&r);
+    ci_sandbox_run_free(run);
+    CHECK(fallbacks_of(sb, &st) == 0);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
 /* Waits up to 5 s until pid has want children (filled into out); their count. */
 static int children_within(pid_t pid, int want, pid_t *out, int max)
 {
@@ -2657,7 +2726,7 @@ int main(int argc, char **argv)
         /* warm mode: only with CI_SANDBOX_MODE=warm */
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
-        T(t_warm_spare),    T(t_warm_keeper), T(t_warm_spares),
+        T(t_warm_spare),    T(t_warm_keeper), T(t_warm_spares), T(t_warm_small_init),
         T(t_warm_session_cost), T(t_warm_deferred),
         T_OWN(t_warm_spare_cpu), /* says skipped when it cannot tell (see main's comment) */
     };
