@@ -1,7 +1,8 @@
 /* child.h - what a sandbox process does for itself before the task's code
  * runs: report to the worker, put its fds in place, build (its part of) the
  * root, drop every privilege. Used by a cold sandbox's init and task
- * (init.c) and by ci-zygote's spares (src/zygote/main.c); each compiles
+ * (init.c), by ci-zygote's spares (src/zygote/main.c) and by each warm
+ * task's init (ci-zygote-init, src/zygote/init.c); each compiles
  * child.c for itself (ci-zygote is built without the sanitizers).
  *
  * Every function here runs in a process cloned from a multi-threaded one,

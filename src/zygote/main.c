@@ -25,11 +25,15 @@
  * path forks nothing:
  *
  *   zygote (single-threaded: /proc/self/task is checked before each fork)
- *     ──clone(NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS[|NEWCGROUP])──▶ init (pid 1)
- *   init: writes its own uid/gid map (1000 -> the zygote's 1000), forks the
- *     task process, waits for a SPAWN on a socketpair kept by the zygote.
- *   task process: the zygote's signal dispositions back,
- *     PyOS_AfterFork_Child(); once idle for WARM_UP_DELAY_MS, the steps of
+ *     ──clone(VM|VFORK|NEWUSER|NEWPID|NEWNS|NEWNET|NEWIPC|NEWUTS[|NEWCGROUP])──▶ init (pid 1)
+ *   init, on the zygote's memory until its exec (spare_init_start): forks the
+ *     task process, executes ci-zygote-init (src/zygote/init.c), a small
+ *     static program: no copy of this image's page tables for pid 1, none
+ *     to tear down when it exits. There it writes its own uid/gid map (1000
+ *     -> the zygote's 1000), tells the task process, waits for a SPAWN on a
+ *     socketpair kept by the zygote.
+ *   task process: the zygote's signal dispositions (a copy), once init
+ *     wrote the maps PyOS_AfterFork_Child(); once idle for WARM_UP_DELAY_MS, the steps of
  *     ci_driver._warm_up() (our fixed code: the driver's steps, a small
  *     csv/groupby; at SCHED_IDLE when the worker can undo that) until init tells
  *     it a task came; then it waits for init.
@@ -60,8 +64,9 @@
  * accept nothing more, wait until every child has ended, exit.
  *
  * This is a separate program; the child-side helpers it shares with a cold
- * sandbox (moving fds, reporting, building mounts, dropping privileges) are
- * src/sandbox/child.c, compiled into it, and the messages are the same
+ * sandbox and with ci-zygote-init (moving fds, reporting, building mounts,
+ * dropping privileges) are src/sandbox/child.c, compiled into each, the SETUP
+ * parser is src/sandbox/zsetup.c, and the messages are the same
  * (sandbox_proto.h). It is never built with the sanitizers: their shadow
  * memory would not fit under a task's RLIMIT_AS. */
 #include <Python.h>

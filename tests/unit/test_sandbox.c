@@ -2117,6 +2117,17 @@ static void t_warm_unavailable(void)
     c->local.zygote = "relative/ci-zygote";
     CHECK(ci_sandbox_probe(c, &pr) == CI_OK);
     CHECK_CONTAINS(pr.warm_failure, "not an absolute path");
+    /* The real zygote, without ci-zygote-init beside it: that is why. */
+    char dir[] = "/tmp/ci-noinit-XXXXXX", link[64];
+    REQUIRE(mkdtemp(dir) != NULL);
+    snprintf(link, sizeof(link), "%s/ci-zygote", dir);
+    CHECK(symlink(CI_ZYGOTE_PATH, link) == 0);
+    c->local.zygote = link;
+    CHECK(ci_sandbox_probe(c, &pr) == CI_OK);
+    CHECK(pr.warm_requested && !pr.warm_ok);
+    CHECK_CONTAINS(pr.warm_failure, "/ci-zygote-init, the program of each warm task's init");
+    unlink(link);
+    rmdir(dir);
     free(c);
 }
 
