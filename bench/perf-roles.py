@@ -45,7 +45,10 @@ for line in out.split("\n"):
     if not line.startswith((" ", "\t")):
         f = line.split()
         # comm may contain spaces: pid/tid is the first field with a '/'
-        k = next(i for i, x in enumerate(f) if "/" in x and x.split("/")[0].isdigit())
+        k = next((i for i, x in enumerate(f) if "/" in x and x.split("/")[0].isdigit()), None)
+        if k is None:  # a sample of no task (":-1  -1/-1"): none of ours
+            cur = None
+            continue
         pid = int(f[k].split("/")[0])
         period = int(f[k + 1]) if f[k + 1].isdigit() else 1
         cur = (pid, period, [])
