@@ -1839,6 +1839,38 @@ static void t_warm_small_init(void)
     free(c);
 }
 
+/* Without task uids (local.task_uid_count 0, as an unprivileged worker
+ * runs): ci-zygote-init writes its namespace's maps itself after its exec
+ * (1000 -> the zygote's 1000), and the task process warms up and runs as
+ * 1000 once they are written. */
+static void t_warm_own_maps(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    c->local.task_uid_count = 0;
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    pid_t init = 0, task = 0;
+    REQUIRE(spare_of(st.pids[0], &init, &task));
+    long init_kb = rss_kb(init);
+    CHECK(init_kb > 0 && init_kb < 4096);
+    for (int i = 0; i < 2; i++) { /* the spare made ahead, then one made after a task */
+        int status;
+        char *out = sb_output(sb, "import os, sys\nprint(os.getuid(), os.getgid(), "
+                                  "'pandas' in sys.modules, os.getpid(), os.getppid())\n",
+                              &status);
+        CHECK(status == 0);
+        CHECK_STR(out, "1000 1000 True 2 1\n");
+        free(out);
+    }
+    CHECK(fallbacks_of(sb, &st) == 0);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
 /* Waits up to 5 s until pid has want children (filled into out); their count. */
 static int children_within(pid_t pid, int want, pid_t *out, int max)
 {
@@ -2743,6 +2775,7 @@ int main(int argc, char **argv)
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
         T(t_warm_spare),    T(t_warm_keeper), T(t_warm_spares), T(t_warm_small_init),
+        T(t_warm_own_maps),
         T(t_warm_session_cost), T(t_warm_deferred),
         T_OWN(t_warm_spare_cpu), /* says skipped when it cannot tell (see main's comment) */
     };
