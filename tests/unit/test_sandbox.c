@@ -2163,6 +2163,18 @@ static void t_warm_unavailable(void)
     CHECK(ci_sandbox_probe(c, &pr) == CI_OK);
     CHECK(pr.warm_requested && !pr.warm_ok);
     CHECK_CONTAINS(pr.warm_failure, "/ci-zygote-init, the program of each warm task's init");
+    /* One that cannot be executed: each spare's init fails at its exec, the
+     * probe's try says so. */
+    char init[64];
+    snprintf(init, sizeof(init), "%s/ci-zygote-init", dir);
+    int fd = open(init, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    CHECK(fd >= 0);
+    if (fd >= 0)
+        close(fd);
+    CHECK(ci_sandbox_probe(c, &pr) == CI_OK);
+    CHECK(pr.warm_requested && !pr.warm_ok);
+    CHECK_CONTAINS(pr.warm_failure, "start the task's init (ci-zygote-init)");
+    unlink(init);
     unlink(link);
     rmdir(dir);
     free(c);
