@@ -118,6 +118,11 @@ struct msg {
 #define ZYGOTE_PROTO_VERSION 5 /* 2: HELLO carries the task process's pidfd too; 3: spares;
                                 * 4: task uids, inotify quota; 5: SETUP carries
                                 * ci-zygote-init, each task's init */
+/* ci-zygote-init's first argument: the protocol (its own and the
+ * zygote's must match: both come from one build). */
+#define INIT_ARG_STR_(x) #x
+#define INIT_ARG_STR(x) INIT_ARG_STR_(x)
+#define INIT_ARG_PROTO INIT_ARG_STR(ZYGOTE_PROTO_VERSION)
 #define ZYGOTE_MAX_OPS 16
 #define ZYGOTE_MAX_SPARES 16
 #define ZYGOTE_SETUP_MAX (4u << 20) /* bytes of one SETUP message, font list included */

@@ -188,6 +188,8 @@ int main(int argc, char **argv)
 {
     /* First: the exec made us dumpable, and our /proc files the uid's. */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    /* The capabilities came as ambient ones: ours now, for nothing after. */
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0); /* dies with the zygote */
     /* What the zygote ignored stays ignored across the exec: default here. */
     struct sigaction dfl;
@@ -201,25 +203,30 @@ int main(int argc, char **argv)
     sigaddset(&waited, SIGCHLD);
     sigaddset(&waited, SIG_STOP);
     sigprocmask(SIG_SETMASK, &waited, NULL);
+    /* ci-zygote-init PROTO u|- TASK_PID (main.c, spare_init_start) */
     char *end = NULL;
-    long task_l = argc == 2 ? strtol(argv[1], &end, 10) : 0;
+    long task_l = argc == 4 ? strtol(argv[3], &end, 10) : 0;
     if (task_l <= 0 || !end || *end)
         _exit(1);
     pid_t task = (pid_t)task_l;
+    bool zygote_maps = strcmp(argv[2], "u") == 0;
 
     /* A failure before the SPAWN is told to the task it would have served. */
     enum step failed = STEP_NONE;
     int failed_err = 0, chan = INIT_FD_CHAN;
     struct stat st;
     char *blob, why[200];
-    if (fstat(INIT_FD_SETUP, &st) != 0 ||
+    if (strcmp(argv[1], INIT_ARG_PROTO) != 0) { /* not the zygote's build */
+        failed = STEP_ZYGOTE_INIT;
+        failed_err = EPROTO;
+    } else if (fstat(INIT_FD_SETUP, &st) != 0 ||
         zsetup_read(INIT_FD_SETUP, (uint64_t)st.st_size, &blob, &zs, why, sizeof(why)) != 0) {
         failed = STEP_ZYGOTE_INIT;
         failed_err = errno;
     }
     close(INIT_FD_SETUP);
 
-    if (!failed && zs.uid_block) {
+    if (zygote_maps) { /* even after a failure: the zygote waits for the ask */
         /* The zygote writes our maps (spare_make): dumpable for that (our
          * /proc files are then ours, which is its uid), we ask with a byte
          * and a byte says done. We are INIT_ID from then on, as the zygote
@@ -244,7 +251,9 @@ int main(int argc, char **argv)
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
-    int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+    /* After a failure the task process has gone (EOF on its channel): we
+     * stay for the SPAWN, to tell its task why. */
+    int sfd = failed ? -1 : signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     for (;;) {
         struct pollfd p[2] = {{.fd = INIT_FD_ZYGOTE, .events = POLLIN},
                               {.fd = sfd, .events = POLLIN}};

@@ -459,11 +459,14 @@ static int spare_init_start(void *arg)
     for (long cap = 0; cap < 64; cap++)
         if ((cd[cap / 32].permitted >> (cap % 32)) & 1u)
             syscall(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0);
+    /* Its arguments: the protocol it must speak (a ci-zygote-init of
+     * another build refuses), whether the zygote writes its maps (known
+     * even when it cannot read SETUP), the task process's pid. */
     char num[16], *p = num + sizeof(num);
     *--p = '\0';
     for (unsigned v = (unsigned)task; v || p == num + sizeof(num) - 1; v /= 10)
         *--p = (char)('0' + v % 10);
-    char *argv[] = {"ci-zygote-init", p, NULL};
+    char *argv[] = {"ci-zygote-init", INIT_ARG_PROTO, z.s.uid_block ? "u" : "-", p, NULL};
     char *envp[] = {NULL};
     syscall(SYS_execveat, INIT_FD_PROG, "", argv, envp, AT_EMPTY_PATH);
 fail:
@@ -481,13 +484,14 @@ fail:
 __attribute__((noinline)) static pid_t spare_clone(struct spare_start *a)
 {
     char stack[SPARE_INIT_STACK] __attribute__((aligned(16)));
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_SETMASK, &all, &old);
+    /* Raw: glibc's sigprocmask leaves its own signals (32, 33) unblocked,
+     * whose handlers would run on the child's stack in our memory. */
+    uint64_t all = ~(uint64_t)0, old = 0;
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof(all));
     pid_t pid = clone(spare_init_start, stack + sizeof(stack),
                       (int)(z.s.clone_flags | CLONE_VM | CLONE_VFORK | SIGCHLD), a);
     int e = errno;
-    sigprocmask(SIG_SETMASK, &old, NULL);
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof(old));
     __asm__ volatile("" : : "r"(stack) : "memory"); /* the array lives until here */
     errno = e;
     return pid;
