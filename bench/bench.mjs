@@ -6,7 +6,7 @@
 //                [--sessions 10] [--mcp 30] [--live 30] [--batch 0] [--batch-rounds 2]
 //                [--batch-progress] [--batch-lanes 1] [--out FILE]
 //                [--fanout-scenario pandas] [--baseline 1] [--perf FILE]
-//                [--compare BUILD_DIR [--rounds 2]]
+//                [--compare BUILD_DIR [--rounds 2] [--b-rotate N]]
 //
 // For each scenario (print(1); a pandas groupby over an inline 1,000-row CSV;
 // a matplotlib PNG) it also measures the floor of any fork-based warm start on
@@ -66,7 +66,9 @@
 // of each scenario alternate between A and B (in a fresh random order each
 // round); then --rounds rounds of the fan-out, A B B A...; then a warm
 // child's memory on each. Reported: p50s, the task's own CPU (usage.cpuMs),
-// the stages, tasks/s, CPU per task, and B/A.
+// the stages, tasks/s, CPU per task, and B/A. --b-rotate N gives B
+// local.warm_rotate_after N (with DIR this build's own directory: what the
+// zygotes' restarts cost).
 import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { cpus as osCpus, loadavg, tmpdir } from "node:os";
@@ -103,6 +105,7 @@ const { values: args } = parseArgs({
     baseline: { type: "string", default: "1" },
     perf: { type: "string", default: "" },
     compare: { type: "string", default: "" },
+    "b-rotate": { type: "string", default: "0" },
     rounds: { type: "string", default: "2" },
     out: { type: "string", default: join(new URL(".", import.meta.url).pathname, "results", "latest.json") },
   },
@@ -115,6 +118,7 @@ const GAP_MS = Number(args.gap);
 const CONCURRENCY = Number(args.concurrency);
 const SLOTS = CONCURRENCY > 0 ? CONCURRENCY : osCpus().length;
 const SPARES = Number(args.spares);
+const B_ROTATE = Number(args["b-rotate"]);
 const BURSTS = Number(args.bursts);
 const SESSIONS = Number(args.sessions);
 const MCP_CALLS = Number(args.mcp);
@@ -638,10 +642,12 @@ async function service(mode, base) {
 // interleaved; see the header.
 async function compareBuilds(dirB) {
   const local = { isolation: "required", mode: "warm", warm_spares: SPARES };
-  const opts = (bin) => ({ workers: 1, worker: { concurrency: CONCURRENCY, worker: { log_level: "debug" }, local, ...(bin ? { bin } : {}) } });
-  const sides = { A: await startStack(opts(null)), B: await startStack(opts(join(dirB, "ci-worker"))) };
+  // --b-rotate N: B's local.warm_rotate_after (B may be this build: what a zygote's restarts cost).
+  const localB = B_ROTATE > 0 ? { ...local, warm_rotate_after: B_ROTATE } : local;
+  const opts = (bin, loc) => ({ workers: 1, worker: { concurrency: CONCURRENCY, worker: { log_level: "debug" }, local: loc, ...(bin ? { bin } : {}) } });
+  const sides = { A: await startStack(opts(null, local)), B: await startStack(opts(join(dirB, "ci-worker"), localB)) };
   const watch = Object.fromEntries(Object.entries(sides).map(([k, st]) => [k, terminalWatch(st.client)]));
-  const out = { b_dir: dirB, n: N, rounds: Number(args.rounds), scenarios: {}, fanout: {}, memory: {} };
+  const out = { b_dir: dirB, b_rotate: B_ROTATE || null, n: N, rounds: Number(args.rounds), scenarios: {}, fanout: {}, memory: {} };
   // usage.cpuMs and usage.durationMs of the task, from the worker's task.done line.
   const usageOf = (side, ids) => {
     const want = new Set(ids);
@@ -706,7 +712,8 @@ async function compareBuilds(dirB) {
 }
 
 function printCompare(c) {
-  console.log(`\ncompare (warm mode, n=${c.n}, interleaved): A = this build, B = ${c.b_dir}`);
+  console.log(`\ncompare (warm mode, n=${c.n}, interleaved): A = this build, B = ${c.b_dir}` +
+              (c.b_rotate ? ` with local.warm_rotate_after ${c.b_rotate}` : ""));
   console.log("scenario     A p50 ms  B p50 ms   B/A   A cpu p50  B cpu p50  (the task's own usage.cpuMs)");
   for (const [k, r] of Object.entries(c.scenarios))
     console.log(`${k.padEnd(12)} ${String(round(r.A.p50)).padStart(8)} ${String(round(r.B.p50)).padStart(9)} ${r.ratio_p50.toFixed(3).padStart(6)} ` +
