@@ -1775,6 +1775,28 @@ static long rss_kb(pid_t pid)
     return p ? strtol(p + 8, NULL, 10) : -1;
 }
 
+/* Waits up to ms until pid has executed ci-zygote-init (argv[0] of its
+ * own image): a spare's init runs on the zygote's memory, and shows its
+ * RSS, until then. */
+static bool init_execd_within(pid_t pid, int ms)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    for (int i = 0; i <= ms / 10; i++) {
+        char argv0[64] = "";
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t n = read(fd, argv0, sizeof(argv0) - 1);
+            argv0[n > 0 ? n : 0] = '\0';
+            close(fd);
+        }
+        if (strcmp(argv0, "ci-zygote-init") == 0)
+            return true;
+        usleep(10 * 1000);
+    }
+    return false;
+}
+
 /* Issue 16: a warm task's init is the small ci-zygote-init, not a copy of
  * the ~100 MB zygote (docs/design/small-init.md): a spare's init and a
  * running task's init hold a few hundred kB, while their task process is
@@ -1790,6 +1812,7 @@ static void t_warm_small_init(void)
     fallbacks_of(sb, &st);
     pid_t zygote = st.pids[0], init = 0, task = 0;
     REQUIRE(spare_of(zygote, &init, &task));
+    CHECK(init_execd_within(init, 10000));
     long init_kb = rss_kb(init), task_kb = rss_kb(task);
     printf("spare: init %ld kB, task process %ld kB\n", init_kb, task_kb);
     CHECK(init_kb > 0 && init_kb < 4096);
@@ -1855,6 +1878,7 @@ static void t_warm_own_maps(void)
     fallbacks_of(sb, &st);
     pid_t init = 0, task = 0;
     REQUIRE(spare_of(st.pids[0], &init, &task));
+    CHECK(init_execd_within(init, 10000));
     long init_kb = rss_kb(init);
     CHECK(init_kb > 0 && init_kb < 4096);
     for (int i = 0; i < 2; i++) { /* the spare made ahead, then one made after a task */
