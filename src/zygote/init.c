@@ -10,10 +10,12 @@
  * tables to copy for it at each spawn, none to tear down when it exits.
  *
  * It starts with the zygote's 0-2 (/dev/null, /dev/null, the zygote's
- * stderr), INIT_FD_ZYGOTE, INIT_FD_CHAN and INIT_FD_SETUP (zsetup.h), the
- * task process's pid as its one argument, every signal blocked and every
- * namespace capability ambient (its uid is not mapped yet: nothing else
- * would survive the exec). From there it does what a spare's init did when
+ * stderr), INIT_FD_ZYGOTE, INIT_FD_CHAN and INIT_FD_SETUP (zsetup.h), its
+ * arguments (the protocol, which must be its own; "u" when the zygote
+ * writes its maps, else "-"; the task process's pid), every signal blocked
+ * and every namespace capability ambient (its uid is not mapped yet:
+ * nothing else would survive the exec; it clears them at once). From there
+ * it does what a spare's init did when
  * it was a copy of the zygote: its maps, then, once a SPAWN comes, what a
  * cold init does (HELLO with pidfds, mounts, READY, GO), then it hands the
  * task's fds to the task process and reaps.
