@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "core/config.h"
+#include "nats/broker.h"
 #include "testutil.h"
 
 struct server {
@@ -48,15 +49,11 @@ static void sleep_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-/* false (the case skips) when no nats-server can be started here. */
-static bool server_start(struct server *s)
+/* Starts nats-server on s's port and store directory (again, after a case
+ * killed it); false when it cannot fork. */
+static bool server_spawn(struct server *s)
 {
     const char *bin = getenv("NATS_SERVER") ? getenv("NATS_SERVER") : "nats-server";
-    snprintf(s->dir, sizeof(s->dir), "/tmp/ci-test-nats-XXXXXX");
-    if (!mkdtemp(s->dir))
-        return false;
-    s->port = free_port();
-    snprintf(s->url, sizeof(s->url), "nats://127.0.0.1:%d", s->port);
     char port[16];
     snprintf(port, sizeof(port), "%d", s->port);
     s->pid = fork();
@@ -67,7 +64,18 @@ static bool server_start(struct server *s)
         execlp(bin, bin, "-js", "-a", "127.0.0.1", "-p", port, "-sd", s->dir, (char *)NULL);
         _exit(127);
     }
-    if (s->pid < 0)
+    return s->pid > 0;
+}
+
+/* false (the case skips) when no nats-server can be started here. */
+static bool server_start(struct server *s)
+{
+    snprintf(s->dir, sizeof(s->dir), "/tmp/ci-test-nats-XXXXXX");
+    if (!mkdtemp(s->dir))
+        return false;
+    s->port = free_port();
+    snprintf(s->url, sizeof(s->url), "nats://127.0.0.1:%d", s->port);
+    if (!server_spawn(s))
         return false;
     for (int i = 0; i < 100; i++) { /* up to 5 s */
         natsConnection *nc = NULL;
@@ -135,6 +143,21 @@ static void raw_close(struct raw *r)
 {
     jsCtx_Destroy(r->js);
     natsConnection_Destroy(r->nc);
+}
+
+/* A worker's broker on cfg's server: connected, streams and consumers made;
+ * NULL (said on stderr) when it cannot be. Inline: not every case file
+ * uses it. */
+static inline struct ci_broker *worker_broker(const struct ci_config *cfg)
+{
+    struct ci_broker *b = NULL;
+    struct ci_error e = {{0}};
+    if (ci_broker_connect(cfg, &b, &e) != CI_OK || ci_broker_setup(b, true, &e) != CI_OK) {
+        fprintf(stderr, "broker: %s\n", e.msg);
+        ci_broker_free(b);
+        return NULL;
+    }
+    return b;
 }
 
 #endif

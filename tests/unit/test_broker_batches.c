@@ -16,18 +16,6 @@
 
 #define NS 1000000000LL
 
-static struct ci_broker *worker_broker(const struct ci_config *cfg)
-{
-    struct ci_broker *b = NULL;
-    struct ci_error e = {{0}};
-    if (ci_broker_connect(cfg, &b, &e) != CI_OK || ci_broker_setup(b, true, &e) != CI_OK) {
-        fprintf(stderr, "broker: %s\n", e.msg);
-        ci_broker_free(b);
-        return NULL;
-    }
-    return b;
-}
-
 /* The streams and the consumer as contract §3, §4 and §21 say. */
 static void t_setup_makes_batch_streams(void)
 {

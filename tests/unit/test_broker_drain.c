@@ -81,18 +81,6 @@ static void delay_wait_done(void)
     atomic_store(&delay_ms, 0);
 }
 
-static struct ci_broker *worker_broker(const struct ci_config *cfg)
-{
-    struct ci_broker *b = NULL;
-    struct ci_error e = {{0}};
-    if (ci_broker_connect(cfg, &b, &e) != CI_OK || ci_broker_setup(b, true, &e) != CI_OK) {
-        fprintf(stderr, "broker: %s\n", e.msg);
-        ci_broker_free(b);
-        return NULL;
-    }
-    return b;
-}
-
 #define PULL_MS 300
 #define DELAY_MS 600
 
@@ -334,23 +322,6 @@ static void t_results_lookup_abandoned_while_its_answer_is_handed_over(void)
         SKIP("the lookup's answer was not held past its wait: nothing checked");
 }
 
-/* The same server again (its port and store), after server_kill. */
-static bool server_again(struct server *s)
-{
-    char port[16];
-    snprintf(port, sizeof(port), "%d", s->port);
-    s->pid = fork();
-    if (s->pid == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        const char *bin = getenv("NATS_SERVER") ? getenv("NATS_SERVER") : "nats-server";
-        execlp(bin, bin, "-js", "-a", "127.0.0.1", "-p", port, "-sd", s->dir, (char *)NULL);
-        _exit(127);
-    }
-    return s->pid > 0;
-}
-
 static void server_kill(struct server *s)
 {
     kill(s->pid, SIGKILL);
@@ -382,7 +353,7 @@ static void t_released_once_nats_answers_again(void)
     ci_broker_release_pending(b); /* still away: no round trip, no wait */
     CHECK(ci_mono_ms() - t0 < 1000);
     CHECK(ci_broker_pending_releases(b) == 1);
-    REQUIRE(server_again(&srv));
+    REQUIRE(server_spawn(&srv)); /* the same port and store */
     for (int i = 0; i < 1000 && !ci_broker_connected(b); i++)
         sleep_ms(10);
     CHECK(ci_broker_connected(b));
