@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,6 +35,7 @@
 
 static struct ci_sandbox_probe probed;
 static char freezer[256]; /* this program's freezer cgroup */
+static char freezer_state[300]; /* its freezer.state, once it exists */
 
 static struct ci_config *make_config(unsigned slots)
 {
@@ -99,11 +101,20 @@ static const char wait_frozen[] =
     "    time.sleep(0.01)\n"
     "print('frozen' if frozen() else 'not frozen')\n";
 
-/* The keeper of the run whose init is init: the process of its cgroup,
- * init's child, that blocks SIGTERM (the task process does not). 0: none. */
+/* The keeper of the run whose init is init, once it has settled: the
+ * child of init, in its cgroup, that blocks SIGTERM while its sibling,
+ * the task process, does not, and that sleeps in its last ppoll (it closed
+ * its fds and woke the task process before). 0: none yet. Taken any
+ * earlier, the frozen process could be the keeper still holding the task's
+ * pipes (before its close_range: the run would never end) or not the
+ * keeper at all (a spare's task process blocks every signal until it has
+ * read init's first byte, which on a loaded machine may come after GO: the
+ * code would never run). Either would hang the case as it hung twice under
+ * load; neither was caught in the act (the watchdog below prints stacks). */
 static pid_t keeper_of(pid_t init)
 {
-    pid_t pids[16];
+    pid_t pids[16], blocking = 0;
+    bool open_child = false;
     int n = task_pids(init, pids, 16);
     for (int i = 0; i < n; i++) {
         char dir[64], buf[4096];
@@ -114,10 +125,20 @@ static pid_t keeper_of(pid_t init)
         if (!pp || !blk || strtol(pp + 7, NULL, 10) != init)
             continue;
         unsigned long long mask = strtoull(blk + 9, NULL, 16);
-        if (mask & (1ULL << (SIGTERM - 1)))
-            return pids[i];
+        if (!(mask & (1ULL << (SIGTERM - 1))))
+            open_child = true;
+        else if (blocking)
+            return 0; /* two that block: not settled yet */
+        else
+            blocking = pids[i];
     }
-    return 0;
+    if (!open_child || !blocking)
+        return 0;
+    char dir[64], buf[256];
+    snprintf(dir, sizeof(dir), "/proc/%d", (int)blocking);
+    if (!read_file(dir, "syscall", buf, sizeof(buf)) || strtol(buf, NULL, 10) != SYS_ppoll)
+        return 0;
+    return blocking;
 }
 
 /* A warm run of code, waited for (ended), not freed. With frozen, one whose
@@ -548,6 +569,68 @@ static bool freezer_holds(void)
     return held;
 }
 
+/* A case that hangs must not leave a frozen process behind, nor wait for
+ * ctest's timeout (600 s) to be seen: far past what the cases take (about
+ * a minute, two on a loaded machine), thaw and abort. SIGTERM and SIGINT
+ * thaw too (a write is async-signal-safe). */
+#define WATCHDOG_S 420
+
+static void thaw_now(void)
+{
+    if (!freezer_state[0])
+        return;
+    int fd = open(freezer_state, O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t w = write(fd, "THAWED", 6);
+        (void)w;
+        close(fd);
+    }
+}
+
+static void on_signal(int sig)
+{
+    thaw_now();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* What a hang looks like, for the log: every thread's stack (gdb, when
+ * the machine has it) and the processes of the sandbox's tree. */
+static void show_hang(void)
+{
+    char pid[16], cmd[256];
+    snprintf(pid, sizeof(pid), "%d", (int)getpid());
+    snprintf(cmd, sizeof(cmd),
+             "timeout 60 gdb -batch -p %s -ex 'thread apply all bt' 2>&1 | grep -v '^\\[New LWP'; "
+             "ps -eo pid,ppid,stat,wchan:32,comm --forest 2>&1 | grep -B2 -A8 ci-zygote",
+             pid);
+    pid_t p = fork();
+    if (p == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    if (p > 0)
+        while (waitpid(p, NULL, 0) < 0 && errno == EINTR)
+            ;
+}
+
+static void *watchdog(void *arg)
+{
+    (void)arg;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += WATCHDOG_S;
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR)
+        ;
+    fprintf(stderr, "\ntest_reaper: still running after %d s: a case hangs; its stacks, then "
+                    "the freezer is thawed and the test aborts\n", WATCHDOG_S);
+    show_hang();
+    thaw_now();
+    for (int i = 0; i < 500 && rmdir(freezer) != 0 && errno == EBUSY; i++)
+        usleep(10 * 1000); /* its thawed processes die of their SIGKILL */
+    abort();
+}
+
 int main(int argc, char **argv)
 {
     static const struct t_case cases[] = {
@@ -568,6 +651,12 @@ int main(int argc, char **argv)
                         "exit cannot be made\n", freezer, strerror(errno));
         return T_SKIP_RC;
     }
+    snprintf(freezer_state, sizeof(freezer_state), "%s/freezer.state", freezer);
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    pthread_t dog;
+    if (pthread_create(&dog, NULL, watchdog, NULL) == 0)
+        pthread_detach(dog);
     int rc = T_SKIP_RC;
     if (!freezer_holds()) {
         fprintf(stderr, "\n*** SKIPPED: SIGKILL ends a frozen process here\n");
