@@ -256,6 +256,17 @@ void ci_liveout_finish(struct ci_liveout *lo, const char *out, const char *err)
     }
 }
 
+bool ci_liveout_owes(const struct ci_liveout *lo, const char *out, const char *err)
+{
+    if (!lo)
+        return false;
+    const char *text[2] = {out ? out : "", err ? err : ""};
+    for (int i = 0; i < 2; i++)
+        if (strlen(text[i]) > lo->s[i].sent)
+            return true;
+    return false;
+}
+
 void ci_liveout_stats(const struct ci_liveout *lo, struct ci_liveout_stats *ret)
 {
     if (lo)

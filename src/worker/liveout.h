@@ -87,6 +87,8 @@ void ci_liveout_flush(struct ci_liveout *lo);
  * message), nothing more goes out. Call it before the terminal event; a
  * second call publishes only what a longer text adds. */
 void ci_liveout_finish(struct ci_liveout *lo, const char *out, const char *err);
+/* Whether finish() with this text would publish anything. */
+bool ci_liveout_owes(const struct ci_liveout *lo, const char *out, const char *err);
 
 void ci_liveout_stats(const struct ci_liveout *lo, struct ci_liveout_stats *ret);
 

@@ -561,6 +561,21 @@ static enum fence still_ours(struct task *t)
     return after_conflict(t);
 }
 
+/* Whether the record must be read again before the result is written:
+ * when this attempt stored artifacts (the last upload's window), ends a
+ * session step (its state and record follow), or would still publish live
+ * chunks before the write (which a later attempt's end must not precede).
+ * Otherwise the fenced write itself finds a record that changed: a read
+ * less per task (~0.5 ms, issue 16). */
+static bool must_look_again(const struct task *t, const struct result *r,
+                            const struct ci_outcome *o)
+{
+    if (o->n_artifacts > 0 || t->sess_read)
+        return true;
+    return t->live && (ci_liveout_owes(t->live, r->msg.stdout, r->msg.stderr) ||
+                       !ci_publisher_idle(t->pub));
+}
+
 /* Fetches the inputs. A failure of the request's making fills r->text.error;
  * a NATS failure (CI_ERR_NATS, CI_ERR_TIMEOUT) fills err only: a later
  * try may succeed. */
@@ -1875,7 +1890,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     enum ci_task_end end;
     fence = FENCE_WRITE_AGAIN;
     s = upload_artifacts(t, r, &o, &e);
-    if (s == CI_ERR_CONFLICT || s == CI_OK)
+    if (s == CI_ERR_CONFLICT || (s == CI_OK && must_look_again(t, r, &o)))
         fence = still_ours(t);
     if (s == CI_ERR_CONFLICT && fence == FENCE_WRITE_AGAIN)
         fence = FENCE_SUPERSEDED; /* it was not ours a moment ago */
