@@ -307,7 +307,7 @@ const STAGES = [
   ["code", "go", "end", "the task process: driver and code, init's report"],
   ["collect", "end", "collected", "output drained, artifacts and outputs read"],
   ["interpret", "collected", "waited", "outcome interpreted"],
-  ["artifacts", "waited", "artifacts", "artifacts stored, record re-read"],
+  ["artifacts", "waited", "artifacts", "artifacts stored, record re-read when artifacts, a session or live chunks follow"],
   ["store", "artifacts", "stored", "result written to KV"],
   ["event", "stored", "event", "terminal event published (JetStream ack)"],
   ["deliver", "event", "seen", "the client sees the terminal event"],
