@@ -282,15 +282,6 @@ void ci_publisher_stop(struct ci_publisher *p, const char *why)
     drop_all(p, left, CI_ERR_CANCELLED, why ? why : STOPPED);
 }
 
-bool ci_publisher_idle(const struct ci_publisher *p)
-{
-    struct ci_publisher *q = (struct ci_publisher *)p; /* the lock is not the data */
-    pthread_mutex_lock(&q->lock);
-    bool idle = !q->head && !q->busy;
-    pthread_mutex_unlock(&q->lock);
-    return idle;
-}
-
 void ci_publisher_stats(const struct ci_publisher *p, struct ci_publisher_stats *ret)
 {
     if (!p) {

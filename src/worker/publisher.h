@@ -24,7 +24,6 @@
 #ifndef CI_PUBLISHER_H
 #define CI_PUBLISHER_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -112,8 +111,5 @@ ci_status ci_publisher_drain(struct ci_publisher *p);
 void ci_publisher_stop(struct ci_publisher *p, const char *why);
 
 void ci_publisher_stats(const struct ci_publisher *p, struct ci_publisher_stats *ret);
-/* Nothing queued and no publish under way: every chunk put so far is out
- * (or was lost). */
-bool ci_publisher_idle(const struct ci_publisher *p);
 
 #endif

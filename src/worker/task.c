@@ -566,14 +566,19 @@ static enum fence still_ours(struct task *t)
  * session step (its state and record follow), or would still publish live
  * chunks before the write (which a later attempt's end must not precede).
  * Otherwise the fenced write itself finds a record that changed: a read
- * less per task (~0.5 ms, issue 16). */
-static bool must_look_again(const struct task *t, const struct result *r,
-                            const struct ci_outcome *o)
+ * less per task (~0.5 ms, issue 16). What the run left queued goes out
+ * first, as it would right before the write: only what finish() adds to
+ * it then needs the look. */
+static bool must_look_again(struct task *t, const struct result *r, const struct ci_outcome *o)
 {
     if (o->n_artifacts > 0 || t->sess_read)
         return true;
-    return t->live && (ci_liveout_owes(t->live, r->msg.stdout, r->msg.stderr) ||
-                       !ci_publisher_idle(t->pub));
+    if (!t->live)
+        return false;
+    ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
+    if (ci_publisher_drain(t->pub) != CI_OK)
+        return true; /* some were lost (and told): look, as before */
+    return ci_liveout_owes(t->live, r->msg.stdout, r->msg.stderr);
 }
 
 /* Fetches the inputs. A failure of the request's making fills r->text.error;
