@@ -37,6 +37,7 @@ struct ci_provider_notes {
     char no_sandbox[512];       /* isolation auto fell back: no namespace sandbox */
     char warm_unavailable[512]; /* local.mode warm, yet tasks run cold: why */
     char task_uids_off[512];    /* every task runs as local.sandbox_uid: why */
+    char slow_cgroup_moves[512]; /* each task's start after a pause waits on the kernel */
 };
 
 struct ci_provider_ops {

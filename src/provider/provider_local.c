@@ -336,6 +336,12 @@ static void notes_fill(const struct ci_config *cfg, const struct ci_sandbox_prob
                  probe->warm_failure[0]           ? probe->warm_failure
                  : ci_sandbox_warm_failure(sb)[0] ? ci_sandbox_warm_failure(sb)
                                                   : "the zygotes did not start");
+    if (probe->cgroup_version && !probe->cgroup_favor_dynmods)
+        snprintf(ret->slow_cgroup_moves, sizeof(ret->slow_cgroup_moves),
+                 "the kernel does not favor dynamic cgroup changes: a task that starts after a "
+                 "pause of some 30 ms or more waits ~6-8 ms for an RCU grace period when its "
+                 "processes are moved into its cgroup; remount cgroup2 with favordynmods to "
+                 "avoid it (README, Operating)");
     if (probe->task_uids_off)
         snprintf(ret->task_uids_off, sizeof(ret->task_uids_off),
                  "every task runs as local.sandbox_uid: the task uids (local.task_uid_first, "

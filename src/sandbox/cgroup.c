@@ -222,6 +222,25 @@ static bool own_path(const char *proc_cgroup, const char *controller, char *out,
     return false;
 }
 
+bool ci_cgroup_favor_dynmods(void)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (!f)
+        return false;
+    char *line = NULL;
+    size_t cap = 0;
+    bool on = false;
+    while (!on && getline(&line, &cap, f) > 0) {
+        const char *sep = strstr(line, " - ");
+        char fstype[32], source[256], super[512];
+        if (sep && sscanf(sep + 3, "%31s %255s %511s", fstype, source, super) == 3)
+            on = strcmp(fstype, "cgroup2") == 0 && has_word(super, "favordynmods");
+    }
+    free(line);
+    fclose(f);
+    return on;
+}
+
 /* Finds the directory of our cgroup for `controller` (NULL: cgroup2) from
  * the mount table. */
 static bool find_dir(const char *proc_cgroup, const char *controller, char *out, size_t size)

@@ -52,6 +52,13 @@ struct ci_cgroup_places {
  * CI_ERR_UNSUPPORTED with the reason when neither exists. */
 ci_status ci_cgroup_find(struct ci_cgroup_places *ret, struct ci_error *err);
 
+/* Whether the kernel favors dynamic cgroup changes (a cgroup2 mount with
+ * `favordynmods`, which sets it for every hierarchy, v1 included). Without
+ * it each move of a process into a cgroup after a pause of some 30 ms or
+ * more waits for an RCU grace period (the percpu threadgroup rwsem): ~6-8
+ * ms on a 2-core VM (issue 16), where a task's start moves two. */
+bool ci_cgroup_favor_dynmods(void);
+
 struct ci_cgroup_root;
 
 /* Removes the parents of dead workers in places, then creates this root's

@@ -120,6 +120,7 @@ static ci_status probe_cgroups(const struct ci_config *cfg, struct build_opts op
         s = probe_run(sb, &err);
     if (!s) {
         p->cgroup_version = places.version;
+        p->cgroup_favor_dynmods = ci_cgroup_favor_dynmods();
         snprintf(p->cgroup_dir, sizeof(p->cgroup_dir), "%.255s", places.dir[CI_CG_MEMORY]);
         snprintf(p->isolation, sizeof(p->isolation), "%s", sb->isolation);
     } else {
@@ -350,8 +351,11 @@ void ci_sandbox_probe_print(const struct ci_sandbox_probe *p, FILE *out)
     else
         fprintf(out, "python: FAILED%s%s\n", p->python_failure[0] ? ": " : "", p->python_failure);
     if (p->cgroup_version)
-        fprintf(out, "cgroup: v%d (memory, pids, cpu limits per task, in %s)\n",
-                p->cgroup_version, p->cgroup_dir);
+        fprintf(out, "cgroup: v%d (memory, pids, cpu limits per task, in %s)%s\n",
+                p->cgroup_version, p->cgroup_dir,
+                p->cgroup_favor_dynmods ? ""
+                                        : "; favordynmods off: a task's start after a pause "
+                                          "waits an RCU grace period for its cgroup moves");
     else if (p->cgroup_failure[0])
         fprintf(out, "cgroup: unavailable, memory is limited by RLIMIT_AS only (%s)\n",
                 p->cgroup_failure);

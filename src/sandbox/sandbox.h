@@ -110,6 +110,7 @@ struct ci_sandbox_probe {
     bool cgroup_required;     /* local.require_cgroup: no cgroup, no tasks */
     char cgroup_dir[256];     /* where the tasks' cgroups go (the memory one for v1) */
     char cgroup_failure[512]; /* why not; "" when it worked or was not tried */
+    bool cgroup_favor_dynmods; /* ci_cgroup_favor_dynmods(), read with the cgroups */
     enum ci_isolation requested;
     char isolation[128]; /* what a result will say: "user,pid,net,mnt,ipc,uts,..." or "none" */
     char failure[512];   /* the first failure, one sentence; "" when none */

@@ -676,6 +676,8 @@ static void log_provider_notes(const struct ci_provider *provider)
         ci_log(CI_LOG_WARN, "worker.warm_unavailable", "warning", notes.warm_unavailable, NULL);
     if (notes.task_uids_off[0])
         ci_log(CI_LOG_WARN, "worker.task_uids_off", "warning", notes.task_uids_off, NULL);
+    if (notes.slow_cgroup_moves[0]) /* a latency, not a risk */
+        ci_log(CI_LOG_INFO, "worker.slow_cgroup_moves", "note", notes.slow_cgroup_moves, NULL);
 }
 
 static int run_worker(const struct ci_config *cfg)
