@@ -70,6 +70,7 @@ struct task {
      * cancel. Both NULL: none. */
     struct ci_liveout *live;
     struct ci_publisher *pub;
+    int64_t live_until; /* the deadline the run's last chunks got (ci_mono_ms), 0: none yet */
     uint32_t attempt;             /* for pub's thread, which does not touch d */
     atomic_bool live_dropped;     /* a chunk was lost, and said so (on either thread) */
     /* A batch's task (docs/contract.md §20): the batch whose events count
@@ -335,7 +336,9 @@ static ci_status store_result(struct task *t, struct result *r, struct ci_error 
      * (and the publish under way): what is still queued then is lost. The
      * run's own last chunks waited as long for room (live_run_ended). */
     if (t->live && ci_task_status_terminal(r->msg.status)) {
-        ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
+        if (!t->live_until) /* one wait in all, must_look_again's included */
+            t->live_until = ci_mono_ms() + CI_PUBLISHER_DRAIN_MS;
+        ci_publisher_end(t->pub, t->live_until);
         ci_liveout_finish(t->live, r->msg.stdout, r->msg.stderr);
         (void)ci_publisher_drain(t->pub); /* the lost ones were told */
     }
@@ -562,22 +565,23 @@ static enum fence still_ours(struct task *t)
 }
 
 /* Whether the record must be read again before the result is written:
- * when this attempt stored artifacts (the last upload's window), ends a
- * session step (its state and record follow), or would still publish live
- * chunks before the write (which a later attempt's end must not precede).
- * Otherwise the fenced write itself finds a record that changed: a read
- * less per task (~0.5 ms, issue 16). What the run left queued goes out
- * first, as it would right before the write: only what finish() adds to
- * it then needs the look. */
+ * when this attempt has artifacts to store (the last upload's window), ends
+ * a session step (its state and record follow), or would still publish
+ * live chunks that a later attempt's end must not precede: what finish()
+ * adds at the write. Otherwise the fenced write itself finds a record that
+ * changed: a read less per task (~0.5 ms, issue 16). What the run left in
+ * the queue goes out here, first (it was going out meanwhile anyway: the
+ * re-read before only cut its tail short when the task had been taken
+ * over), within the one wait the result grants it (live_until). */
 static bool must_look_again(struct task *t, const struct result *r, const struct ci_outcome *o)
 {
     if (o->n_artifacts > 0 || t->sess_read)
         return true;
     if (!t->live)
         return false;
-    ci_publisher_end(t->pub, ci_mono_ms() + CI_PUBLISHER_DRAIN_MS);
-    if (ci_publisher_drain(t->pub) != CI_OK)
-        return true; /* some were lost (and told): look, as before */
+    t->live_until = ci_mono_ms() + CI_PUBLISHER_DRAIN_MS;
+    ci_publisher_end(t->pub, t->live_until);
+    (void)ci_publisher_drain(t->pub); /* what it dropped was told, and counts as sent */
     return ci_liveout_owes(t->live, r->msg.stdout, r->msg.stderr);
 }
 

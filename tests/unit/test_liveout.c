@@ -290,6 +290,61 @@ static void test_publish_fails(void)
     ci_liveout_free(lo);
 }
 
+/* owes() says whether finish() with the same text publishes anything
+ * (the worker skips a record read when it does not): all of it went out,
+ * a lost chunk counts as out, a held incomplete character, a result cut
+ * shorter, a provider that does not stream. */
+static bool owes_then_finish(struct ci_liveout *lo, const char *out, const char *err)
+{
+    size_t before = F.n;
+    bool owes = ci_liveout_owes(lo, out, err);
+    ci_liveout_finish(lo, out, err);
+    bool published = F.n > before;
+    CHECK(owes == published);
+    return owes;
+}
+
+static void test_owes(void)
+{
+    struct ci_liveout *lo = make(1 << 20, 4, 4, 50);
+    REQUIRE(lo);
+    w(lo, 0, "done\n", 0);
+    ci_liveout_flush(lo);
+    CHECK(!owes_then_finish(lo, "done\n", ""));
+    ci_liveout_free(lo);
+
+    lo = make(1 << 20, 4, 4, 50);
+    REQUIRE(lo);
+    F.fail_seq = 1;
+    w(lo, 0, "lost", 0);
+    ci_liveout_flush(lo);
+    CHECK(!owes_then_finish(lo, "lost", "")); /* lost: told, not published again */
+    ci_liveout_free(lo);
+
+    lo = make(1 << 20, 0, 0, 0);
+    REQUIRE(lo);
+    w(lo, 1, "z\xF0\x9F", 0); /* an incomplete character waits for finish() */
+    ci_liveout_flush(lo);
+    CHECK(ci_liveout_owes(lo, NULL, "z\xEF\xBF\xBD\xEF\xBF\xBD"));
+    CHECK(owes_then_finish(lo, NULL, "z\xEF\xBF\xBD\xEF\xBF\xBD"));
+    CHECK(!owes_then_finish(lo, NULL, "z\xEF\xBF\xBD\xEF\xBF\xBD")); /* once */
+    ci_liveout_free(lo);
+
+    lo = make(1 << 20, 0, 0, 0);
+    REQUIRE(lo);
+    w(lo, 0, "0123456789", 0);
+    ci_liveout_flush(lo);
+    CHECK(!owes_then_finish(lo, "01234", "")); /* the result was cut shorter */
+    ci_liveout_free(lo);
+
+    lo = make(1 << 20, 0, 0, 0); /* nothing streamed (cloudrun) */
+    REQUIRE(lo);
+    CHECK(!ci_liveout_owes(lo, "", NULL));
+    CHECK(owes_then_finish(lo, "all of it\n", "and this"));
+    ci_liveout_free(lo);
+    CHECK(!ci_liveout_owes(NULL, "x", "y"));
+}
+
 static void test_null(void)
 {
     ci_liveout_free(NULL);
@@ -438,5 +493,5 @@ static void test_random_equals_result(void)
 }
 
 TEST_MAIN(T(test_deadline), T(test_size), T(test_cap), T(test_utf8), T(test_finish_only),
-          T(test_result_shorter), T(test_publish_fails), T(test_null), T(test_sink),
+          T(test_result_shorter), T(test_publish_fails), T(test_owes), T(test_null), T(test_sink),
           T(test_random_equals_result))
