@@ -267,8 +267,24 @@ print(json.dumps({"latency": out, "tasks_per_s": tput, "cpu_ms_per_task": cpu}))
            cpu: Object.fromEntries(Object.entries(got.cpu_ms_per_task).map(([k, v]) => [k, round(v)])) };
 }
 
-// The wall clock in us, as the worker's stage marks have it (same machine).
-const nowUs = () => Math.round((performance.timeOrigin + performance.now()) * 1000);
+// The wall clock in us, as the worker's stage marks have it (same machine):
+// the monotonic clock plus an anchor taken on an edge of Date.now(), taken
+// again every few seconds, outside any timing. performance.timeOrigin alone
+// drifts from the wall clock when that is stepped or slewed after node
+// started (seen: 224 ms on a VM just forked from a snapshot).
+let wallAnchorUs = (performance.timeOrigin) * 1000;
+let anchoredAt = -Infinity;
+function reanchorWallClock() {
+  if (performance.now() - anchoredAt < 2000) return;
+  const t = Date.now();
+  let n;
+  while ((n = Date.now()) === t); // at most 1 ms
+  const p = performance.now();
+  wallAnchorUs = n * 1000 - p * 1000;
+  anchoredAt = p;
+}
+reanchorWallClock();
+const nowUs = () => Math.round(wallAnchorUs + performance.now() * 1000);
 // Task id -> the client's marks (wall clock, us): submit started, the
 // publish acked by JetStream, the terminal event seen.
 const clientMarks = new Map();
@@ -286,6 +302,7 @@ async function once(client, name, terminal, extra = {}) {
   marks.seen = nowUs();
   const ms = Number(process.hrtime.bigint() - t0) / 1e6;
   clientMarks.set(taskId, marks);
+  reanchorWallClock();
   if (status !== "succeeded") throw new Error(`task ${taskId} (${String(name).slice(0, 40)}) ended ${status}`);
   return ms;
 }
