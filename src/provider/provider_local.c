@@ -338,10 +338,10 @@ static void notes_fill(const struct ci_config *cfg, const struct ci_sandbox_prob
                                                   : "the zygotes did not start");
     if (probe->cgroup_version && !probe->cgroup_favor_dynmods)
         snprintf(ret->slow_cgroup_moves, sizeof(ret->slow_cgroup_moves),
-                 "the kernel does not favor dynamic cgroup changes: a task that starts after a "
-                 "pause of some 30 ms or more waits ~6-8 ms for an RCU grace period when its "
-                 "processes are moved into its cgroup; remount cgroup2 with favordynmods to "
-                 "avoid it (README, Operating)");
+                 "no cgroup mount has favordynmods: a task that starts after a pause of some "
+                 "30 ms or more may wait for an RCU grace period (6-8 ms measured on a 2-core "
+                 "VM) when its processes are moved into its cgroup; on the host, remount "
+                 "cgroup2 with favordynmods to avoid it (README, Operating)");
     if (probe->task_uids_off)
         snprintf(ret->task_uids_off, sizeof(ret->task_uids_off),
                  "every task runs as local.sandbox_uid: the task uids (local.task_uid_first, "

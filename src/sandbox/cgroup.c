@@ -224,6 +224,16 @@ static bool own_path(const char *proc_cgroup, const char *controller, char *out,
 
 bool ci_cgroup_favor_dynmods(void)
 {
+    /* Before 6.0 (no such option) the rwsem was always in that mode. */
+    char features[512] = "";
+    int fd = open("/sys/kernel/cgroup/features", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, features, sizeof(features) - 1);
+        features[n > 0 ? n : 0] = '\0';
+        close(fd);
+    }
+    if (!has_word(features, "favordynmods"))
+        return true;
     FILE *f = fopen("/proc/self/mountinfo", "re");
     if (!f)
         return false;
@@ -234,7 +244,8 @@ bool ci_cgroup_favor_dynmods(void)
         const char *sep = strstr(line, " - ");
         char fstype[32], source[256], super[512];
         if (sep && sscanf(sep + 3, "%31s %255s %511s", fstype, source, super) == 3)
-            on = strcmp(fstype, "cgroup2") == 0 && has_word(super, "favordynmods");
+            on = (strcmp(fstype, "cgroup2") == 0 || strcmp(fstype, "cgroup") == 0) &&
+                 has_word(super, "favordynmods");
     }
     free(line);
     fclose(f);

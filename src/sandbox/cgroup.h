@@ -52,11 +52,13 @@ struct ci_cgroup_places {
  * CI_ERR_UNSUPPORTED with the reason when neither exists. */
 ci_status ci_cgroup_find(struct ci_cgroup_places *ret, struct ci_error *err);
 
-/* Whether the kernel favors dynamic cgroup changes (a cgroup2 mount with
- * `favordynmods`, which sets it for every hierarchy, v1 included). Without
+/* Whether the kernel favors dynamic cgroup changes: a kernel before 6.0
+ * (always did), or a cgroup mount with `favordynmods` (kernel-wide). Without
  * it each move of a process into a cgroup after a pause of some 30 ms or
  * more waits for an RCU grace period (the percpu threadgroup rwsem): ~6-8
- * ms on a 2-core VM (issue 16), where a task's start moves two. */
+ * ms measured on a 2-core VM (issue 16), where a warm task's start moves
+ * two. A guess from the mount table: on kernels where turning it on is for
+ * good (6.18 here), a remount without it leaves the moves fast. */
 bool ci_cgroup_favor_dynmods(void);
 
 struct ci_cgroup_root;

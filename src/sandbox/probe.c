@@ -355,7 +355,7 @@ void ci_sandbox_probe_print(const struct ci_sandbox_probe *p, FILE *out)
                 p->cgroup_version, p->cgroup_dir,
                 p->cgroup_favor_dynmods ? ""
                                         : "; favordynmods off: a task's start after a pause "
-                                          "waits an RCU grace period for its cgroup moves");
+                                          "may wait an RCU grace period for its cgroup moves");
     else if (p->cgroup_failure[0])
         fprintf(out, "cgroup: unavailable, memory is limited by RLIMIT_AS only (%s)\n",
                 p->cgroup_failure);

@@ -572,7 +572,8 @@ static enum fence still_ours(struct task *t)
  * changed: a read less per task (~0.5 ms, issue 16). What the run left in
  * the queue goes out here, first (it was going out meanwhile anyway: the
  * re-read before only cut its tail short when the task had been taken
- * over), within the one wait the result grants it (live_until). */
+ * over), within the wait the result grants it (live_until; finish() gets
+ * a wait of its own when the record is read first). */
 static bool must_look_again(struct task *t, const struct result *r, const struct ci_outcome *o)
 {
     if (o->n_artifacts > 0 || t->sess_read)
@@ -582,7 +583,10 @@ static bool must_look_again(struct task *t, const struct result *r, const struct
     t->live_until = ci_mono_ms() + CI_PUBLISHER_DRAIN_MS;
     ci_publisher_end(t->pub, t->live_until);
     (void)ci_publisher_drain(t->pub); /* what it dropped was told, and counts as sent */
-    return ci_liveout_owes(t->live, r->msg.stdout, r->msg.stderr);
+    if (!ci_liveout_owes(t->live, r->msg.stdout, r->msg.stderr))
+        return false;
+    t->live_until = 0; /* the read may take a while: finish() gets a wait of its own */
+    return true;
 }
 
 /* Fetches the inputs. A failure of the request's making fills r->text.error;

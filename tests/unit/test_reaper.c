@@ -602,12 +602,13 @@ static void on_signal(int sig)
  * the machine has it) and the processes of the sandbox's tree. */
 static void show_hang(void)
 {
-    char pid[16], cmd[256];
+    char pid[16], cmd[768];
     snprintf(pid, sizeof(pid), "%d", (int)getpid());
     snprintf(cmd, sizeof(cmd),
+             "(sleep 90; echo THAWED > %s) >/dev/null 2>&1 & "
              "timeout 60 gdb -batch -p %s -ex 'thread apply all bt' 2>&1 | grep -v '^\\[New LWP'; "
              "ps -eo pid,ppid,stat,wchan:32,comm --forest 2>&1 | grep -B2 -A8 ci-zygote",
-             pid);
+             freezer_state, pid);
     pid_t p = fork();
     if (p == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -626,10 +627,10 @@ static void *watchdog(void *arg)
     until.tv_sec += WATCHDOG_S;
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR)
         ;
-    fprintf(stderr, "\ntest_reaper: still running after %d s: a case hangs; the freezer is "
-                    "thawed, its stacks follow, and the test aborts\n", WATCHDOG_S);
-    thaw_now(); /* first: should the stacks hang, nothing stays frozen */
-    show_hang();
+    fprintf(stderr, "\ntest_reaper: still running after %d s: a case hangs; its stacks, then "
+                    "the freezer is thawed and the test aborts\n", WATCHDOG_S);
+    show_hang(); /* while it still hangs; a timer thaws should this hang too */
+    thaw_now();
     for (int i = 0; i < 500 && rmdir(freezer) != 0 && errno == EBUSY; i++)
         usleep(10 * 1000); /* its thawed processes die of their SIGKILL */
     abort();
