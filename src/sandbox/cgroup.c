@@ -222,6 +222,28 @@ static bool own_path(const char *proc_cgroup, const char *controller, char *out,
     return false;
 }
 
+/* The next line of /proc/self/mountinfo ("id parent major:minor root
+ * mountpoint options... - fstype source superoptions"): *buf is cut at
+ * " - ", so that it holds the fields before it. false at the end. */
+struct mount_line {
+    char fstype[32];
+    char super[512];
+};
+
+static bool mountinfo_next(FILE *f, char **buf, size_t *cap, struct mount_line *m)
+{
+    while (getline(buf, cap, f) > 0) {
+        char *sep = strstr(*buf, " - ");
+        if (!sep)
+            continue;
+        *sep = '\0';
+        char source[256];
+        if (sscanf(sep + 3, "%31s %255s %511s", m->fstype, source, m->super) == 3)
+            return true;
+    }
+    return false;
+}
+
 bool ci_cgroup_favor_dynmods(void)
 {
     /* Before 6.0 (no such option) the rwsem was always in that mode. */
@@ -239,14 +261,11 @@ bool ci_cgroup_favor_dynmods(void)
         return false;
     char *line = NULL;
     size_t cap = 0;
+    struct mount_line m;
     bool on = false;
-    while (!on && getline(&line, &cap, f) > 0) {
-        const char *sep = strstr(line, " - ");
-        char fstype[32], source[256], super[512];
-        if (sep && sscanf(sep + 3, "%31s %255s %511s", fstype, source, super) == 3)
-            on = (strcmp(fstype, "cgroup2") == 0 || strcmp(fstype, "cgroup") == 0) &&
-                 has_word(super, "favordynmods");
-    }
+    while (!on && mountinfo_next(f, &line, &cap, &m))
+        on = (strcmp(m.fstype, "cgroup2") == 0 || strcmp(m.fstype, "cgroup") == 0) &&
+             has_word(m.super, "favordynmods");
     free(line);
     fclose(f);
     return on;
@@ -264,18 +283,11 @@ static bool find_dir(const char *proc_cgroup, const char *controller, char *out,
         return false;
     char *line = NULL;
     size_t cap = 0;
+    struct mount_line m;
     bool found = false;
-    while (!found && getline(&line, &cap, f) > 0) {
-        /* id parent major:minor root mountpoint options... - fstype source superoptions */
-        char *sep = strstr(line, " - ");
-        if (!sep)
-            continue;
-        *sep = '\0';
-        char fstype[32], source[256], super[512];
-        if (sscanf(sep + 3, "%31s %255s %511s", fstype, source, super) != 3)
-            continue;
-        bool want = controller ? strcmp(fstype, "cgroup") == 0 && has_word(super, controller)
-                               : strcmp(fstype, "cgroup2") == 0;
+    while (!found && mountinfo_next(f, &line, &cap, &m)) {
+        bool want = controller ? strcmp(m.fstype, "cgroup") == 0 && has_word(m.super, controller)
+                               : strcmp(m.fstype, "cgroup2") == 0;
         if (!want)
             continue;
         char root[CI_CGROUP_PATH_MAX], point[CI_CGROUP_PATH_MAX];
