@@ -115,9 +115,10 @@ struct msg {
 /* --- the zygote --- */
 
 #define ZYGOTE_FD_REQ 4        /* the request socket in the zygote (its init's FD_SOCK) */
-#define ZYGOTE_PROTO_VERSION 5 /* 2: HELLO carries the task process's pidfd too; 3: spares;
+#define ZYGOTE_PROTO_VERSION 6 /* 2: HELLO carries the task process's pidfd too; 3: spares;
                                 * 4: task uids, inotify quota; 5: SETUP carries
-                                * ci-zygote-init, each task's init */
+                                * ci-zygote-init, each task's init; 6: READY
+                                * carries huge_kb, collapse_err */
 /* ci-zygote-init's first argument: the protocol (its own and the
  * zygote's must match: both come from one build). */
 #define INIT_ARG_STR_(x) #x
@@ -172,6 +173,9 @@ struct zmsg_status {
     uint32_t type;
     int32_t err;
     int64_t rss_kb;     /* READY: the zygote's resident memory after the imports */
+    int64_t huge_kb;    /* READY: of its anonymous memory, in huge pages */
+    int32_t collapse_err; /* READY: why some of it is not (errno), 0 */
+    int32_t pad;
     char text[480];
 };
 

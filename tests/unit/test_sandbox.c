@@ -1895,6 +1895,56 @@ static void t_warm_own_maps(void)
     free(c);
 }
 
+/* The zygote's heap in huge pages (issue 16: each fork copies and each exit
+ * tears down 1/512 of the page table entries there); its children still see
+ * it as their own: a task writes over the shared pages it touches. */
+static void t_warm_zygote_huge(void)
+{
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    struct ci_zygote_stats st;
+    fallbacks_of(sb, &st);
+    REQUIRE(st.ready == 1 && st.pids[0] > 0);
+    if (st.huge_kb == 0 && (st.collapse_err == EINVAL || st.collapse_err == EAGAIN ||
+                            st.collapse_err == ENOMEM)) {
+        int e = st.collapse_err;
+        ci_sandbox_free(sb);
+        free(c);
+        SKIP("MADV_COLLAPSE failed here (%s): %s", strerror(e),
+             e == EINVAL ? "Linux < 6.1 or no transparent huge pages"
+                         : "no free huge page on this machine now");
+    }
+    CHECK(st.huge_kb >= 2048);
+    /* What the zygote said, seen from outside. */
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/smaps_rollup", (int)st.pids[0]);
+    FILE *f = fopen(path, "re");
+    long kb = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "AnonHugePages: %ld", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    CHECK(kb >= 2048);
+    for (int i = 0; i < 3; i++) { /* each writes the same big objects the zygote holds */
+        int status;
+        char *out = sb_output(sb, "import sys, pandas as pd\n"
+                                  "pd.DataFrame.x = 7\n"
+                                  "sys.modules['numpy'].marker = getattr(sys.modules['numpy'], 'marker', 0) + 1\n"
+                                  "print(getattr(pd.DataFrame, 'x', 0), sys.modules['numpy'].marker)\n",
+                              &status);
+        CHECK(status == 0);
+        CHECK_STR(out, "7 1\n");
+        free(out);
+    }
+    CHECK(fallbacks_of(sb, &st) == 0);
+    ci_sandbox_free(sb);
+    free(c);
+}
+
 /* Waits up to 5 s until pid has want children (filled into out); their count. */
 static int children_within(pid_t pid, int want, pid_t *out, int max)
 {
@@ -2814,6 +2864,7 @@ int main(int argc, char **argv)
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
         T(t_warm_spare),    T(t_warm_keeper), T(t_warm_spares), T(t_warm_small_init),
         T(t_warm_own_maps),
+        T_OWN(t_warm_zygote_huge),
         T(t_warm_session_steps), T(t_warm_deferred),
         T_OWN(t_warm_spare_cpu), /* says skipped when it cannot tell (see main's comment) */
     };
