@@ -301,7 +301,6 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
             drain_until = ci_mono_ms() + DRAIN_MS;
         }
     }
-    warm_run_ended(run); /* its code has ended: the CPU is free for a spare */
     /* Every process of the sandbox is gone (bare mode: its process group,
      * and what left it only when the job's bare_hooks swept it). A last
      * message may still sit in the socket. */

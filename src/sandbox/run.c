@@ -115,7 +115,6 @@ void ci_sandbox_run_free(struct ci_sandbox_run *run)
     if (!run)
         return;
     run_kill_now(run);
-    warm_run_ended(run);
     run_close(run);
     uids_give_cold(&run->sb->uids, run->uid_slot); /* every process of the run is dead */
     close_fd(&run->wake_fd);

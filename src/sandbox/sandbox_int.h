@@ -89,8 +89,6 @@ struct ci_sandbox {
     int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
     size_t n_warm_ops;
     bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
-    unsigned cpus;  /* the CPUs we may run on, at start */
-    atomic_uint warm_running; /* warm runs started and not yet waited for */
     struct reaper reaper; /* warm mode: ended runs freed beside the next tasks */
     char warm_failure[480]; /* ci_sandbox_warm_failure() */
     /* Every string the plan points to, freed with the sandbox. */
@@ -171,7 +169,6 @@ struct ci_sandbox_run {
     struct ci_output_sink sink;      /* the job's, if any (write NULL: none) */
     /* warm mode: init is a child of a zygote, known by its pidfd only */
     bool warm;
-    bool counted;       /* in sb->warm_running */
     /* task uids: the cold slot this run holds (UINT32_MAX: none), the
      * code's uid outside (inputs are written as it), the maps of a cold run */
     uint32_t uid_slot;
@@ -287,8 +284,5 @@ ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error 
 ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job, bool *ret_fallback,
                      struct ci_error *err);
 int warm_op_index(const struct ci_sandbox *sb, int op);
-/* The run no longer counts in sb->warm_running (its code has ended, or it
- * never ran); idempotent. */
-void warm_run_ended(struct ci_sandbox_run *run);
 
 #endif

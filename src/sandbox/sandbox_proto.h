@@ -118,8 +118,7 @@ struct msg {
 #define ZYGOTE_PROTO_VERSION 6 /* 2: HELLO carries the task process's pidfd too; 3: spares;
                                 * 4: task uids, inotify quota; 5: SETUP carries
                                 * ci-zygote-init, each task's init; 6: READY
-                                * carries huge_kb, collapse_err; SPAWN
-                                * spare_warm_now */
+                                * carries huge_kb, collapse_err */
 /* ci-zygote-init's first argument: the protocol (its own and the
  * zygote's must match: both come from one build). */
 #define INIT_ARG_STR_(x) #x
@@ -184,12 +183,7 @@ struct zmsg_status {
  * passes it on to a spare init, which passes it to its task process at GO. */
 struct zmsg_spawn {
     uint32_t type;
-    /* 1: besides this task, the worker runs fewer warm tasks than it has
-     * CPUs, so the spare made after it warms up at once (at SCHED_IDLE) and
-     * not after WARM_UP_DELAY_MS: back to back, the next task then finds
-     * it warm; with every CPU busy (a fan-out) the warm-up would only take
-     * CPU from the tasks. */
-    uint32_t spare_warm_now;
+    uint32_t pad;
     struct {
         uint64_t cur, max;
         uint32_t set;

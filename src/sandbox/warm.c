@@ -92,8 +92,6 @@ static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
      * its task back to normal when it comes: without the capability we
      * could not, and the warm-up competes with the tasks running. */
     sb->warm_idle = can_renice();
-    cpu_set_t set;
-    sb->cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
     if (sb->warm_idle)
         h.flags |= ZSETUP_IDLE_WARMUP;
     if (sb->uids.on) {
@@ -336,14 +334,6 @@ ci_status warm_start(struct ci_sandbox *sb, unsigned pool_size, struct ci_error 
     return s;
 }
 
-void warm_run_ended(struct ci_sandbox_run *run)
-{
-    if (run->counted) {
-        run->counted = false;
-        atomic_fetch_sub(&run->sb->warm_running, 1);
-    }
-}
-
 /* Warm mode: a zygote hands the task to a spare init (cloned ahead, its
  * task process forked and waiting), which says HELLO with pidfds of both;
  * we put both in the task's cgroup, then init builds its mounts like a cold
@@ -368,10 +358,6 @@ ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
             req.limits[r].max = run->args.limits[r].rlim_max;
             req.limits[r].set = 1;
         }
-    /* A CPU of ours idle beside this task: the next spare's warm-up has it. */
-    unsigned others = atomic_fetch_add(&sb->warm_running, 1);
-    run->counted = true;
-    req.spare_warm_now = sb->warm_idle && others + 1 < sb->cpus;
     if ((s = ci_zygote_pool_spawn(sb->warm, &req, sizeof(req), run->args.fds, FD_COUNT, err)))
         return s;
     close_child_ends(run);

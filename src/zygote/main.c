@@ -33,8 +33,7 @@
  *     -> the zygote's 1000), tells the task process, waits for a SPAWN on a
  *     socketpair kept by the zygote.
  *   task process: the zygote's signal dispositions (a copy), once init
- *     wrote the maps PyOS_AfterFork_Child(); once idle for WARM_UP_DELAY_MS
- *     (at once when the worker had a CPU idle at the last SPAWN), the steps of
+ *     wrote the maps PyOS_AfterFork_Child(); once idle for WARM_UP_DELAY_MS, the steps of
  *     ci_driver._warm_up() (our fixed code: the driver's steps, a small
  *     csv/groupby; at SCHED_IDLE when the worker can undo that) until init tells
  *     it a task came; then it waits for init.
@@ -122,10 +121,6 @@ extern const size_t ci_driver_py_len;
 /* With task uids: the spare init (later the task's init) holding each uid
  * of our block, 0 if none; freed when we reap it (its tasks are dead). */
 static pid_t uid_holder[MAX_UID_BLOCK];
-
-/* How long the next spare made waits before it warms up: WARM_UP_DELAY_MS,
- * or 0 when the last SPAWN said a CPU is idle (zmsg_spawn.spare_warm_now). */
-static int spare_warm_delay_ms = WARM_UP_DELAY_MS;
 
 /* 1 while the task process's keeper sets itself up, then 0 (start_keeper). */
 static pid_t keeper_setting_up;
@@ -337,15 +332,14 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
     PyOS_AfterFork_Child();
     /* Step by step, and no further once a task has come (init's note). A
      * step cannot be cut short, and a task that comes in the middle of one
-     * waits for it: so while every CPU runs a task (the next one then likely
-     * comes within WARM_UP_DELAY_MS) none starts, as the warm-up would only
-     * move the cost from one task to the next. With a CPU idle it starts at
-     * once: back to back, one task after the other, the next finds it warm. */
+     * waits for it: so none starts while tasks come back to back (the next
+     * one is then likely within WARM_UP_DELAY_MS), where the warm-up would
+     * only move the cost from one task to the next. */
     PyObject *steps = PyObject_CallNoArgs(z.warm_up);
     Py_ssize_t n = steps && PyTuple_Check(steps) ? PyTuple_GET_SIZE(steps) : 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         struct pollfd p = {.fd = chan, .events = POLLIN};
-        if (poll(&p, 1, i == 0 ? spare_warm_delay_ms : 0) != 0)
+        if (poll(&p, 1, i == 0 ? WARM_UP_DELAY_MS : 0) != 0)
             break;
         PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(steps, i));
         if (!r)
@@ -860,7 +854,6 @@ static void spawn(const struct task_req *rq, unsigned long *children, bool *brok
             break;
         if (child_send_fds(spares[0].sock, &rq->spawn, sizeof(rq->spawn), rq->fds, FD_COUNT) == 0) {
             spare_drop(0); /* it is the task's init now */
-            spare_warm_delay_ms = rq->spawn.spare_warm_now ? 0 : WARM_UP_DELAY_MS;
             failed = spares_fill(children);
             if (failed == STEP_ZYGOTE_THREADS)
                 *broken = true;

@@ -2,7 +2,6 @@
  * the driver. Needs user namespaces; without them it exits 77 loudly. */
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <linux/capability.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -2028,133 +2027,6 @@ static bool waits_in_recv(pid_t pid)
     return nr == SYS_recvfrom;
 }
 
-/* Among zygote's children (inits) and theirs, the spare task process (not
- * a session leader yet: a running task is), or 0; *ret_running: how many
- * run a task. */
-static pid_t spare_task_of(pid_t zygote, int *ret_running)
-{
-    pid_t inits[32], kids[4], spare = 0;
-    int n = children_of(zygote, inits, 32), running = 0;
-    for (int k = 0; k < n; k++) {
-        int m = children_of(inits[k], kids, 4);
-        if (m >= 1 && session_of(kids[0]) == kids[0])
-            running++;
-        else if (m == 1)
-            spare = kids[0];
-    }
-    if (ret_running)
-        *ret_running = running;
-    return spare;
-}
-
-static bool has_cap_sys_nice(void)
-{
-    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    struct __user_cap_data_struct data[2];
-    memset(data, 0, sizeof(data));
-    if (syscall(SYS_capget, &hdr, data) != 0)
-        return false;
-    return (data[CAP_TO_INDEX(CAP_SYS_NICE)].effective & CAP_TO_MASK(CAP_SYS_NICE)) != 0;
-}
-
-/* Until the spare's warm-up is over (it waits in recv() for its task), at
- * most 15 s: whether it first paused WARM_UP_DELAY_MS (150) in poll(). 1:
- * it did, 0: it did not, -1: not over in time. Its SCHED_IDLE is undone as
- * we look, as in t_warm_spare_cpu: on a busy machine it would get no CPU. */
-static int spare_paused(pid_t task)
-{
-    const struct sched_param normal = {.sched_priority = 0};
-    bool paused = false;
-    for (int i = 0; i < 15000; i++) {
-        if (sched_getscheduler(task) == SCHED_IDLE)
-            (void)sched_setscheduler(task, SCHED_OTHER, &normal);
-        char path[64], buf[256];
-        snprintf(path, sizeof(path), "/proc/%d", (int)task);
-        read_text(path, "syscall", buf, sizeof(buf));
-        long nr = -1;
-        unsigned long a1, a2, a3;
-        if (sscanf(buf, "%ld %lx %lx %lx", &nr, &a1, &a2, &a3) == 4 && nr == SYS_poll &&
-            a2 == 1 && a3 == 150)
-            paused = true;
-        if (waits_in_recv(task))
-            return paused;
-        usleep(1000);
-    }
-    return -1;
-}
-
-/* A spare made while a CPU of ours is idle warms up at once, so that the
- * next of tasks coming one after the other finds it warm; one made while
- * every CPU runs a task of ours pauses first (a fan-out: the warm-up would
- * take CPU from the tasks). zmsg_spawn.spare_warm_now. */
-static void t_warm_spare_warm_now(void)
-{
-#ifndef SYS_poll
-    SKIP("no poll(2) on this architecture: the spare's pause cannot be told apart");
-#else
-    cpu_set_t set;
-    int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-    if (cpus < 2 || cpus > 16)
-        SKIP("%d CPUs: the case wants 2 to 16 (one task per CPU but one, then one more)", cpus);
-    if (!has_cap_sys_nice())
-        SKIP("no CAP_SYS_NICE: spares do not warm up at SCHED_IDLE, and never at once");
-    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
-    struct ci_sandbox *sb = warm_sandbox(c);
-    if (!sb)
-        free(c);
-    REQUIRE(sb != NULL);
-    struct ci_zygote_stats st;
-    fallbacks_of(sb, &st);
-    pid_t zygote = st.pids[0];
-    /* One task, nothing else of ours running: the spare after it. */
-    int status;
-    char *out = sb_output(sb, "print(1)\n", &status);
-    CHECK_STR(out, "1\n");
-    free(out);
-    pid_t task = 0;
-    int running = 0;
-    for (int i = 0; i < 500 && !((task = spare_task_of(zygote, &running)) && !running); i++)
-        usleep(10 * 1000);
-    REQUIRE(task > 0 && running == 0);
-    int paused = spare_paused(task);
-    if (paused < 0) {
-        ci_sandbox_free(sb);
-        free(c);
-        SKIP("the spare's warm-up was not over after 15 s: the machine is too busy to tell");
-    }
-    CHECK(paused == 0);
-    /* cpus - 1 tasks running, then one more: the spare after it pauses. */
-    static const char sleeper[] = "import time\nprint('up', flush=True)\ntime.sleep(120)\n";
-    struct ci_job job = {.code = sleeper, .code_len = strlen(sleeper), .timeout_ms = 120000,
-                         .memory_mb = 256};
-    struct ci_sandbox_run *runs[16] = {0};
-    struct ci_error err = {{0}};
-    for (int i = 0; i < cpus - 1; i++)
-        CHECK(ci_sandbox_start(sb, &job, &runs[i], &err) == CI_OK);
-    REQUIRE(ci_sandbox_start(sb, &job, &runs[cpus - 1], &err) == CI_OK);
-    /* Each of them running (a session leader), and the one spare after them. */
-    task = 0;
-    for (int i = 0; i < 1000 && !((task = spare_task_of(zygote, &running)) && running == cpus); i++)
-        usleep(10 * 1000);
-    CHECK(task > 0 && running == cpus);
-    if (task > 0) {
-        paused = spare_paused(task);
-        CHECK(paused == 1 || paused == -1); /* -1: it is still in its pause or after it */
-    }
-    for (int i = 0; i < cpus; i++) {
-        if (!runs[i])
-            continue;
-        ci_sandbox_cancel(runs[i]);
-        struct ci_sandbox_result r;
-        if (ci_sandbox_wait(runs[i], &r) == CI_OK)
-            ci_sandbox_result_release(&r);
-        ci_sandbox_run_free(runs[i]);
-    }
-    ci_sandbox_free(sb);
-    free(c);
-#endif
-}
-
 /* The CPU time a spare spent warming up is not its task's: not in the
  * reported cpu_ms, not taken from the task's RLIMIT_CPU. */
 static void t_warm_spare_cpu(void)
@@ -2994,7 +2866,6 @@ int main(int argc, char **argv)
         T(t_warm_own_maps),
         T_OWN(t_warm_zygote_huge),
         T(t_warm_session_steps), T(t_warm_deferred),
-        T_OWN(t_warm_spare_warm_now),
         T_OWN(t_warm_spare_cpu), /* says skipped when it cannot tell (see main's comment) */
     };
     size_t n_cases = sizeof(cases) / sizeof(cases[0]), k = 0;
