@@ -68,7 +68,9 @@
 // child's memory on each. Reported: p50s, the task's own CPU (usage.cpuMs),
 // the stages, tasks/s, CPU per task, and B/A. --b-rotate N gives B
 // local.warm_rotate_after N (with DIR this build's own directory: what the
-// zygotes' restarts cost).
+// zygotes' restarts cost). Not for a change that adds work between tasks
+// (a spare's warm-up, a free): A's then runs during B's tasks and B's
+// during A's, and the latencies of both are wrong; measure it on its own.
 import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { cpus as osCpus, loadavg, tmpdir } from "node:os";
