@@ -174,6 +174,7 @@ struct zmsg_status {
     int32_t err;
     int64_t rss_kb;     /* READY: the zygote's resident memory after the imports */
     int64_t huge_kb;    /* READY: of its anonymous memory, in huge pages */
+    int64_t collapsed_kb; /* READY: of that, what it collapsed itself */
     int32_t collapse_err; /* READY: why some of it is not (errno), 0 */
     int32_t pad;
     char text[480];

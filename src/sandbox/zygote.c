@@ -185,6 +185,7 @@ static void read_status(struct ci_zygote_pool *p, struct zygote *z)
     p->st.became_ready++;
     p->st.rss_kb = s.rss_kb;
     p->st.huge_kb = s.huge_kb;
+    p->st.collapsed_kb = s.collapsed_kb;
     p->st.collapse_err = s.collapse_err;
     p->failures_in_a_row = 0;
     pthread_cond_broadcast(&p->changed);

@@ -87,7 +87,8 @@ struct ci_zygote_stats {
     uint64_t overdue;      /* tasks a zygote took past rotate_after */
     pid_t pids[CI_ZYGOTE_MAX_POOL]; /* the ready zygotes (pid in our namespace), 0-terminated */
     int64_t rss_kb;        /* the last zygote's resident memory at READY */
-    int64_t huge_kb;       /* of it, anonymous memory in huge pages (collapsed) */
+    int64_t huge_kb;       /* of it, anonymous memory in huge pages */
+    int64_t collapsed_kb;  /* of that, what the zygote collapsed itself */
     int collapse_err;      /* why not all of it was collapsed (errno), 0 */
     char last_failure[480]; /* why the last zygote failed, "" if none did */
 };

@@ -135,6 +135,7 @@ static struct {
     PyObject *warm_up;        /* ci_driver._warm_up */
     int task_dir;             /* /proc/self/task, to count our threads */
     int collapse_err;         /* collapse_heap()'s, for READY */
+    int64_t collapsed_kb;
 } z = {.setup_fd = -1, .init_prog = -1, .task_dir = -1};
 
 /* One task: the request and its fds, at the zygote's numbers. */
@@ -509,30 +510,42 @@ __attribute__((noinline)) static pid_t spare_clone(struct spare_start *a)
 /* Our anonymous memory (the heap the imports built) in huge pages wherever a
  * whole aligned 2 MiB of it lies: a fork then copies one page table entry
  * per 2 MiB instead of 512, and an exit tears down as few; a child's first
- * write splits only the 2 MiB it touches. Best effort: without
- * MADV_COLLAPSE (Linux < 6.1), THP, or a free huge page, the memory stays
- * in small pages. Returns the first errno, 0 if every range collapsed. */
-static int collapse_heap(void)
+ * write splits only the 2 MiB it touches and copies 4 KiB. Best effort:
+ * without MADV_COLLAPSE (Linux < 6.1), THP, or a free huge page, the memory
+ * stays in small pages. Returns the first errno, 0 if every range
+ * collapsed; *ret_kb: how much did. */
+static int collapse_heap(int64_t *ret_kb)
 {
+    *ret_kb = 0;
     FILE *maps = fopen("/proc/self/maps", "re");
     if (!maps)
         return errno;
     const uintptr_t huge = (uintptr_t)2 << 20;
     char line[512];
     int first = 0;
+    bool at_start = true; /* line begins a line of the file (one may be longer) */
     while (fgets(line, sizeof(line), maps)) {
+        bool starts = at_start;
+        at_start = strchr(line, '\n') != NULL;
+        if (!starts)
+            continue;
         uintptr_t lo, hi;
         char perms[5];
-        int path = 0;
-        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %*s %*s %*s %n", &lo, &hi, perms, &path) < 3 ||
-            !path)
+        int at = 0;
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %*s %*s %*s%n", &lo, &hi, perms, &at) < 3 ||
+            !at)
             continue;
-        /* Private, writable, and no file behind it but the heap's. */
-        const char *name = line + path;
-        if (perms[1] != 'w' || perms[3] != 'p' || (name[0] != '\n' && strncmp(name, "[heap]", 6) != 0))
+        /* Private, writable, and no file behind it: no name, or the heap's. */
+        const char *name = line + at + strspn(line + at, " \t");
+        bool anonymous = !*name || *name == '\n' || strncmp(name, "[heap]", 6) == 0;
+        if (perms[1] != 'w' || perms[3] != 'p' || !anonymous)
             continue;
         uintptr_t a = (lo + huge - 1) & ~(huge - 1), b = hi & ~(huge - 1);
-        if (b > a && madvise((void *)a, b - a, MADV_COLLAPSE) != 0 && !first)
+        if (b <= a)
+            continue;
+        if (madvise((void *)a, b - a, MADV_COLLAPSE) == 0)
+            *ret_kb += (int64_t)((b - a) >> 10);
+        else if (!first)
             first = errno;
     }
     fclose(maps);
@@ -568,6 +581,7 @@ static void send_status(uint32_t type, int err, const char *fmt, ...)
     if (type == ZMSG_READY) {
         st.huge_kb = huge_kb();
         st.collapse_err = z.collapse_err;
+        st.collapsed_kb = z.collapsed_kb;
         FILE *f = fopen("/proc/self/status", "re");
         char line[256];
         while (f && fgets(line, sizeof(line), f))
@@ -958,7 +972,7 @@ int main(int argc, char **argv)
      * fork copies the page table entries of our anonymous memory, and each
      * exit tears them down (~1 MiB less here). */
     malloc_trim(0);
-    z.collapse_err = collapse_heap();
+    z.collapse_err = collapse_heap(&z.collapsed_kb);
     check_fds();
     z.task_dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     detach_own_tmp();
