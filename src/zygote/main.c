@@ -507,10 +507,13 @@ __attribute__((noinline)) static pid_t spare_clone(struct spare_start *a)
 /* The zygote                                                              */
 /* ---------------------------------------------------------------------- */
 
-/* Our anonymous memory (the heap the imports built) in huge pages wherever a
- * whole aligned 2 MiB of it lies: a fork then copies one page table entry
- * per 2 MiB instead of 512, and an exit tears down as few; a child's first
- * write splits only the 2 MiB it touches and copies 4 KiB. Best effort:
+/* Our heap (what malloc() got from brk() as the runtime was imported) in
+ * huge pages wherever a whole aligned 2 MiB of it lies: a fork then copies
+ * one page table entry per 2 MiB instead of 512, and an exit tears down as
+ * few; a child's first write splits only the 2 MiB it touches and copies
+ * 4 KiB. Not the nameless mappings (Python's arenas, numpy's buffers):
+ * collapsed too, they gained nothing in a fan-out and cost matplotlib tasks
+ * 3-11% (issue 16, two --compare runs): tasks write all over them. Best effort:
  * without MADV_COLLAPSE (Linux < 6.1), THP, or a free huge page, the memory
  * stays in small pages. Returns the first errno, 0 if every range
  * collapsed; *ret_kb: how much did. */
@@ -535,10 +538,8 @@ static int collapse_heap(int64_t *ret_kb)
         if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %4s %*s %*s %*s%n", &lo, &hi, perms, &at) < 3 ||
             !at)
             continue;
-        /* Private, writable, and no file behind it: no name, or the heap's. */
         const char *name = line + at + strspn(line + at, " \t");
-        bool anonymous = !*name || *name == '\n' || strncmp(name, "[heap]", 6) == 0;
-        if (perms[1] != 'w' || perms[3] != 'p' || !anonymous)
+        if (perms[1] != 'w' || perms[3] != 'p' || strncmp(name, "[heap]", 6) != 0)
             continue;
         uintptr_t a = (lo + huge - 1) & ~(huge - 1), b = hi & ~(huge - 1);
         if (b <= a)

@@ -1895,38 +1895,36 @@ static void t_warm_own_maps(void)
     free(c);
 }
 
-/* AnonHugePages of pid: in all, and in its nameless private writable
- * mappings (what the heap's [heap] is not: Python's arenas, big buffers). */
-static void huge_of(pid_t pid, long *ret_all, long *ret_nameless)
+/* AnonHugePages of pid: in all, and in its [heap]. */
+static void huge_of(pid_t pid, long *ret_all, long *ret_heap)
 {
     char path[64], line[512];
     snprintf(path, sizeof(path), "/proc/%d/smaps", (int)pid);
     FILE *f = fopen(path, "re");
-    bool nameless = false;
+    bool heap = false;
     long kb;
-    *ret_all = *ret_nameless = 0;
+    *ret_all = *ret_heap = 0;
     while (f && fgets(line, sizeof(line), f)) {
         char perms[5];
         int at = 0;
         unsigned long lo, hi;
         if (sscanf(line, "%lx-%lx %4s %*s %*s %*s%n", &lo, &hi, perms, &at) == 3 && at) {
             const char *name = line + at + strspn(line + at, " ");
-            nameless = (!*name || *name == '\n') && perms[1] == 'w' && perms[3] == 'p';
+            heap = strncmp(name, "[heap]", 6) == 0;
         } else if (sscanf(line, "AnonHugePages: %ld", &kb) == 1) {
             *ret_all += kb;
-            if (nameless)
-                *ret_nameless += kb;
+            if (heap)
+                *ret_heap += kb;
         }
     }
     if (f)
         fclose(f);
 }
 
-/* The zygote's anonymous memory in huge pages (issue 16: each fork copies
- * and each exit tears down 1/512 of the page table entries there), its
- * nameless mappings too, not only [heap]; its children still see it as
- * their own: a task writes over the shared pages it touches, and the next
- * finds them as they were. */
+/* The zygote's heap in huge pages (issue 16: each fork copies and each exit
+ * tears down 1/512 of the page table entries there); its children still see
+ * it as their own: a task writes over the shared pages it touches, and the
+ * next finds them as they were. */
 static void t_warm_zygote_huge(void)
 {
     struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
@@ -1950,12 +1948,12 @@ static void t_warm_zygote_huge(void)
            (long long)st.huge_kb, (long long)st.collapsed_kb, st.collapse_err);
     CHECK(st.collapsed_kb >= 2048);
     CHECK(st.huge_kb >= st.collapsed_kb);
-    /* What the zygote said, seen from outside: nameless mappings included. */
-    long all = 0, nameless = 0;
-    huge_of(st.pids[0], &all, &nameless);
-    printf("zygote's smaps: %ld kB in huge pages, %ld kB in nameless mappings\n", all, nameless);
+    /* What the zygote said, seen from outside. */
+    long all = 0, heap = 0;
+    huge_of(st.pids[0], &all, &heap);
+    printf("zygote's smaps: %ld kB in huge pages, %ld kB of its [heap]\n", all, heap);
     CHECK(all >= 2048);
-    CHECK(nameless >= 2048);
+    CHECK(heap >= 2048);
     for (int i = 0; i < 3; i++) { /* each writes the same objects of the zygote's */
         int status;
         char *out = sb_output(sb, "import sys, pandas as pd\n"
@@ -1968,9 +1966,8 @@ static void t_warm_zygote_huge(void)
         free(out);
     }
     /* Its own pages stay whole: the tasks' writes split only their copies. */
-    long after = 0;
-    huge_of(st.pids[0], &after, &nameless);
-    CHECK(after >= 2048);
+    huge_of(st.pids[0], &all, &heap);
+    CHECK(heap >= 2048);
     CHECK(fallbacks_of(sb, &st) == 0);
     ci_sandbox_free(sb);
     free(c);
