@@ -167,6 +167,9 @@ struct ci_outcome {
     size_t n_outputs;
     bool outputs_truncated;    /* more were made than kept */
     struct ci_run_marks marks;
+    /* Its processes outlived SIGKILL (frozen, or stuck in the kernel): the
+     * provider stopped waiting for them (local; error says so too). */
+    bool unreaped;
 };
 
 /* Both accept NULL and leave the struct zeroed. */

@@ -206,6 +206,17 @@ static ci_status interpret(const struct local *l, const struct ci_run *run,
     if (!o->error && (o->kind != CI_OUTCOME_EXITED || o->exit_code != 0))
         return CI_ERR_NOMEM;
 
+    /* Killed, yet its processes did not exit: the sandbox's sentence says
+     * so, after ours (a broken run's has it already). */
+    o->unreaped = res->unreaped;
+    if (res->unreaped && why && o->error &&
+        (res->end == CI_SANDBOX_TIMED_OUT || res->end == CI_SANDBOX_CANCELLED)) {
+        char *e = fmt("%s; %s", o->error, why);
+        if (!e)
+            return CI_ERR_NOMEM;
+        free(o->error);
+        o->error = e;
+    }
     if (res->artifact_note) {
         char *e = o->error ? fmt("%s; %s", o->error, res->artifact_note)
                            : strdup(res->artifact_note);

@@ -1,7 +1,8 @@
 /* io.c - a run from GO to its end (ci_sandbox_wait): one poll() loop over
  * stdout, stderr, the report pipe, the code socket, init's pidfd, the
  * cancel eventfd and the control socket; the deadline and cancel (SIG_STOP
- * to init, SIGKILL after STOP_GRACE_MS), the reaping, the captures (kept up
+ * to init, SIGKILL after STOP_GRACE_MS, and no more than KILL_WAIT_MS for
+ * its exit after that), the reaping, the captures (kept up
  * to their cap, counted in full, never cut inside a UTF-8 character; what
  * is kept also goes to the job's output sink as it is read), and
  * the result with init's DONE, the cgroup's counters and the artifacts. */
@@ -21,6 +22,12 @@
 
 #define DRAIN_MS 1000          /* after the task is gone, longest wait for pipes to close */
 #define STOP_GRACE_MS 300      /* init's time to kill and reap everything before SIGKILL */
+/* After SIGKILL, longest wait for init to exit. It does at once unless a
+ * process of its namespace cannot die (frozen by a cgroup freezer, stuck
+ * in uninterruptible sleep on a hung disk): then waiting longer would hold
+ * the slot, maybe for ever. The run ends as the kill's end, saying so, and
+ * its free hands what is left to the sandbox's thread (reaper.c). */
+#define KILL_WAIT_MS 10000
 #define REPORT_CAP (256 * 1024) /* a session step's report names its restored files */
 
 struct capture {
@@ -87,18 +94,8 @@ static void kill_hard(struct ci_sandbox_run *run, int64_t now)
     if (run->pid > 0 && run->kill_at && now >= run->kill_at) {
         signal_init(run, SIGKILL);
         run->kill_at = 0;
+        run->killed_at = now;
     }
-}
-
-static bool has_exited(struct ci_sandbox_run *run)
-{
-    if (run->warm)
-        return warm_exited(run, 0);
-    siginfo_t si;
-    memset(&si, 0, sizeof(si));
-    if (waitid(P_PID, (id_t)run->pid, &si, WEXITED | WNOHANG | WNOWAIT | __WALL) != 0)
-        return errno == ECHILD;
-    return si.si_pid == run->pid;
 }
 
 /* Reaps init (or the bare task, after killing its group) and returns its
@@ -228,10 +225,16 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
             kill_hard(run, now);
         }
         /* Without a pidfd, and after a kill, look for the exit directly. */
-        if (run->pid > 0 && (run->pidfd < 0 || end != CI_SANDBOX_EXITED) && has_exited(run)) {
+        if (run->pid > 0 && (run->pidfd < 0 || end != CI_SANDBOX_EXITED) && run_exited(run)) {
             mark_end(run, now);
             reap(run, &init_status, &ru);
             drain_until = ci_mono_ms() + DRAIN_MS; /* after reap(), which may sweep (bare) */
+        }
+        /* Init still there KILL_WAIT_MS after its SIGKILL: give up on it
+         * (see KILL_WAIT_MS), with what was read until now. */
+        if (run->pid > 0 && run->killed_at && now - run->killed_at >= KILL_WAIT_MS) {
+            run->stuck = true;
+            break;
         }
         bool pipes_open = run->out_fd >= 0 || run->err_fd >= 0 || run->rep_fd >= 0;
         if (run->pid == 0 && (!pipes_open || now >= drain_until))
@@ -337,7 +340,8 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
         r.outcome.memory_mb = (uint32_t)((ru.ru_maxrss + 1023) / 1024);
     }
     if (run->cg) {
-        /* Everything in it is dead: its counters are final. */
+        /* Everything in it is dead (or, stuck, cannot run): its counters
+         * are final. */
         struct ci_cgroup_stats cs;
         ci_cgroup_stats(run->cg, &cs);
         r.cgroup = true;
@@ -374,6 +378,14 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     }
     if (news.broken)
         r.end = CI_SANDBOX_BROKEN;
+    if (run->stuck) {
+        size_t n = strlen(news.why);
+        snprintf(news.why + n, sizeof(news.why) - n,
+                 "%sits processes did not exit within %d s of SIGKILL (frozen, or stuck in the "
+                 "kernel); the worker stopped waiting for them", n ? "; " : "",
+                 KILL_WAIT_MS / 1000);
+        r.unreaped = true;
+    }
     int64_t t_end = run->t_end ? run->t_end : ci_mono_ms();
     r.outcome.duration_ms = t_end > run->t_go ? (uint64_t)(t_end - run->t_go) : 0;
     snprintf(r.outcome.isolation, sizeof(r.outcome.isolation), "%s", sb->isolation);
@@ -381,7 +393,8 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     take_capture(&out, &r.outcome.out, &r.outcome.out_len, &r.outcome.out_total, &s);
     take_capture(&errc, &r.outcome.err, &r.outcome.err_len, &r.outcome.err_total, &s);
     take_capture(&rep, &r.report, &r.report_len, &rep_total, &s);
-    if (!s && (news.broken || news.exec_failed) && !(r.outcome.error = strdup(news.why)))
+    if (!s && (news.broken || news.exec_failed || r.unreaped) &&
+        !(r.outcome.error = strdup(news.why)))
         s = CI_ERR_NOMEM;
     if (!s && run->ws_fd >= 0)
         s = session_collect(run, &r); /* first: the walk skips the restored files */
@@ -393,7 +406,7 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
     ci_buf_release(&errc.buf);
     ci_buf_release(&rep.buf);
     if (run->pid > 0)
-        run_close_io(run); /* a warm init still on its way out: see above */
+        run_close_io(run); /* a warm init still on its way out, or stuck: see above */
     else
         run_close(run);
     if (s) {

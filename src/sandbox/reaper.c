@@ -24,17 +24,34 @@
  * bounded (run_kill_now: 5 s for init to go; ci_cgroup_free: 2 s per
  * controller directory that does not empty: 11 s with cgroup v1's three,
  * should an init not exit at all), so the stop is too, whatever the number
- * of slots. */
+ * of slots.
+ *
+ * The thread also takes stuck runs, cold or warm: runs whose init had not
+ * exited 10 s after its SIGKILL when ci_sandbox_wait gave up on it (a
+ * process of the sandbox frozen, or stuck in the kernel). Freeing one now
+ * would wait for it - for ever for a cold init, which waitpid() reaps -
+ * and a slot or the queue behind it with it. So it only waits in a list,
+ * looked at every STUCK_POLL_MS without blocking (a poll of init's pidfd,
+ * a waitid(WNOHANG|WNOWAIT) of a cold init), and is freed once its init
+ * has exited, when the free is quick. Until then its pid (unreaped), its
+ * pidfd, its cgroup and its task uid stay its own: none can be reused by
+ * another run meanwhile. The list is not bounded by max_pending: each
+ * entry is a sandbox that SIGKILL could not end, which no bound of ours
+ * frees; the stop frees them as the queue (bounded, then left as they
+ * are: see run_kill_now). A poll, not a wakeup on each pidfd: simpler,
+ * and a second's delay costs nothing to a run that was stuck for 10. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "sandbox/sandbox_int.h"
 
 /* A run whose peak memory was above this is freed by its caller: its
  * memory is gone before the slot takes another task, as before. */
 #define REAPER_MAX_PEAK_MB 256
+#define STUCK_POLL_MS 1000 /* how often stuck runs are looked at */
 
 static void *free_main(void *arg)
 {
@@ -71,24 +88,62 @@ static void free_in_parallel(struct ci_sandbox_run *list)
     free(started);
 }
 
+/* Takes the stuck runs whose init has exited off the list (lock held). */
+static struct ci_sandbox_run *take_exited(struct reaper *r)
+{
+    struct ci_sandbox_run *gone = NULL;
+    for (struct ci_sandbox_run **p = &r->stuck; *p;) {
+        struct ci_sandbox_run *run = *p;
+        if (!run_exited(run)) {
+            p = &run->reap_next;
+            continue;
+        }
+        *p = run->reap_next;
+        run->reap_next = gone;
+        gone = run;
+    }
+    return gone;
+}
+
 static void *reaper_main(void *arg)
 {
     struct ci_sandbox *sb = arg;
     struct reaper *r = &sb->reaper;
     pthread_mutex_lock(&r->lock);
     for (;;) {
-        while (!r->head && !r->stopping)
+        while (!r->head && !r->stuck && !r->stopping)
             pthread_cond_wait(&r->cond, &r->lock);
+        if (!r->head && !r->stopping) { /* stuck ones only: look again in a while */
+            struct timespec until;
+            clock_gettime(CLOCK_MONOTONIC, &until);
+            until.tv_sec += STUCK_POLL_MS / 1000;
+            until.tv_nsec += (long)(STUCK_POLL_MS % 1000) * 1000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&r->cond, &r->lock, &until);
+        }
+        struct ci_sandbox_run *gone = take_exited(r);
         struct ci_sandbox_run *run = r->head;
-        if (!run)
-            break; /* stopping, and nothing left */
-        r->head = run->reap_next;
-        if (!r->head)
-            r->tail = NULL;
+        if (run) {
+            r->head = run->reap_next;
+            if (!r->head)
+                r->tail = NULL;
+        }
+        if (!run && !gone && r->stopping)
+            break; /* nothing left: the stop took the rest */
         pthread_mutex_unlock(&r->lock);
-        ci_sandbox_run_free(run);
+        for (struct ci_sandbox_run *next; gone; gone = next) {
+            next = gone->reap_next;
+            gone->stuck = false; /* its init has exited: the free is quick */
+            ci_sandbox_run_free(gone);
+        }
+        if (run)
+            ci_sandbox_run_free(run);
         pthread_mutex_lock(&r->lock);
-        r->pending--;
+        if (run)
+            r->pending--;
     }
     pthread_mutex_unlock(&r->lock);
     return NULL;
@@ -99,10 +154,21 @@ ci_status reaper_start(struct ci_sandbox *sb, unsigned max_pending)
     struct reaper *r = &sb->reaper;
     if (pthread_mutex_init(&r->lock, NULL) != 0)
         return CI_ERR_SYS;
-    if (pthread_cond_init(&r->cond, NULL) != 0) {
+    pthread_condattr_t ca;
+    bool cond_ok = pthread_condattr_init(&ca) == 0;
+    if (cond_ok) {
+        cond_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+                  pthread_cond_init(&r->cond, &ca) == 0;
+        pthread_condattr_destroy(&ca);
+    }
+    if (!cond_ok) {
         pthread_mutex_destroy(&r->lock);
         return CI_ERR_SYS;
     }
+    /* A stop may have left its counts (ci_sandbox_new starts it again). */
+    r->stopping = false;
+    r->head = r->tail = r->stuck = NULL;
+    r->pending = 0;
     r->max_pending = max_pending ? max_pending : 1;
     /* No signal for this thread: the worker's are the main thread's. */
     sigset_t all, old;
@@ -130,6 +196,14 @@ void reaper_stop(struct ci_sandbox *sb)
     r->stopping = true;
     struct ci_sandbox_run *queued = r->head; /* ours; the thread ends after its current one */
     r->head = r->tail = NULL;
+    if (r->stuck) { /* freed with the queue: bounded (run_kill_now) */
+        struct ci_sandbox_run *last = r->stuck;
+        while (last->reap_next)
+            last = last->reap_next;
+        last->reap_next = queued;
+        queued = r->stuck;
+        r->stuck = NULL;
+    }
     pthread_cond_signal(&r->cond);
     pthread_mutex_unlock(&r->lock);
     free_in_parallel(queued);
@@ -139,13 +213,30 @@ void reaper_stop(struct ci_sandbox *sb)
     r->running = false;
 }
 
+bool reaper_take_stuck(struct ci_sandbox_run *run)
+{
+    struct reaper *r = &run->sb->reaper;
+    if (!r->running)
+        return false;
+    pthread_mutex_lock(&r->lock);
+    bool taken = !r->stopping;
+    if (taken) {
+        run->reap_next = r->stuck;
+        r->stuck = run;
+        pthread_cond_signal(&r->cond);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return taken;
+}
+
 void ci_sandbox_run_release(struct ci_sandbox_run *run)
 {
     if (!run)
         return;
     struct reaper *r = &run->sb->reaper;
     bool queued = false;
-    if (r->running && run->warm && run->waited && run->peak_mb <= REAPER_MAX_PEAK_MB) {
+    if (r->running && run->warm && run->waited && !run->stuck &&
+        run->peak_mb <= REAPER_MAX_PEAK_MB) {
         pthread_mutex_lock(&r->lock);
         if (!r->stopping && r->pending < r->max_pending) {
             run->reap_next = NULL;

@@ -33,8 +33,9 @@ void signal_init(struct ci_sandbox_run *run, int sig)
         kill(run->pid, sig);
 }
 
-/* Has a zygote's child (not ours to wait for) ended? */
-bool warm_exited(const struct ci_sandbox_run *run, int timeout_ms)
+/* Has init ended, within timeout_ms? By its pidfd, which reaps nothing:
+ * the only way for a zygote's child (not ours to wait for). */
+bool init_exited(const struct ci_sandbox_run *run, int timeout_ms)
 {
     struct pollfd p = {.fd = run->pidfd, .events = POLLIN};
     int r;
@@ -44,8 +45,26 @@ bool warm_exited(const struct ci_sandbox_run *run, int timeout_ms)
     return r != 0;
 }
 
-/* Kills and reaps whatever of the run is still alive (start failed, or the
- * run is freed without a wait). */
+/* Has init (or the bare task) ended? Never blocks, reaps nothing. */
+bool run_exited(const struct ci_sandbox_run *run)
+{
+    if (run->warm)
+        return init_exited(run, 0);
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    if (waitid(P_PID, (id_t)run->pid, &si, WEXITED | WNOHANG | WNOWAIT | __WALL) != 0)
+        return errno == ECHILD;
+    return si.si_pid == run->pid;
+}
+
+/* Kills and reaps whatever of the run is still alive (start failed, the
+ * run is freed without a wait, or the sandbox stops with it stuck). A
+ * process that SIGKILL cannot end (frozen by a cgroup freezer, stuck in
+ * the kernel) would hold this for ever: init is waited for at most
+ * KILL_FREE_MS, then left as it is. A warm one is its zygote's to reap; a
+ * cold one stays unreaped (run->pid > 0): its pid stays ours, so nothing
+ * else can get it, and ci_sandbox_run_free keeps its task uid. */
+#define KILL_FREE_MS 5000
 void run_kill_now(struct ci_sandbox_run *run)
 {
     if (run->pid <= 0)
@@ -53,13 +72,16 @@ void run_kill_now(struct ci_sandbox_run *run)
     if (run->warm) {
         /* SIGKILL on init kills its pid namespace; its zygote reaps it. */
         signal_init(run, SIGKILL);
-        warm_exited(run, 5000);
+        init_exited(run, KILL_FREE_MS);
         run->pid = 0;
         return;
     }
     kill(run->pid, SIGKILL);
     if (!run->sb->ns)
         kill(-run->pid, SIGKILL);
+    /* Bare mode waits as before: the job's bare_hooks must be called now. */
+    if (run->sb->ns && run->pidfd >= 0 && !init_exited(run, KILL_FREE_MS))
+        return;
     while (waitpid(run->pid, NULL, __WALL) < 0 && errno == EINTR)
         ;
     run->pid = 0;
@@ -114,9 +136,17 @@ void ci_sandbox_run_free(struct ci_sandbox_run *run)
 {
     if (!run)
         return;
+    /* Its processes did not exit after SIGKILL: the sandbox's thread
+     * frees it once they have, which no slot waits for (reaper.c). */
+    if (run->stuck && reaper_take_stuck(run))
+        return;
     run_kill_now(run);
+    bool reaped = run->pid <= 0;
     run_close(run);
-    uids_give_cold(&run->sb->uids, run->uid_slot); /* every process of the run is dead */
+    /* Every process of the run is dead; else its uid is never handed out
+     * again: a process that may still run has it. */
+    if (reaped)
+        uids_give_cold(&run->sb->uids, run->uid_slot);
     close_fd(&run->wake_fd);
     for (size_t i = 0; i < sizeof(run->bare_strs) / sizeof(run->bare_strs[0]); i++)
         free(run->bare_strs[i]);

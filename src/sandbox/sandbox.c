@@ -20,7 +20,8 @@
  *   probe.c      what this machine allows, and the mode it gets;
  *   warm.c       warm mode: the zygotes' setup and launch, a run's start
  *                in one (the pool is zygote.c, a zygote src/zygote/main.c);
- *   reaper.c     warm mode: ended runs freed beside the next tasks;
+ *   reaper.c     ended warm runs freed beside the next tasks, and runs
+ *                whose processes outlived SIGKILL once they have exited;
  *   cgroup.c     the task's cgroup;
  *   uids.c       the task uids: a uid of its own for each task's code;
  *   report.c     the driver's report, read;
@@ -266,6 +267,14 @@ ci_status ci_sandbox_new(const struct ci_config *cfg, const struct ci_sandbox_pr
         }
         if (s)
             snprintf(sb->warm_failure, sizeof(sb->warm_failure), "%.479s", werr.msg);
+    }
+    /* Cold too: the thread frees the runs whose processes did not exit
+     * after SIGKILL once they have, so that no slot waits for them
+     * (reaper.c). Without it (no thread to be had) such a run's free waits
+     * a bounded time and leaves what it could not reap. */
+    if (!sb->reaper.running && reaper_start(sb, ci_config_slots(cfg)) == CI_ERR_NOMEM) {
+        ci_sandbox_free(sb);
+        return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     }
     *ret = sb;
     return CI_OK;

@@ -201,9 +201,14 @@ struct ci_sandbox_result {
     bool cgroup;        /* the run had its cgroup: its limits applied, oom_killed is known */
     bool cgroup_peak;   /* outcome.memory_mb is the cgroup's peak (tmpfs pages included) */
     bool oom_killed;    /* the cgroup's OOM killer killed a process of the task */
+    /* Timed out or cancelled, and its processes did not exit within 10 s of
+     * SIGKILL (frozen by a cgroup freezer, stuck in the kernel): the wait
+     * stopped waiting for them, and outcome.error says so. The run's free
+     * does not wait for them either (ci_sandbox_run_free). */
+    bool unreaped;
     /* out/err/totals, artifacts, duration_ms, cpu_ms, memory_mb, isolation
      * are filled; kind, exit_code, error and hint are left to the caller
-     * (error is set only for CI_SANDBOX_BROKEN). */
+     * (error is set only for CI_SANDBOX_BROKEN, and when unreaped). */
     struct ci_outcome outcome;
     char *report;       /* the driver's report (NUL-separated key, value pairs) */
     size_t report_len;
@@ -234,7 +239,8 @@ ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_job *job,
 /* Collects output until the task ends, the deadline passes or a cancel
  * arrives (handing what it keeps to the job's output sink as it is read,
  * and calling the sink's tick() at least as often as it asks); kills
- * every process of the sandbox, reaps them, then reads the
+ * every process of the sandbox, reaps them (waiting at most 10 s for them
+ * after SIGKILL: see unreaped), then reads the
  * artifacts and closes the workspace. Call once. Returns CI_OK with ret
  * filled (a broken run is CI_SANDBOX_BROKEN, not an error), or
  * CI_ERR_NOMEM (everything is dead then too). The run stays allocated. */
@@ -247,7 +253,10 @@ ci_status ci_sandbox_wait(struct ci_sandbox_run *run, struct ci_sandbox_result *
 void ci_sandbox_cancel(struct ci_sandbox_run *run);
 
 /* Frees a run once no thread can call cancel() on it any more. A run that
- * was never waited for is killed and reaped first. Accepts NULL. */
+ * was never waited for is killed and reaped first (in the namespace
+ * sandbox init is waited for at most 5 s, then left as it is). An
+ * unreaped run is handed to the sandbox's own thread, which frees it once
+ * its processes have exited: this returns at once. Accepts NULL. */
 void ci_sandbox_run_free(struct ci_sandbox_run *run);
 
 /* As ci_sandbox_run_free(), except that a warm run that was waited for and

@@ -46,15 +46,17 @@ struct task_uids {
 /* A prepared sandbox: the plan every run of it follows (plan.c, seccomp.c),
  * built once by ci_sandbox_new() and then only read, from several threads
  * at once and in the children. */
-/* Warm runs freed on the sandbox's own thread (reaper.c). */
+/* Runs freed on the sandbox's own thread (reaper.c): ended warm runs, and
+ * runs whose processes did not exit after SIGKILL (stuck), either mode. */
 struct reaper {
     bool running; /* the thread runs: set before the first run, cleared after the last */
     pthread_t thread;
     pthread_mutex_t lock;
-    pthread_cond_t cond;
+    pthread_cond_t cond; /* on CLOCK_MONOTONIC */
     bool stopping;
     struct ci_sandbox_run *head, *tail; /* the queue, oldest first */
     unsigned pending, max_pending;      /* queued or being freed; the most allowed */
+    struct ci_sandbox_run *stuck;       /* freed once their init has exited, any order */
 };
 
 struct ci_sandbox {
@@ -89,7 +91,7 @@ struct ci_sandbox {
     int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
     size_t n_warm_ops;
     bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
-    struct reaper reaper; /* warm mode: ended runs freed beside the next tasks */
+    struct reaper reaper; /* ended warm runs freed beside the next tasks; stuck runs */
     char warm_failure[480]; /* ci_sandbox_warm_failure() */
     /* Every string the plan points to, freed with the sandbox. */
     char **strs;
@@ -155,8 +157,11 @@ struct ci_sandbox_run {
     struct ci_run_marks marks; /* its stages, for the outcome (job.h) */
     bool waited;        /* ci_sandbox_wait() returned: nothing of it runs any more */
     uint32_t peak_mb;   /* its peak memory, as the outcome says */
-    struct ci_sandbox_run *reap_next; /* in the reaper's queue */
+    struct ci_sandbox_run *reap_next; /* in the reaper's queue, or its stuck list */
     int64_t kill_at;    /* when init gets SIGKILL if it has not stopped by itself */
+    int64_t killed_at;  /* when init got SIGKILL from the wait; 0: it did not */
+    bool stuck;         /* init had not exited KILL_WAIT_MS after its SIGKILL when the
+                         * wait gave up on it (io.c): the reaper frees the run once it has */
     uint32_t timeout_ms;
     struct input_digest *inputs;
     size_t n_inputs;
@@ -190,10 +195,13 @@ static inline void close_fd(int *fd)
 }
 
 /* reaper.c: ended warm runs freed on a thread of the sandbox's own, at
- * most max_pending at a time (ci_sandbox_run_release). stop() frees what is
- * queued, then ends the thread. */
+ * most max_pending at a time (ci_sandbox_run_release); stuck runs freed
+ * there once their init has exited (take_stuck: false when the thread
+ * cannot take it). stop() frees what is queued or stuck, then ends the
+ * thread. */
 ci_status reaper_start(struct ci_sandbox *sb, unsigned max_pending);
 void reaper_stop(struct ci_sandbox *sb);
+bool reaper_take_stuck(struct ci_sandbox_run *run);
 
 /* sandbox.c: a sandbox built as o says, whatever the probe found. */
 ci_status sandbox_build(const struct ci_config *cfg, const struct build_opts *o,
@@ -239,7 +247,8 @@ ci_status recv_msg_on(int sock, int timeout_ms, struct msg *m, int *ret_fd);
 ci_status recv_msg_fds(int sock, int timeout_ms, struct msg *m, int *ret_fds, int n);
 void describe_failure(const struct ci_sandbox *sb, const struct msg *m, char *out, size_t size);
 void signal_init(struct ci_sandbox_run *run, int sig);
-bool warm_exited(const struct ci_sandbox_run *run, int timeout_ms);
+bool init_exited(const struct ci_sandbox_run *run, int timeout_ms);
+bool run_exited(const struct ci_sandbox_run *run);
 void run_kill_now(struct ci_sandbox_run *run);
 void run_close_io(struct ci_sandbox_run *run);
 void run_close(struct ci_sandbox_run *run);

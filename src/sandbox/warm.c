@@ -404,7 +404,7 @@ ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
          * pidfd_pid() and the attach, but pids are handed out in turn, so
          * none was reused in that moment. Fail now rather than later. */
         struct pollfd p = {.fd = pfd[1], .events = POLLIN};
-        if (warm_exited(run, 0) || poll(&p, 1, 0) != 0) {
+        if (init_exited(run, 0) || poll(&p, 1, 0) != 0) {
             close(pfd[1]);
             return ci_error_set(err, CI_ERR_SYS, "the task's init ended before its setup");
         }
@@ -416,7 +416,7 @@ ci_status start_warm(struct ci_sandbox_run *run, const struct ci_job *job,
     if (sb->uids.on) {
         run->task_uid = outside_uid_of(run->pid, SANDBOX_ID);
         uint32_t warm_first = sb->uids.first + sb->uids.cold;
-        if (warm_exited(run, 0) || run->task_uid == (uid_t)-1 || run->task_uid < warm_first ||
+        if (init_exited(run, 0) || run->task_uid == (uid_t)-1 || run->task_uid < warm_first ||
             run->task_uid - warm_first >= sb->uids.blocks * sb->uids.block) {
             close(pfd[1]);
             return ci_error_set(err, CI_ERR_SYS, "the task's init has no task uid of the range");

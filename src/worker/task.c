@@ -1896,6 +1896,13 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
         if (!o.error)
             o.error = strdup("the sandbox failed while running the code");
     }
+    if (!s && o.unreaped)
+        ci_log(CI_LOG_WARN, "task.unreaped", "task_id", t->id, "what",
+               "the task was killed, yet its processes did not exit within 10 s of SIGKILL "
+               "(frozen by a cgroup freezer, or stuck in the kernel: a hung disk or NFS "
+               "mount?); its slot goes on, and they are reaped and their cgroup removed "
+               "once they exit",
+               NULL);
     /* Without memory for the output the result still ends the task. */
     (void)ci_result_set_outcome(&r->msg, &r->usage, &r->text, &o,
                                 env->cfg->limits.max_output_bytes);
