@@ -1,6 +1,8 @@
 /* test_reaper.c - the sandbox's reaper (src/sandbox/reaper.c) at its
  * edges, on the REAL warm sandbox: a queue that is full, a run too big to
- * queue, a stop with runs still queued, an init that will not exit.
+ * queue, a stop with runs still queued, an init that will not exit; and a
+ * killed run whose processes cannot exit (warm, and cold through the local
+ * provider): its wait gives up on them, its free hands them to the reaper.
  *
  * An init that will not exit is made on demand: it is moved into a cgroup
  * v1 freezer and frozen before its run is released; a frozen task does not
@@ -13,6 +15,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +26,7 @@
 #include <unistd.h>
 
 #include "core/util.h"
+#include "provider/provider_local.h"
 #include "sandbox/sandbox_int.h"
 #include "sandbox_config.h"
 #include "testutil.h"
@@ -547,6 +551,331 @@ static void t_stop_in_parallel(void)
     free(c);
 }
 
+/* ---- A killed run whose processes cannot exit ------------------------- */
+
+/* ci_sandbox_wait's wait for init after SIGKILL (io.c KILL_WAIT_MS), and
+ * what a call that must not wait for them may take at most, on a loaded
+ * machine: a wait that gives up on them takes their 10 s and this. */
+#define KILL_WAIT_MS 10000
+#define SLACK_MS 15000
+
+/* The pids in every task cgroup of this program's sandboxes (memory
+ * hierarchy), at most max; *ret_dirs: how many task cgroups there are. */
+static int task_cgroup_pids(pid_t *out, int max, int *ret_dirs)
+{
+    char buf[4096], base[1024], prefix[64];
+    *ret_dirs = 0;
+    if (!read_file("/proc/self", "cgroup", buf, sizeof(buf)))
+        return 0;
+    const char *m = strstr(buf, ":memory:");
+    if (!m)
+        return 0;
+    m += 8;
+    snprintf(base, sizeof(base), "/sys/fs/cgroup/memory%.*s", (int)strcspn(m, "\n"), m);
+    snprintf(prefix, sizeof(prefix), "ci-worker-%d-", (int)getpid());
+    DIR *d = opendir(base);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        char root[1400];
+        snprintf(root, sizeof(root), "%s/%s", base, e->d_name);
+        DIR *r = opendir(root);
+        if (!r)
+            continue;
+        struct dirent *t;
+        while ((t = readdir(r)) != NULL) {
+            if (strncmp(t->d_name, "task-", 5) != 0)
+                continue;
+            char dir[1800];
+            snprintf(dir, sizeof(dir), "%s/%s", root, t->d_name);
+            (*ret_dirs)++;
+            n += pids_in(dir, out + n, max - n);
+        }
+        closedir(r);
+    }
+    closedir(d);
+    return n;
+}
+
+static int task_cgroups_now(void)
+{
+    pid_t pids[64];
+    int dirs;
+    task_cgroup_pids(pids, 64, &dirs);
+    return dirs;
+}
+
+static bool task_cgroups_within(int want, int ms)
+{
+    for (int i = 0; i < ms / 10 && task_cgroups_now() != want; i++)
+        usleep(10 * 1000);
+    return task_cgroups_now() == want;
+}
+
+/* Freezes every process of the running task's cgroup, once there are at
+ * least want of them: as an operator who froze the cgroup, or a disk that
+ * hung every one of them in the kernel. Their count (into pids), or 0. */
+static int freeze_task(int want, pid_t *pids, int max)
+{
+    int n = 0, dirs = 0;
+    for (int i = 0; i < 1000 && (n = task_cgroup_pids(pids, max, &dirs)) < want; i++)
+        usleep(10 * 1000);
+    if (n < want) {
+        fprintf(stderr, "only %d processes in the task's cgroup, not %d\n", n, want);
+        return 0;
+    }
+    for (int round = 0; round < 10; round++) {
+        for (int i = 0; i < n; i++) {
+            char text[24];
+            snprintf(text, sizeof(text), "%d", (int)pids[i]);
+            write_file(freezer, "cgroup.procs", text); /* one that is gone: ESRCH */
+        }
+        if (!set_frozen(true))
+            return 0;
+        /* One forked meanwhile is not in: again, until every one is. */
+        pid_t in[64];
+        int k = pids_in(freezer, in, 64);
+        n = task_cgroup_pids(pids, max, &dirs);
+        bool all = n >= want;
+        for (int i = 0; i < n && all; i++) {
+            bool found = false;
+            for (int j = 0; j < k && !found; j++)
+                found = in[j] == pids[i];
+            all = found;
+        }
+        if (all)
+            return n;
+    }
+    return 0;
+}
+
+/* A call on a thread of its own, waited for at most a bound: one that
+ * does not return within it fails the case instead of hanging the test,
+ * and the freezer is thawed so that it returns (what it waited for dies
+ * of its SIGKILL). */
+struct bg {
+    void (*fn)(void *);
+    void *arg;
+    atomic_bool done;
+};
+
+static void *bg_main(void *p)
+{
+    struct bg *b = p;
+    b->fn(b->arg);
+    atomic_store(&b->done, true);
+    return NULL;
+}
+
+/* Runs fn(arg) within ms; its time into *ret_ms. */
+static bool call_within(void (*fn)(void *), void *arg, int ms, const char *what, int64_t *ret_ms)
+{
+    struct bg b = {.fn = fn, .arg = arg};
+    atomic_init(&b.done, false);
+    pthread_t t;
+    int64_t t0 = ci_mono_ms();
+    if (pthread_create(&t, NULL, bg_main, &b) != 0)
+        return false;
+    while (!atomic_load(&b.done) && ci_mono_ms() - t0 < ms)
+        usleep(10 * 1000);
+    bool in_time = atomic_load(&b.done);
+    *ret_ms = ci_mono_ms() - t0;
+    if (!in_time) {
+        fprintf(stderr, "%s has not returned after %d ms: thawing the task\n", what, ms);
+        set_frozen(false);
+    }
+    pthread_join(t, NULL);
+    fprintf(stderr, "%s returned after %lld ms\n", what, (long long)(ci_mono_ms() - t0));
+    return in_time;
+}
+
+/* After the thaw the frozen processes die of their SIGKILL; the reaper
+ * then frees the run: init reaped, its cgroup removed. */
+static void check_all_gone(const pid_t *pids, int n)
+{
+    CHECK(set_frozen(false));
+    for (int i = 0; i < n; i++)
+        CHECK(gone_within(pids[i], 10000));
+    CHECK(task_cgroups_within(0, 10000)); /* the reaper looks every second */
+}
+
+static const char sleeper[] = "import time\n"
+                              "print('sleeping', flush=True)\n"
+                              "time.sleep(300)\n";
+
+struct sb_wait {
+    struct ci_sandbox_run *run;
+    struct ci_sandbox_result res;
+    ci_status s;
+};
+
+static void sb_wait_fn(void *p)
+{
+    struct sb_wait *w = p;
+    w->s = ci_sandbox_wait(w->run, &w->res);
+}
+
+static void sb_release_fn(void *p)
+{
+    ci_sandbox_run_release(p);
+}
+
+/* Warm: a running task frozen whole (init, the task process, its keeper),
+ * then cancelled. The wait gives up KILL_WAIT_MS after init's SIGKILL and
+ * says so; the release returns at once, the processes still frozen; once
+ * thawed, nothing is left. Before, the wait polled for init's exit for
+ * ever. */
+static void t_frozen_task_warm(void)
+{
+    struct ci_config *c = make_config(1);
+    struct ci_sandbox *sb = new_sandbox(c);
+    REQUIRE(sb);
+    char root[CI_CGROUP_PATH_MAX];
+    snprintf(root, sizeof(root), "%s", ci_cgroup_root_dir(sb->cgroups));
+    struct ci_job job = {.code = sleeper, .code_len = strlen(sleeper), .timeout_ms = 60000,
+                         .memory_mb = 1024};
+    struct sb_wait w = {0};
+    struct ci_error err = {{0}};
+    REQUIRE(ci_sandbox_start(sb, &job, &w.run, &err) == CI_OK);
+    CHECK(w.run->warm);
+    pid_t pids[32];
+    int n = freeze_task(3, pids, 32); /* init, the task process, the keeper */
+    CHECK(n >= 3);
+    ci_sandbox_cancel(w.run);
+    int64_t took = 0;
+    bool in_time = call_within(sb_wait_fn, &w, KILL_WAIT_MS + SLACK_MS, "ci_sandbox_wait", &took);
+    CHECK(in_time);
+    CHECK(w.s == CI_OK);
+    if (in_time && w.s == CI_OK) {
+        CHECK(took >= KILL_WAIT_MS); /* it did wait for them */
+        CHECK(w.res.end == CI_SANDBOX_CANCELLED);
+        CHECK(w.res.unreaped);
+        CHECK_CONTAINS(w.res.outcome.error, "did not exit within 10 s of SIGKILL");
+        for (int i = 0; i < n; i++)
+            CHECK(!pid_gone(pids[i])); /* frozen: alive */
+    }
+    if (w.s == CI_OK)
+        ci_sandbox_result_release(&w.res);
+    CHECK(call_within(sb_release_fn, w.run, 2000, "ci_sandbox_run_release", &took));
+    if (in_time) {
+        CHECK(task_cgroups_now() == 1); /* still there, with them */
+        for (int i = 0; i < n; i++)
+            CHECK(!pid_gone(pids[i]));
+    }
+    check_all_gone(pids, n);
+    /* The sandbox goes on: a task runs. */
+    struct ci_sandbox_run *r2 = run_ended(sb, small, false);
+    CHECK(r2 != NULL);
+    ci_sandbox_run_free(r2);
+    ci_sandbox_free(sb);
+    CHECK(!dir_exists(root));
+    free(c);
+}
+
+struct prov_call {
+    struct ci_provider *p;
+    struct ci_run *run;
+    struct ci_outcome o;
+    ci_status s;
+};
+
+static void prov_wait_fn(void *arg)
+{
+    struct prov_call *pc = arg;
+    pc->s = ci_provider_wait(pc->p, pc->run, &pc->o);
+}
+
+static void prov_release_fn(void *arg)
+{
+    struct prov_call *pc = arg;
+    ci_provider_release(pc->p, pc->run);
+}
+
+/* The pid among pids whose parent we are (a cold run's init), or 0. */
+static pid_t our_child(const pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char dir[64], buf[4096];
+        snprintf(dir, sizeof(dir), "/proc/%d", (int)pids[i]);
+        const char *pp = read_file(dir, "status", buf, sizeof(buf)) ? strstr(buf, "\nPPid:")
+                                                                     : NULL;
+        if (pp && strtol(pp + 7, NULL, 10) == getpid())
+            return pids[i];
+    }
+    return 0;
+}
+
+/* Cold, through the local provider, as a worker runs it: a running task
+ * frozen whole (init, the task process), then timed out. The outcome is
+ * TIMED_OUT, its error says both; the release returns at once (before:
+ * waitpid on init, for ever); once thawed the reaper reaps init, removes
+ * its cgroup and gives its task uid back: the next task runs (one slot:
+ * one cold uid, with task uids). */
+static void t_frozen_task_cold(void)
+{
+    struct ci_config *c = make_config(1);
+    c->local.mode = CI_MODE_COLD;
+    struct prov_call pc = {0};
+    struct ci_error err = {{0}};
+    REQUIRE(ci_provider_local_new_probed(c, &probed, &pc.p, &err) == CI_OK);
+    struct ci_job job = {.code = sleeper, .code_len = strlen(sleeper), .timeout_ms = 2000,
+                         .memory_mb = 1024};
+    REQUIRE(ci_provider_start(pc.p, &job, &pc.run, &err) == CI_OK);
+    pid_t pids[32];
+    int n = freeze_task(2, pids, 32); /* init, the task process */
+    CHECK(n >= 2);
+    pid_t init = our_child(pids, n);
+    CHECK(init > 0);
+    int64_t took = 0;
+    bool in_time = call_within(prov_wait_fn, &pc, (int)job.timeout_ms + KILL_WAIT_MS + SLACK_MS,
+                               "ci_provider_wait", &took);
+    CHECK(in_time);
+    CHECK(pc.s == CI_OK);
+    if (in_time && pc.s == CI_OK) {
+        CHECK(took >= KILL_WAIT_MS);
+        CHECK(pc.o.kind == CI_OUTCOME_TIMED_OUT);
+        CHECK(pc.o.unreaped);
+        CHECK_CONTAINS(pc.o.error, "did not finish within the time limit of 2000 ms; its "
+                                   "processes did not exit within 10 s of SIGKILL");
+        for (int i = 0; i < n; i++)
+            CHECK(!pid_gone(pids[i]));
+    }
+    ci_outcome_release(&pc.o);
+    CHECK(call_within(prov_release_fn, &pc, 2000, "ci_provider_release", &took));
+    if (in_time) {
+        CHECK(task_cgroups_now() == 1);
+        for (int i = 0; i < n; i++)
+            CHECK(!pid_gone(pids[i]));
+    }
+    check_all_gone(pids, n);
+    /* Init reaped (by the reaper), not only exited. */
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    int wr = init > 0 ? waitid(P_PID, (id_t)init, &si, WEXITED | WNOHANG | WNOWAIT | __WALL) : -1;
+    CHECK(init <= 0 || (wr != 0 && errno == ECHILD));
+    /* The slot's next task runs: the run's task uid is free again. */
+    struct ci_job next = {.code = small, .code_len = strlen(small), .timeout_ms = 30000,
+                          .memory_mb = 1024};
+    struct prov_call pc2 = {.p = pc.p};
+    ci_status s = ci_provider_start(pc.p, &next, &pc2.run, &err);
+    CHECK(s == CI_OK);
+    if (s != CI_OK)
+        fprintf(stderr, "the next task: %s\n", err.msg);
+    if (s == CI_OK) {
+        CHECK(ci_provider_wait(pc.p, pc2.run, &pc2.o) == CI_OK);
+        CHECK(pc2.o.kind == CI_OUTCOME_EXITED && pc2.o.exit_code == 0);
+        ci_outcome_release(&pc2.o);
+        ci_provider_release(pc.p, pc2.run);
+    }
+    ci_provider_free(pc.p);
+    CHECK(task_cgroups_now() == 0);
+    free(c);
+}
+
 /* Does SIGKILL leave a frozen process alive here? */
 static bool freezer_holds(void)
 {
@@ -640,7 +969,7 @@ int main(int argc, char **argv)
 {
     static const struct t_case cases[] = {
         T(t_queue_full), T(t_big_peak_inline), T(t_stop_with_queued), T(t_init_will_not_exit),
-        T(t_stop_in_parallel),
+        T(t_stop_in_parallel), T(t_frozen_task_warm), T(t_frozen_task_cold),
     };
     struct t_case sel[sizeof(cases) / sizeof(cases[0])];
     int k = t_select(argc, argv, cases, sizeof(cases) / sizeof(cases[0]), sel);
