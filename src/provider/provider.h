@@ -78,6 +78,9 @@ const char *ci_provider_isolation(const struct ci_provider *p);
 void ci_provider_notes(const struct ci_provider *p, struct ci_provider_notes *ret);
 /* Warm runtimes ready to take a task; 0 for a provider without a warm pool. */
 unsigned ci_provider_warm_ready(struct ci_provider *p);
+/* CI_ERR_FULL: no room for the run now (the local provider's task uids
+ * are all held, some by killed runs whose processes have not exited): the
+ * task should be tried again later, not failed. */
 ci_status ci_provider_start(struct ci_provider *p, const struct ci_job *job,
                             struct ci_run **ret_run, struct ci_error *err);
 ci_status ci_provider_wait(struct ci_provider *p, struct ci_run *run, struct ci_outcome *ret);

@@ -23,7 +23,7 @@
 #define DRAIN_MS 1000          /* after the task is gone, longest wait for pipes to close */
 #define STOP_GRACE_MS 300      /* init's time to kill and reap everything before SIGKILL */
 /* After SIGKILL, longest wait for init to exit. It does at once unless a
- * process of its namespace cannot die (frozen by a cgroup freezer, stuck
+ * process of its namespace cannot die (frozen by the cgroup v1 freezer, stuck
  * in uninterruptible sleep on a hung disk): then waiting longer would hold
  * the slot, maybe for ever. The run ends as the kill's end, saying so, and
  * its free hands what is left to the sandbox's thread (reaper.c). */

@@ -38,7 +38,9 @@
  * another run meanwhile. The list is not bounded by max_pending: each
  * entry is a sandbox that SIGKILL could not end, which no bound of ours
  * frees; the stop frees them as the queue (bounded, then left as they
- * are: see run_kill_now). A poll, not a wakeup on each pidfd: simpler,
+ * are: see run_kill_now). Not bounded: the stop of a warm sandbox with a
+ * stuck run, whose zygote, pid 1 of the run's parent namespace, cannot
+ * exit before it, so that the pool's free waits for it (zygote.c). A poll, not a wakeup on each pidfd: simpler,
  * and a second's delay costs nothing to a run that was stuck for 10. */
 #include <errno.h>
 #include <pthread.h>

@@ -59,7 +59,7 @@ bool run_exited(const struct ci_sandbox_run *run)
 
 /* Kills and reaps whatever of the run is still alive (start failed, the
  * run is freed without a wait, or the sandbox stops with it stuck). A
- * process that SIGKILL cannot end (frozen by a cgroup freezer, stuck in
+ * process that SIGKILL cannot end (frozen by the cgroup v1 freezer, stuck in
  * the kernel) would hold this for ever: init is waited for at most
  * KILL_FREE_MS, then left as it is. A warm one is its zygote's to reap; a
  * cold one stays unreaped (run->pid > 0): its pid stays ours, so nothing
@@ -141,6 +141,15 @@ void ci_sandbox_run_free(struct ci_sandbox_run *run)
     if (run->stuck && reaper_take_stuck(run))
         return;
     run_kill_now(run);
+    /* A cold init that did not exit within run_kill_now's bound: as a
+     * stuck run, its pidfd and cgroup still open, so that it is reaped,
+     * its cgroup removed and its uid given back once it exits. */
+    if (run->pid > 0 && run->sb->ns && !run->stuck) {
+        run->stuck = true;
+        if (reaper_take_stuck(run))
+            return;
+        run->stuck = false;
+    }
     bool reaped = run->pid <= 0;
     run_close(run);
     /* Every process of the run is dead; else its uid is never handed out
@@ -593,8 +602,9 @@ static ci_status start_ns(struct ci_sandbox_run *run, const struct ci_job *job,
     const char *uid_map = sb->uid_map;
     if (sb->uids.on) {
         if (uids_take_cold(&run->sb->uids, &run->uid_slot) != CI_OK)
-            return ci_error_set(err, CI_ERR_LIMIT, "every task uid of the cold runs is taken "
-                                "(more runs at once than task slots)");
+            return ci_error_set(err, CI_ERR_FULL, "every task uid of the cold runs is taken "
+                                "(a killed run whose processes have not exited holds one, "
+                                "or more runs at once than task slots)");
         run->task_uid = sb->uids.first + run->uid_slot;
         int n = snprintf(run->uid_map, sizeof(run->uid_map), "%d %u 1\n%d %u 1\n", SANDBOX_ID,
                          (unsigned)run->task_uid, INIT_ID, (unsigned)sb->outside_uid);

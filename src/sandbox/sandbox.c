@@ -272,7 +272,7 @@ ci_status ci_sandbox_new(const struct ci_config *cfg, const struct ci_sandbox_pr
      * after SIGKILL once they have, so that no slot waits for them
      * (reaper.c). Without it (no thread to be had) such a run's free waits
      * a bounded time and leaves what it could not reap. */
-    if (!sb->reaper.running && reaper_start(sb, ci_config_slots(cfg)) == CI_ERR_NOMEM) {
+    if (sb->ns && !sb->reaper.running && reaper_start(sb, ci_config_slots(cfg)) == CI_ERR_NOMEM) {
         ci_sandbox_free(sb);
         return ci_error_set(err, CI_ERR_NOMEM, "out of memory");
     }

@@ -202,7 +202,7 @@ struct ci_sandbox_result {
     bool cgroup_peak;   /* outcome.memory_mb is the cgroup's peak (tmpfs pages included) */
     bool oom_killed;    /* the cgroup's OOM killer killed a process of the task */
     /* Timed out or cancelled, and its processes did not exit within 10 s of
-     * SIGKILL (frozen by a cgroup freezer, stuck in the kernel): the wait
+     * SIGKILL (frozen by the cgroup v1 freezer, stuck in the kernel): the wait
      * stopped waiting for them, and outcome.error says so. The run's free
      * does not wait for them either (ci_sandbox_run_free). */
     bool unreaped;
@@ -235,6 +235,9 @@ struct ci_sandbox_run;
  * SIGKILL when it exits (PR_SET_PDEATHSIG is per thread). */
 ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_job *job,
                            struct ci_sandbox_run **ret, struct ci_error *err);
+
+/* (ci_sandbox_start: CI_ERR_FULL when no task uid of the cold runs is free,
+ * as while a killed run's processes have not exited: try again later.) */
 
 /* Collects output until the task ends, the deadline passes or a cancel
  * arrives (handing what it keeps to the job's output sink as it is read,

@@ -1867,6 +1867,8 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     }
     struct ci_run *run = NULL;
     s = ci_provider_start(env->provider, &job, &run, &e);
+    if (s == CI_ERR_FULL) /* no room now: later, here or on another worker */
+        return give_up_or_retry(t, r, "start the sandbox", &e);
     if (s) {
         result_fail(r, "%s", e.msg);
         return finish(t, r);
@@ -1899,7 +1901,7 @@ static enum ci_task_end run_task(struct task *t, struct result *r)
     if (!s && o.unreaped)
         ci_log(CI_LOG_WARN, "task.unreaped", "task_id", t->id, "what",
                "the task was killed, yet its processes did not exit within 10 s of SIGKILL "
-               "(frozen by a cgroup freezer, or stuck in the kernel: a hung disk or NFS "
+               "(frozen by the cgroup v1 freezer, or stuck in the kernel: a hung disk or NFS "
                "mount?); its slot goes on, and they are reaped and their cgroup removed "
                "once they exit",
                NULL);

@@ -819,6 +819,8 @@ static void t_frozen_task_cold(void)
 {
     struct ci_config *c = make_config(1);
     c->local.mode = CI_MODE_COLD;
+    c->local.task_uid_first = 2000000000u; /* the defaults: task uids as root */
+    c->local.task_uid_count = 5000;
     struct prov_call pc = {0};
     struct ci_error err = {{0}};
     REQUIRE(ci_provider_local_new_probed(c, &probed, &pc.p, &err) == CI_OK);
@@ -850,6 +852,24 @@ static void t_frozen_task_cold(void)
         CHECK(task_cgroups_now() == 1);
         for (int i = 0; i < n; i++)
             CHECK(!pid_gone(pids[i]));
+        /* Meanwhile the slot's next task finds the one cold uid held: not
+         * a failure of the task, but no room now (the worker gives the
+         * task back to be tried again). */
+        struct ci_job next = {.code = small, .code_len = strlen(small), .timeout_ms = 30000,
+                              .memory_mb = 1024};
+        struct ci_run *held = NULL;
+        struct ci_error full = {{0}};
+        ci_status s = ci_provider_start(pc.p, &next, &held, &full);
+        if (geteuid() == 0) { /* else no task uids: nothing is held */
+            CHECK(s == CI_ERR_FULL);
+            CHECK_CONTAINS(full.msg, "a killed run whose processes have not exited holds one");
+        }
+        if (s == CI_OK) {
+            struct ci_outcome o;
+            CHECK(ci_provider_wait(pc.p, held, &o) == CI_OK);
+            ci_outcome_release(&o);
+            ci_provider_release(pc.p, held);
+        }
     }
     check_all_gone(pids, n);
     /* Init reaped (by the reaper), not only exited. */
