@@ -40,8 +40,9 @@
  * frees; the stop frees them as the queue (bounded, then left as they
  * are: see run_kill_now). Not bounded: the stop of a warm sandbox with a
  * stuck run, whose zygote, pid 1 of the run's parent namespace, cannot
- * exit before it, so that the pool's free waits for it (zygote.c). A poll, not a wakeup on each pidfd: simpler,
- * and a second's delay costs nothing to a run that was stuck for 10. */
+ * exit before it, so that the pool's free waits for it (zygote.c). A
+ * poll, not a wakeup on each pidfd: simpler, and a second's delay costs
+ * nothing to a run that was stuck for 10. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>

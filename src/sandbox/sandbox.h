@@ -231,13 +231,12 @@ struct ci_sandbox_run;
  * returns (the code is copied, the inputs are written), and its limits
  * are taken as they are (0 is not a default here). The deadline (job->timeout_ms)
  * starts now. On failure nothing is left running and err says which setup
- * step failed. The thread that calls this must outlive the run: init gets
+ * step failed; CI_ERR_FULL when no task uid of the cold runs is free (a
+ * killed run whose processes have not exited may hold one): try again
+ * later. The thread that calls this must outlive the run: init gets
  * SIGKILL when it exits (PR_SET_PDEATHSIG is per thread). */
 ci_status ci_sandbox_start(struct ci_sandbox *sb, const struct ci_job *job,
                            struct ci_sandbox_run **ret, struct ci_error *err);
-
-/* (ci_sandbox_start: CI_ERR_FULL when no task uid of the cold runs is free,
- * as while a killed run's processes have not exited: try again later.) */
 
 /* Collects output until the task ends, the deadline passes or a cancel
  * arrives (handing what it keeps to the job's output sink as it is read,
