@@ -28,7 +28,9 @@
  *
  * The thread also takes stuck runs, cold or warm: runs whose init had not
  * exited 10 s after its SIGKILL when ci_sandbox_wait gave up on it (a
- * process of the sandbox frozen, or stuck in the kernel). Freeing one now
+ * process of the sandbox frozen, or stuck in the kernel), and cold runs
+ * freed without a wait whose init did not exit within run_kill_now's 5 s.
+ * Freeing one now
  * would wait for it - for ever for a cold init, which waitpid() reaps -
  * and a slot or the queue behind it with it. So it only waits in a list,
  * looked at every STUCK_POLL_MS without blocking (a poll of init's pidfd,

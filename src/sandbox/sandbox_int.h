@@ -196,7 +196,7 @@ static inline void close_fd(int *fd)
 
 /* reaper.c: ended warm runs freed on a thread of the sandbox's own, at
  * most max_pending at a time (ci_sandbox_run_release); stuck runs freed
- * there once their init has exited (take_stuck: false when the thread
+ * there once their init has exited (reaper_take_stuck: false when the thread
  * cannot take it). stop() frees what is queued or stuck, then ends the
  * thread. */
 ci_status reaper_start(struct ci_sandbox *sb, unsigned max_pending);

@@ -1965,7 +1965,7 @@ static void t_warm_zygote_huge(void)
         CHECK_STR(out, "7 1\n");
         free(out);
     }
-    /* Its own pages stay whole: the tasks' writes split only their copies. */
+    /* The tasks' writes do not split the zygote's mappings (its own may split a few). */
     huge_of(st.pids[0], &all, &heap);
     CHECK(heap >= 2048);
     CHECK(fallbacks_of(sb, &st) == 0);
