@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/status.h"
@@ -74,6 +75,9 @@ uint8_t *ci_buf_steal(struct ci_buf *b, size_t *ret_len);
 /* Milliseconds: wall clock since the epoch, and a monotonic clock. */
 int64_t ci_now_ms(void);
 int64_t ci_mono_ms(void);
+/* *ts = the monotonic clock ms from now: a deadline for a condition
+ * variable on CLOCK_MONOTONIC (pthread_condattr_setclock). */
+void ci_mono_deadline(struct timespec *ts, int64_t ms);
 /* Microseconds of the wall clock since the epoch: the stage marks of a task
  * (job.h), which a client on the same machine can line up with its own. */
 int64_t ci_now_us(void);

@@ -406,12 +406,7 @@ static void *watchdog_main(void *arg)
                 k->cut = true;
             }
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += WATCH_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        ci_mono_deadline(&ts, WATCH_MS);
         pthread_cond_timedwait(&h->wake, &h->conns_lock, &ts);
     }
     pthread_mutex_unlock(&h->conns_lock);

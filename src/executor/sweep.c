@@ -60,12 +60,7 @@ static void *reaper_main(void *arg)
         }
         reap_orphans(r->task);
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += REAP_EVERY_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        ci_mono_deadline(&ts, REAP_EVERY_MS);
         pthread_cond_timedwait(&r->cond, &r->lock, &ts);
     }
     pthread_mutex_unlock(&r->lock);

@@ -210,13 +210,7 @@ static bool abort_after_grace(void *arg)
 static bool sleep_unless_cancelled(struct ci_run *run, uint32_t ms)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    ci_mono_deadline(&ts, ms);
     pthread_mutex_lock(&run->lock);
     while (!run->cancelled) {
         if (pthread_cond_timedwait(&run->cond, &run->lock, &ts) != 0)

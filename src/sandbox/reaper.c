@@ -51,6 +51,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "core/util.h"
 #include "sandbox/sandbox_int.h"
 
 /* A run whose peak memory was above this is freed by its caller: its
@@ -120,13 +121,7 @@ static void *reaper_main(void *arg)
             pthread_cond_wait(&r->cond, &r->lock);
         if (!r->head && !r->stopping) { /* stuck ones only: look again in a while */
             struct timespec until;
-            clock_gettime(CLOCK_MONOTONIC, &until);
-            until.tv_sec += STUCK_POLL_MS / 1000;
-            until.tv_nsec += (long)(STUCK_POLL_MS % 1000) * 1000000L;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
+            ci_mono_deadline(&until, STUCK_POLL_MS);
             pthread_cond_timedwait(&r->cond, &r->lock, &until);
         }
         struct ci_sandbox_run *gone = take_exited(r);

@@ -64,17 +64,6 @@ struct ci_waitroom {
     int64_t last_log_ms;
 };
 
-static void abs_deadline(struct timespec *ts, int ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 static void make_ready(struct ci_waitroom *r, struct place *p)
 {
     p->state = PLACE_READY;
@@ -199,7 +188,7 @@ static void *room_main(void *arg)
         if (r->stop)
             break;
         struct timespec until;
-        abs_deadline(&until, r->o.poll_ms);
+        ci_mono_deadline(&until, r->o.poll_ms);
         pthread_cond_timedwait(&r->wake, &r->lock, &until);
     }
     pthread_mutex_unlock(&r->lock);
@@ -317,7 +306,7 @@ bool ci_waitroom_take(struct ci_waitroom *r, int timeout_ms, struct ci_delivery 
                       struct ci_task_wait *ret_wait)
 {
     struct timespec until;
-    abs_deadline(&until, timeout_ms > 0 ? timeout_ms : 0);
+    ci_mono_deadline(&until, timeout_ms > 0 ? timeout_ms : 0);
     pthread_mutex_lock(&r->lock);
     struct place *best = NULL;
     for (;;) {

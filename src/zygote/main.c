@@ -553,13 +553,15 @@ static int collapse_heap(int64_t *ret_kb)
     return first;
 }
 
-static int64_t huge_kb(void)
+/* N of the "key N kB" line of a /proc file, 0 when it has none. */
+static int64_t proc_kb(const char *path, const char *key)
 {
-    FILE *f = fopen("/proc/self/smaps_rollup", "re");
+    FILE *f = fopen(path, "re");
     char line[256];
     int64_t kb = 0;
+    size_t len = strlen(key);
     while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "AnonHugePages: %" SCNd64, &kb) == 1)
+        if (strncmp(line, key, len) == 0 && sscanf(line + len, "%" SCNd64, &kb) == 1)
             break;
     if (f)
         fclose(f);
@@ -580,16 +582,10 @@ static void send_status(uint32_t type, int err, const char *fmt, ...)
     vsnprintf(st.text, sizeof(st.text), fmt, ap);
     va_end(ap);
     if (type == ZMSG_READY) {
-        st.huge_kb = huge_kb();
+        st.huge_kb = proc_kb("/proc/self/smaps_rollup", "AnonHugePages:");
         st.collapse_err = z.collapse_err;
         st.collapsed_kb = z.collapsed_kb;
-        FILE *f = fopen("/proc/self/status", "re");
-        char line[256];
-        while (f && fgets(line, sizeof(line), f))
-            if (sscanf(line, "VmRSS: %" SCNd64, &st.rss_kb) == 1)
-                break;
-        if (f)
-            fclose(f);
+        st.rss_kb = proc_kb("/proc/self/status", "VmRSS:");
     }
     ssize_t r;
     do
