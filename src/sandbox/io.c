@@ -93,6 +93,10 @@ static void kill_hard(struct ci_sandbox_run *run, int64_t now)
 {
     if (run->pid > 0 && run->kill_at && now >= run->kill_at) {
         signal_init(run, SIGKILL);
+        /* Without init's report we wait for its exit, and so for the
+         * task's keeper at SCHED_IDLE: no more. */
+        if (run->warm)
+            promote_idle_children(run->pid);
         run->kill_at = 0;
         run->killed_at = now;
     }

@@ -154,8 +154,10 @@ struct zmsg_setup {
 #define ZSETUP_CGROUPNS 1u /* each task's init unshares its cgroup namespace once placed */
 #define ZSETUP_TASK_UIDS 4u /* the zygote maps each spare's uid 1000 to one of its block (at
                             * TASK_IDS_INSIDE, uid_block of them) and INIT_ID to its own uid */
-#define ZSETUP_IDLE_WARMUP 2u /* spare task processes warm up at SCHED_IDLE; the worker
-                               * resets each to SCHED_OTHER when it places it (HELLO) */
+#define ZSETUP_IDLE 2u /* spare task processes warm up, and task keepers tear the task's
+                        * memory down, at SCHED_IDLE; the worker puts a spare back to
+                        * SCHED_OTHER when it places it (HELLO), a keeper when it waits
+                        * for it (run_kill_now) */
 
 struct zsetup_head {
     uint64_t clone_flags; /* the namespaces of each task (CLONE_NEW*) */

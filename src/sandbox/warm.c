@@ -88,12 +88,13 @@ static ci_status warm_setup(struct ci_sandbox *sb, struct ci_buf *out)
                             .spares = warm_spares(sb->cfg)};
     if (sb->cgroups && (sb->clone_flags & CLONE_NEWCGROUP))
         h.flags |= ZSETUP_CGROUPNS;
-    /* A spare's warm-up then takes only CPU nothing else wants, and we put
-     * its task back to normal when it comes: without the capability we
-     * could not, and the warm-up competes with the tasks running. */
+    /* A spare's warm-up and a keeper's teardown then take only CPU nothing
+     * else wants, and we put them back to normal when a task comes or when
+     * we wait for them: without the capability we could not, and they
+     * compete with the tasks running. */
     sb->warm_idle = can_renice();
     if (sb->warm_idle)
-        h.flags |= ZSETUP_IDLE_WARMUP;
+        h.flags |= ZSETUP_IDLE;
     if (sb->uids.on) {
         h.flags |= ZSETUP_TASK_UIDS;
         h.uid_block = sb->uids.block;

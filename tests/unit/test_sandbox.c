@@ -1,6 +1,7 @@
 /* test_sandbox.c - runs the REAL sandbox (no mocks): namespaces, python3,
  * the driver. Needs user namespaces; without them it exits 77 loudly. */
 #include <arpa/inet.h>
+#include <linux/capability.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +25,7 @@
 #include "core/config.h"
 #include "provider/provider_local.h"
 #include "sandbox/sandbox.h"
+#include "sandbox/sandbox_int.h" /* promote_idle_children */
 #include "sandbox_config.h"
 #include "testutil.h"
 #include "core/util.h"
@@ -2123,6 +2125,64 @@ static void t_warm_spare_cpu(void)
     CHECK(cpu_ms + 80 < (uint64_t)self_ms);
 }
 
+static bool have_cap_sys_nice(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    if (syscall(SYS_capget, &hdr, data) != 0)
+        return false;
+    return (data[CAP_TO_INDEX(CAP_SYS_NICE)].effective & CAP_TO_MASK(CAP_SYS_NICE)) != 0;
+}
+
+/* A child that sets its policy, says so, and waits to be killed. */
+static pid_t child_at(int policy)
+{
+    int p[2];
+    if (pipe(p) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct sched_param none = {.sched_priority = 0};
+        char ok = sched_setscheduler(0, policy, &none) == 0 ? 'y' : 'n';
+        if (write(p[1], &ok, 1) != 1)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(p[1]);
+    char ok = 'n';
+    if (pid > 0 && read(p[0], &ok, 1) != 1)
+        ok = 'n';
+    close(p[0]);
+    if (pid > 0 && ok != 'y') {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    return pid;
+}
+
+/* What a free that waits for a warm init does to the keeper it waits for
+ * (run.c): a child at SCHED_IDLE goes back to SCHED_OTHER; one at another
+ * policy keeps it. */
+static void t_promote_idle_children(void)
+{
+    if (!have_cap_sys_nice())
+        SKIP("without CAP_SYS_NICE nothing at SCHED_IDLE can be put back (the worker then "
+             "runs no keeper at SCHED_IDLE either)");
+    pid_t idle = child_at(SCHED_IDLE), batch = child_at(SCHED_BATCH);
+    REQUIRE(idle > 0 && batch > 0);
+    CHECK(sched_getscheduler(idle) == SCHED_IDLE);
+    promote_idle_children(getpid());
+    CHECK(sched_getscheduler(idle) == SCHED_OTHER);
+    CHECK(sched_getscheduler(batch) == SCHED_BATCH);
+    kill(idle, SIGKILL);
+    kill(batch, SIGKILL);
+    waitpid(idle, NULL, 0);
+    waitpid(batch, NULL, 0);
+}
+
 /* A warm task process's keeper (src/zygote/main.c): the one other process in
  * the task's namespace but init, sharing the task's memory (same maps) and
  * nothing else - no fd, every signal blocked - and no more privileged than
@@ -2147,17 +2207,24 @@ static void t_warm_keeper(void)
         "blk = int(st['SigBlk'][0], 16)\n"
         "print('blocked', all(blk >> (s - 1) & 1 for s in (1, 2, 10, 12, 14, 15, 17)))\n"
         "print('fds', os.listdir('/proc/%d/fd' % k))\n"
-        "print('same maps', open('/proc/%d/maps' % k).read() == open('/proc/self/maps').read())\n";
+        "print('same maps', open('/proc/%d/maps' % k).read() == open('/proc/self/maps').read())\n"
+        "print('idle', os.sched_getscheduler(k) == os.SCHED_IDLE)\n";
+    /* Its teardown runs at SCHED_IDLE where the worker can put it back
+     * (CAP_SYS_NICE; run.c's promote_idle_children). */
+    char want[512];
+    snprintf(want, sizeof(want), "others 1\n"
+                                 "seccomp 2 nnp 1 cap 0000000000000000 0000000000000000\n"
+                                 "uid 1000 ppid 1\n"
+                                 "blocked True\n"
+                                 "fds []\n"
+                                 "same maps True\n"
+                                 "idle %s\n",
+             have_cap_sys_nice() ? "True" : "False");
     struct ci_outcome o;
     for (int i = 0; i < 10; i++) {
         REQUIRE(run_code(look, &o) == CI_OK);
         CHECK(o.kind == CI_OUTCOME_EXITED && o.has_exit_code && o.exit_code == 0);
-        CHECK_STR(o.out, "others 1\n"
-                         "seccomp 2 nnp 1 cap 0000000000000000 0000000000000000\n"
-                         "uid 1000 ppid 1\n"
-                         "blocked True\n"
-                         "fds []\n"
-                         "same maps True\n");
+        CHECK_STR(o.out, want);
         ci_outcome_release(&o);
     }
 
@@ -2877,7 +2944,7 @@ int main(int argc, char **argv)
         T(t_code_edges),    T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
         T(t_network),       T(t_host_invisible), T(t_seccomp),
         T(t_orphans_killed),
-        T(t_timeout),       T(t_init_untouchable), T(t_release_without_wait),       T(t_cancel),         T(t_output_cap), T(t_output_sink),
+        T(t_timeout),       T(t_init_untouchable), T(t_release_without_wait), T(t_promote_idle_children),       T(t_cancel),         T(t_output_cap), T(t_output_sink),
         T(t_memory),        T(t_process_limits), T(t_parallel),
         T(t_artifact_cap),  T(t_no_isolation_mode), T(t_fallback_without_userns),
         T(t_probe_print),
