@@ -93,10 +93,7 @@ static void kill_hard(struct ci_sandbox_run *run, int64_t now)
 {
     if (run->pid > 0 && run->kill_at && now >= run->kill_at) {
         signal_init(run, SIGKILL);
-        /* Without init's report we wait for its exit, and so for the
-         * task's keeper at SCHED_IDLE: no more. */
-        if (run->warm)
-            promote_idle_children(run->pid);
+        promote_keeper(run); /* without init's report we wait for its exit */
         run->kill_at = 0;
         run->killed_at = now;
     }
@@ -184,6 +181,8 @@ static void read_news(struct ci_sandbox_run *run, struct run_news *news)
         return;
     if (s != CI_OK) {
         close_fd(&run->sock); /* EOF: init is gone (or the bare task exec'd) */
+        if (!news->have_done)
+            promote_keeper(run); /* gone without a report: we wait for its exit */
         return;
     }
     if (m.type == MSG_DONE) {

@@ -4,7 +4,8 @@
  *
  * Freeing a warm run waits for its init to be gone - which, as pid 1 of
  * the task's pid namespace, waits for the keeper to tear the task's
- * address space down and tears its own copy of the zygote's down - and
+ * address space down (at SCHED_IDLE for up to 100 ms: run_kill_now) and
+ * tears its own copy of the zygote's down - and
  * then removes the task's cgroup: measured on a 2-core VM (issue 16),
  * 15-60 ms per task, all of it after the result and the terminal event,
  * with the slot idle. Here it overlaps with the next task.
@@ -139,8 +140,10 @@ static void *reaper_main(void *arg)
             gone->stuck = false; /* its init has exited: the free is quick */
             ci_sandbox_run_free(gone);
         }
-        if (run)
+        if (run) {
+            run->reaper_frees = true;
             ci_sandbox_run_free(run);
+        }
         pthread_mutex_lock(&r->lock);
         if (run)
             r->pending--;

@@ -23,6 +23,7 @@
 #include "core/text.h"
 #include "core/util.h"
 #include "sandbox/sandbox_int.h"
+#include "sandbox/sched.h"
 #include "sandbox/sys.h"
 
 /* Signals init: by pidfd when it is a zygote's child (never a reused pid). */
@@ -58,33 +59,15 @@ bool run_exited(const struct ci_sandbox_run *run)
     return si.si_pid == run->pid;
 }
 
-/* Puts init's children that run at SCHED_IDLE - a warm task's keeper,
- * tearing the task's memory down (zygote/main.c) - back to the normal
- * policy: on a machine with no idle CPU, whoever waits for init's exit
- * (which waits for them) would wait for ever. Only SCHED_IDLE is changed.
- * Init reaps nothing in the moment between the listing and the change but
- * a child that exited, whose pid is handed out again only after the
- * others of the pid space: no other process is touched. */
-void promote_idle_children(pid_t init)
+/* A warm init's exit waits for the task's keeper, which tears the task's
+ * memory down at SCHED_IDLE (sb->keeper_idle): whoever waits for that exit
+ * puts it back to the normal policy first, or a machine with no idle CPU
+ * would hold the wait for seconds. The code's own processes at SCHED_IDLE,
+ * dying of SIGKILL as well, go back with it. */
+void promote_keeper(const struct ci_sandbox_run *run)
 {
-    char path[64], buf[512];
-    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)init, (int)init);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return;
-    buf[n] = '\0';
-    const struct sched_param normal = {.sched_priority = 0};
-    for (char *p = buf, *end;; p = end) {
-        long pid = strtol(p, &end, 10);
-        if (end == p)
-            break;
-        if (pid > 0 && sched_getscheduler((pid_t)pid) == SCHED_IDLE)
-            (void)sched_setscheduler((pid_t)pid, SCHED_OTHER, &normal);
-    }
+    if (run->warm && run->sb->keeper_idle && run->pid > 0)
+        sched_promote_idle(run->pid, run->pidfd, 1);
 }
 
 /* Kills and reaps whatever of the run is still alive (start failed, the
@@ -95,21 +78,24 @@ void promote_idle_children(pid_t init)
  * cold one stays unreaped (run->pid > 0): its pid stays ours, so nothing
  * else can get it, and ci_sandbox_run_free keeps its task uid. */
 #define KILL_FREE_MS 5000
-#define KEEPER_IDLE_MS 100 /* what a keeper at SCHED_IDLE gets before it is put back */
+#define KEEPER_IDLE_MS 100 /* the reaper's wait for a keeper at SCHED_IDLE, then it is put back */
 void run_kill_now(struct ci_sandbox_run *run)
 {
     if (run->pid <= 0)
         return;
     if (run->warm) {
         /* SIGKILL on init kills its pid namespace; its zygote reaps it.
-         * Its exit waits for the task's keeper, which tears the task's
-         * memory down in the CPU others leave (sb->warm_idle): for
-         * KEEPER_IDLE_MS, then at the normal policy. */
+         * Its exit waits for the task's keeper (promote_keeper): the
+         * reaper, beside the next tasks, leaves it idle for a while; a
+         * slot, whose next task waits, does not. */
         signal_init(run, SIGKILL);
-        if (!init_exited(run, run->sb->warm_idle ? KEEPER_IDLE_MS : KILL_FREE_MS)) {
-            promote_idle_children(run->pid);
-            init_exited(run, KILL_FREE_MS);
+        int idle_ms = run->reaper_frees && run->sb->keeper_idle ? KEEPER_IDLE_MS : 0;
+        if (idle_ms && init_exited(run, idle_ms)) {
+            run->pid = 0;
+            return;
         }
+        promote_keeper(run);
+        init_exited(run, KILL_FREE_MS - idle_ms);
         run->pid = 0;
         return;
     }

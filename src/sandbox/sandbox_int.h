@@ -90,8 +90,9 @@ struct ci_sandbox {
     atomic_ulong warm_fallbacks; /* tasks that ran cold because no zygote took them */
     int warm_ops[ZYGOTE_MAX_OPS]; /* the ops each zygote task runs itself (index in ops) */
     size_t n_warm_ops;
-    bool warm_idle; /* spares warm up, keepers tear down, at SCHED_IDLE: we reset a
-                     * task's at HELLO, a keeper's when we wait for it (run_kill_now) */
+    bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
+    bool keeper_idle; /* keepers tear a task's memory down at SCHED_IDLE: whoever waits
+                       * for one puts it back (run.c, io.c) */
     struct reaper reaper; /* ended warm runs freed beside the next tasks; stuck runs */
     char warm_failure[480]; /* ci_sandbox_warm_failure() */
     /* Every string the plan points to, freed with the sandbox. */
@@ -161,6 +162,7 @@ struct ci_sandbox_run {
     struct ci_sandbox_run *reap_next; /* in the reaper's queue, or its stuck list */
     int64_t kill_at;    /* when init gets SIGKILL if it has not stopped by itself */
     int64_t killed_at;  /* when init got SIGKILL from the wait; 0: it did not */
+    bool reaper_frees;  /* the reaper's thread frees it (beside the next tasks) */
     bool stuck;         /* init had not exited KILL_WAIT_MS after its SIGKILL when the
                          * wait gave up on it (io.c): the reaper frees the run once it has */
     uint32_t timeout_ms;
@@ -234,7 +236,7 @@ ci_status new_task_cgroup(struct ci_sandbox_run *run, const struct ci_job *job,
 ci_status finish_start(struct ci_sandbox_run *run, const struct ci_job *job, bool *ret_fallback,
                        struct ci_error *err);
 ci_status write_proc_file(pid_t pid, const char *name, const char *text, struct ci_error *err);
-void promote_idle_children(pid_t init);
+void promote_keeper(const struct ci_sandbox_run *run);
 pid_t pidfd_pid(int pidfd);
 uid_t outside_uid_of(pid_t pid, uid_t inside);
 void pin_oom_score(const struct ci_sandbox *sb, pid_t task);

@@ -115,10 +115,10 @@ struct msg {
 /* --- the zygote --- */
 
 #define ZYGOTE_FD_REQ 4        /* the request socket in the zygote (its init's FD_SOCK) */
-#define ZYGOTE_PROTO_VERSION 6 /* 2: HELLO carries the task process's pidfd too; 3: spares;
+#define ZYGOTE_PROTO_VERSION 7 /* 2: HELLO carries the task process's pidfd too; 3: spares;
                                 * 4: task uids, inotify quota; 5: SETUP carries
                                 * ci-zygote-init, each task's init; 6: READY
-                                * carries huge_kb, collapse_err */
+                                * carries huge_kb, collapse_err; 7: ZSETUP_IDLE_KEEPER */
 /* ci-zygote-init's first argument: the protocol (its own and the
  * zygote's must match: both come from one build). */
 #define INIT_ARG_STR_(x) #x
@@ -154,10 +154,10 @@ struct zmsg_setup {
 #define ZSETUP_CGROUPNS 1u /* each task's init unshares its cgroup namespace once placed */
 #define ZSETUP_TASK_UIDS 4u /* the zygote maps each spare's uid 1000 to one of its block (at
                             * TASK_IDS_INSIDE, uid_block of them) and INIT_ID to its own uid */
-#define ZSETUP_IDLE 2u /* spare task processes warm up, and task keepers tear the task's
-                        * memory down, at SCHED_IDLE; the worker puts a spare back to
-                        * SCHED_OTHER when it places it (HELLO), a keeper when it waits
-                        * for it (run_kill_now) */
+#define ZSETUP_IDLE_WARMUP 2u /* spare task processes warm up at SCHED_IDLE; the worker
+                               * resets each to SCHED_OTHER when it places it (HELLO) */
+#define ZSETUP_IDLE_KEEPER 8u /* the task process puts its keeper at SCHED_IDLE; the worker
+                               * puts it back when it waits for it (sched_promote_idle) */
 
 struct zsetup_head {
     uint64_t clone_flags; /* the namespaces of each task (CLONE_NEW*) */

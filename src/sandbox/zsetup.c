@@ -37,7 +37,8 @@ static int parse(char *blob, size_t size, struct zsetup *z, char *why, size_t wh
     memcpy(&h, blob, sizeof(h));
     z->clone_flags = (unsigned long)h.clone_flags;
     z->cgroupns = (h.flags & ZSETUP_CGROUPNS) != 0;
-    z->idle = (h.flags & ZSETUP_IDLE) != 0;
+    z->idle_warmup = (h.flags & ZSETUP_IDLE_WARMUP) != 0;
+    z->idle_keeper = (h.flags & ZSETUP_IDLE_KEEPER) != 0;
     if (h.inotify_instances && h.inotify_watches) {
         snprintf(z->inotify[0], sizeof(z->inotify[0]), "%u", h.inotify_instances);
         snprintf(z->inotify[1], sizeof(z->inotify[1]), "%u", h.inotify_watches);

@@ -26,7 +26,8 @@
 struct zsetup {
     unsigned long clone_flags;
     bool cgroupns;
-    bool idle;                /* ZSETUP_IDLE */
+    bool idle_warmup;
+    bool idle_keeper;
     uint32_t spares;
     uint32_t uid_block;       /* ZSETUP_TASK_UIDS: task uids at TASK_IDS_INSIDE; 0: none */
     char inotify[2][16];      /* each task's inotify quota (instances, watches); "": none */

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "sandbox/sandbox_proto.h"
+#include "sandbox/sched.h"
 #include "core/util.h"
 
 #define BACKOFF_MIN_MS 200
@@ -391,11 +392,15 @@ static void *pool_thread(void *arg)
         free(who);
         free(what);
     }
-    /* Stopping: every zygote dies, and with it whatever it still runs. */
+    /* Stopping: every zygote dies, and with it whatever it still runs. Its
+     * exit waits for its spares and keepers, some at SCHED_IDLE: not for
+     * long. */
     while (p->list) {
         struct zygote *z = p->list;
         p->list = z->next;
         zygote_kill(z);
+        if (z->proc.pid > 0)
+            sched_promote_idle(z->proc.pid, -1, 2);
         zygote_free(p, z, NULL);
     }
     pthread_mutex_unlock(&p->mu);

@@ -186,8 +186,7 @@ static int64_t tv_us(struct timeval tv)
  * When the task process exits, its address space - the whole interpreter,
  * ~100 MB mapped - is not torn down in its own exit but in the keeper's, after
  * init has reaped the task and reported: the ~10 ms that unmapping takes
- * here are off the task's path (at SCHED_IDLE when the worker can undo
- * it: ZSETUP_IDLE). Made after the seccomp filter, the ids and
+ * here are off the task's path. Made after the seccomp filter, the ids and
  * the limits, so it can do nothing the code could not. No libc state is
  * touched (it shares our TLS): raw syscalls, errno only on a failure. */
 static int keeper_main(void *arg)
@@ -196,12 +195,6 @@ static int keeper_main(void *arg)
     sigset_t all;
     sigfillset(&all);
     syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, NULL, (size_t)(_NSIG / 8));
-    /* Its teardown then takes only CPU nothing else wants: the next task's
-     * start, the worker, NATS come first (a fan-out did ~11% more tasks/s).
-     * The worker puts it back to normal when it has to wait for it. */
-    struct sched_param idle = {.sched_priority = 0};
-    if (z.s.idle)
-        syscall(SYS_sched_setscheduler, 0, SCHED_IDLE, &idle);
     if (syscall(SYS_close_range, 0U, ~0U, 0U) != 0)
         for (long fd = 0; fd < 1024; fd++)
             syscall(SYS_close, fd);
@@ -305,6 +298,13 @@ __attribute__((noreturn)) static void task_main(const struct zmsg_spawn *sp, str
         child_fail(FD_SOCK, STEP_SECCOMP, 0, errno);
     close(FD_SOCK); /* the code gets 0-3 only, as after execve in a cold task */
     note.keeper = start_keeper(); /* none: the exit is only slower */
+    /* Its teardown gives way to the next task's start (ZSETUP_IDLE_KEEPER).
+     * Set here, not by the keeper itself: before the code runs, and with
+     * the keeper at the normal policy until then, so that our start never
+     * waits for an idle process. */
+    struct sched_param idle = {.sched_priority = 0};
+    if (z.s.idle_keeper && note.keeper > 0)
+        (void)sched_setscheduler(note.keeper, SCHED_IDLE, &idle);
     (void)send(FD_COUNT, &note, sizeof(note), MSG_NOSIGNAL); /* fails only if init is gone */
     close(FD_COUNT);
 
@@ -335,7 +335,7 @@ __attribute__((noreturn)) static void prefork_task_main(int chan)
     /* Only CPU nothing else wants (the worker resets it when a task comes):
      * a queue of tasks then runs first. */
     struct sched_param idle = {.sched_priority = 0};
-    if (z.s.idle)
+    if (z.s.idle_warmup)
         (void)sched_setscheduler(0, SCHED_IDLE, &idle);
     PyOS_AfterFork_Child();
     /* Step by step, and no further once a task has come (init's note). A

@@ -1,7 +1,6 @@
 /* test_sandbox.c - runs the REAL sandbox (no mocks): namespaces, python3,
  * the driver. Needs user namespaces; without them it exits 77 loudly. */
 #include <arpa/inet.h>
-#include <linux/capability.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -25,7 +24,8 @@
 #include "core/config.h"
 #include "provider/provider_local.h"
 #include "sandbox/sandbox.h"
-#include "sandbox/sandbox_int.h" /* promote_idle_children */
+#include "sandbox/sandbox_int.h" /* a run's init, promote_keeper */
+#include "sandbox/sched.h"
 #include "sandbox_config.h"
 #include "testutil.h"
 #include "core/util.h"
@@ -2125,14 +2125,52 @@ static void t_warm_spare_cpu(void)
     CHECK(cpu_ms + 80 < (uint64_t)self_ms);
 }
 
-static bool have_cap_sys_nice(void)
+/* Whether warm runs here have their keeper at SCHED_IDLE (warm.c). */
+static bool keeper_idle_here(void)
 {
-    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    struct __user_cap_data_struct data[2];
-    memset(data, 0, sizeof(data));
-    if (syscall(SYS_capget, &hdr, data) != 0)
-        return false;
-    return (data[CAP_TO_INDEX(CAP_SYS_NICE)].effective & CAP_TO_MASK(CAP_SYS_NICE)) != 0;
+    return sched_can_renice() && sched_can_list_children() && cg_version > 0;
+}
+
+/* A task's keeper is at SCHED_IDLE from before the code's first line, and
+ * promote_keeper, from our side of the namespaces, puts it back. */
+static void t_warm_keeper_promoted(void)
+{
+    if (!keeper_idle_here())
+        SKIP("keepers run at the normal policy here (no CAP_SYS_NICE that counts, no "
+             "/proc/PID/task/TID/children, or no per-task cgroups)");
+    struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
+    struct ci_sandbox *sb = warm_sandbox(c);
+    if (!sb)
+        free(c);
+    REQUIRE(sb != NULL);
+    const char *code = "import time\ntime.sleep(60)\n";
+    struct ci_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 90000,
+                         .memory_mb = 1024};
+    struct ci_sandbox_run *run = NULL;
+    struct ci_error err = {{0}};
+    REQUIRE(ci_sandbox_start(sb, &job, &run, &err) == CI_OK);
+    pid_t keeper = 0;
+    for (int i = 0; i < 1000 && !keeper; i++) { /* up to 10 s: init's two children */
+        pid_t kids[8];
+        int n = children_of(run->pid, kids, 8);
+        for (int k = 0; n == 2 && k < n; k++)
+            if (sched_getscheduler(kids[k]) == SCHED_IDLE)
+                keeper = kids[k];
+        if (!keeper)
+            usleep(10 * 1000);
+    }
+    CHECK(keeper > 0);
+    promote_keeper(run);
+    if (keeper > 0)
+        CHECK(sched_getscheduler(keeper) == SCHED_OTHER);
+    ci_sandbox_cancel(run);
+    struct ci_sandbox_result r;
+    CHECK(ci_sandbox_wait(run, &r) == CI_OK);
+    CHECK(r.end == CI_SANDBOX_CANCELLED);
+    ci_sandbox_result_release(&r);
+    ci_sandbox_run_free(run);
+    ci_sandbox_free(sb);
+    free(c);
 }
 
 /* A child that sets its policy, says so, and waits to be killed. */
@@ -2163,24 +2201,49 @@ static pid_t child_at(int policy)
     return pid;
 }
 
-/* What a free that waits for a warm init does to the keeper it waits for
- * (run.c): a child at SCHED_IDLE goes back to SCHED_OTHER; one at another
- * policy keeps it. */
+static void kill_children(const pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+        }
+}
+
+/* What a wait for a warm init does to the keeper it waits for
+ * (sched.c): a child at SCHED_IDLE goes back to SCHED_OTHER, one at
+ * another policy keeps it - among more children than one read of the
+ * list returns (a read may end inside a pid: no pid made of its first
+ * digits is touched). */
 static void t_promote_idle_children(void)
 {
-    if (!have_cap_sys_nice())
-        SKIP("without CAP_SYS_NICE nothing at SCHED_IDLE can be put back (the worker then "
-             "runs no keeper at SCHED_IDLE either)");
-    pid_t idle = child_at(SCHED_IDLE), batch = child_at(SCHED_BATCH);
-    REQUIRE(idle > 0 && batch > 0);
-    CHECK(sched_getscheduler(idle) == SCHED_IDLE);
-    promote_idle_children(getpid());
-    CHECK(sched_getscheduler(idle) == SCHED_OTHER);
-    CHECK(sched_getscheduler(batch) == SCHED_BATCH);
-    kill(idle, SIGKILL);
-    kill(batch, SIGKILL);
-    waitpid(idle, NULL, 0);
-    waitpid(batch, NULL, 0);
+    if (!sched_can_renice())
+        SKIP("nothing at SCHED_IDLE can be put back here (no CAP_SYS_NICE in the initial user "
+             "namespace): the worker then runs no keeper at SCHED_IDLE either");
+    if (!sched_can_list_children())
+        SKIP("no /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN): the worker then runs no "
+             "keeper at SCHED_IDLE");
+    enum { N = 120 }; /* ~840 bytes of pids: several reads of the list */
+    static pid_t kids[N];
+    int n = 0;
+    for (; n < N - 2; n++)
+        if ((kids[n] = child_at(SCHED_BATCH)) <= 0)
+            break;
+    kids[n] = n == N - 2 ? child_at(SCHED_IDLE) : -1;
+    kids[n + 1] = n == N - 2 ? child_at(SCHED_IDLE) : -1;
+    if (n < N - 2 || kids[n] <= 0 || kids[n + 1] <= 0) {
+        kill_children(kids, n + 2);
+        REQUIRE(!"could not start the children");
+    }
+    CHECK(sched_getscheduler(kids[n]) == SCHED_IDLE);
+    sched_promote_idle(getpid(), -1, 1);
+    CHECK(sched_getscheduler(kids[n]) == SCHED_OTHER);
+    CHECK(sched_getscheduler(kids[n + 1]) == SCHED_OTHER);
+    int batch = 0;
+    for (int i = 0; i < n; i++)
+        batch += sched_getscheduler(kids[i]) == SCHED_BATCH;
+    CHECK(batch == n);
+    kill_children(kids, N);
 }
 
 /* A warm task process's keeper (src/zygote/main.c): the one other process in
@@ -2210,7 +2273,7 @@ static void t_warm_keeper(void)
         "print('same maps', open('/proc/%d/maps' % k).read() == open('/proc/self/maps').read())\n"
         "print('idle', os.sched_getscheduler(k) == os.SCHED_IDLE)\n";
     /* Its teardown runs at SCHED_IDLE where the worker can put it back
-     * (CAP_SYS_NICE; run.c's promote_idle_children). */
+     * and the task has cgroups (warm.c, sb->keeper_idle). */
     char want[512];
     snprintf(want, sizeof(want), "others 1\n"
                                  "seccomp 2 nnp 1 cap 0000000000000000 0000000000000000\n"
@@ -2219,7 +2282,7 @@ static void t_warm_keeper(void)
                                  "fds []\n"
                                  "same maps True\n"
                                  "idle %s\n",
-             have_cap_sys_nice() ? "True" : "False");
+             keeper_idle_here() ? "True" : "False");
     struct ci_outcome o;
     for (int i = 0; i < 10; i++) {
         REQUIRE(run_code(look, &o) == CI_OK);
@@ -2944,7 +3007,7 @@ int main(int argc, char **argv)
         T(t_code_edges),    T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
         T(t_network),       T(t_host_invisible), T(t_seccomp),
         T(t_orphans_killed),
-        T(t_timeout),       T(t_init_untouchable), T(t_release_without_wait), T(t_promote_idle_children),       T(t_cancel),         T(t_output_cap), T(t_output_sink),
+        T(t_timeout),       T(t_init_untouchable), T(t_release_without_wait), T(t_promote_idle_children), T(t_cancel),         T(t_output_cap), T(t_output_sink),
         T(t_memory),        T(t_process_limits), T(t_parallel),
         T(t_artifact_cap),  T(t_no_isolation_mode), T(t_fallback_without_userns),
         T(t_probe_print),
@@ -2958,7 +3021,7 @@ int main(int argc, char **argv)
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
         T(t_warm_spare),    T(t_warm_keeper), T(t_warm_spares), T(t_warm_small_init),
-        T(t_warm_own_maps),
+        T(t_warm_own_maps), T(t_warm_keeper_promoted),
         T_OWN(t_warm_zygote_huge),
         T(t_warm_session_steps), T(t_warm_deferred),
         T_OWN(t_warm_spare_cpu), /* says skipped when it cannot tell (see main's comment) */
