@@ -22,6 +22,8 @@
  *                in one (the pool is zygote.c, a zygote src/zygote/main.c);
  *   reaper.c     ended warm runs freed beside the next tasks, and runs
  *                whose processes outlived SIGKILL once they have exited;
+ *   sched.c      the scheduling policy of our own processes: a keeper at
+ *                SCHED_IDLE, put back when we wait for it;
  *   cgroup.c     the task's cgroup;
  *   uids.c       the task uids: a uid of its own for each task's code;
  *   report.c     the driver's report, read;
