@@ -131,6 +131,9 @@ static void *reaper_main(void *arg)
             r->head = run->reap_next;
             if (!r->head)
                 r->tail = NULL;
+            /* Its keeper may stay idle a while only with nothing queued
+             * behind it: one wait at a time, never a full queue's. */
+            run->reaper_frees = !r->head;
         }
         if (!run && !gone && r->stopping)
             break; /* nothing left: the stop took the rest */
@@ -140,10 +143,8 @@ static void *reaper_main(void *arg)
             gone->stuck = false; /* its init has exited: the free is quick */
             ci_sandbox_run_free(gone);
         }
-        if (run) {
-            run->reaper_frees = true;
+        if (run)
             ci_sandbox_run_free(run);
-        }
         pthread_mutex_lock(&r->lock);
         if (run)
             r->pending--;

@@ -92,7 +92,7 @@ struct ci_sandbox {
     size_t n_warm_ops;
     bool warm_idle; /* spares warm up at SCHED_IDLE: we reset each task's at HELLO */
     bool keeper_idle; /* keepers tear a task's memory down at SCHED_IDLE: whoever waits
-                       * for one puts it back (run.c, io.c) */
+                       * for one puts it back (promote_keeper; zygote.c at the stop) */
     struct reaper reaper; /* ended warm runs freed beside the next tasks; stuck runs */
     char warm_failure[480]; /* ci_sandbox_warm_failure() */
     /* Every string the plan points to, freed with the sandbox. */
@@ -162,7 +162,8 @@ struct ci_sandbox_run {
     struct ci_sandbox_run *reap_next; /* in the reaper's queue, or its stuck list */
     int64_t kill_at;    /* when init gets SIGKILL if it has not stopped by itself */
     int64_t killed_at;  /* when init got SIGKILL from the wait; 0: it did not */
-    bool reaper_frees;  /* the reaper's thread frees it (beside the next tasks) */
+    bool reaper_frees;  /* the reaper's thread frees it, nothing queued behind it: its
+                         * keeper may stay idle for KEEPER_IDLE_MS (run_kill_now) */
     bool stuck;         /* init had not exited KILL_WAIT_MS after its SIGKILL when the
                          * wait gave up on it (io.c): the reaper frees the run once it has */
     uint32_t timeout_ms;

@@ -4,59 +4,53 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-struct probe {
-    pid_t tid;
-    int ready[2]; /* the thread says it lowered itself (its tid is set) */
-    int done[2];  /* closed once we tried: it may end */
-};
-
-static void *probe_main(void *arg)
-{
-    struct probe *p = arg;
-    struct sched_param none = {.sched_priority = 0};
-    p->tid = (pid_t)syscall(SYS_gettid);
-    char c = sched_setscheduler(0, SCHED_IDLE, &none) == 0 ? 'y' : 'n';
-    if (write(p->ready[1], &c, 1) == 1)
-        while (read(p->done[0], &c, 1) < 0 && errno == EINTR) /* until EOF */
-            ;
-    return NULL;
-}
-
+/* A child of ours, at SCHED_IDLE, with no RLIMIT_NICE of its own to leave
+ * it by: what takes it out is a capability that counts, the one that takes
+ * a keeper or a spare out (theirs are other uids'). Our own thread would
+ * not do: RLIMIT_NICE 20 lets its owner take it out without one. */
 bool sched_can_renice(void)
 {
-    struct probe p = {.ready = {-1, -1}, .done = {-1, -1}};
-    if (pipe2(p.ready, O_CLOEXEC) != 0)
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) != 0)
         return false;
-    if (pipe2(p.done, O_CLOEXEC) != 0) {
-        close(p.ready[0]);
-        close(p.ready[1]);
-        return false;
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit none = {0, 0};
+        struct sched_param p = {.sched_priority = 0};
+        char c = setrlimit(RLIMIT_NICE, &none) == 0 && sched_setscheduler(0, SCHED_IDLE, &p) == 0
+                     ? 'y'
+                     : 'n';
+        if (write(ready[1], &c, 1) == 1)
+            for (;;)
+                pause(); /* until its SIGKILL */
+        _exit(0);
     }
+    close(ready[1]);
     bool ok = false;
-    pthread_t t;
-    if (pthread_create(&t, NULL, probe_main, &p) == 0) {
+    if (pid > 0) {
         char c = 'n';
-        if (read(p.ready[0], &c, 1) == 1 && c == 'y') {
-            struct sched_param none = {.sched_priority = 0};
-            ok = sched_setscheduler(p.tid, SCHED_OTHER, &none) == 0;
+        ssize_t n;
+        while ((n = read(ready[0], &c, 1)) < 0 && errno == EINTR)
+            ;
+        if (n == 1 && c == 'y') {
+            struct sched_param normal = {.sched_priority = 0};
+            ok = sched_setscheduler(pid, SCHED_OTHER, &normal) == 0;
         }
-        close(p.done[1]);
-        p.done[1] = -1;
-        pthread_join(t, NULL);
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
     }
-    close(p.ready[0]);
-    close(p.ready[1]);
-    close(p.done[0]);
-    if (p.done[1] >= 0)
-        close(p.done[1]);
+    close(ready[0]);
     return ok;
 }
 
@@ -78,7 +72,8 @@ static bool exited(int pidfd)
 
 static void promote(pid_t pid, int depth)
 {
-    if (sched_getscheduler(pid) == SCHED_IDLE) { /* SCHED_RESET_ON_FORK is not part of it */
+    int policy = sched_getscheduler(pid); /* SCHED_RESET_ON_FORK may be or'ed in */
+    if (policy >= 0 && (policy & ~SCHED_RESET_ON_FORK) == SCHED_IDLE) {
         const struct sched_param normal = {.sched_priority = 0};
         (void)sched_setscheduler(pid, SCHED_OTHER, &normal);
     }

@@ -7,9 +7,10 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
-/* Can we take another process out of SCHED_IDLE? Tried on a thread of
- * ours, not read off our capabilities: in a user namespace CAP_SYS_NICE
- * shows but does not count (the kernel asks the initial namespace). */
+/* Can we take another process out of SCHED_IDLE? Tried on a child (with
+ * RLIMIT_NICE 0), not read off our capabilities: in a user namespace
+ * CAP_SYS_NICE shows but does not count (the kernel asks the initial
+ * namespace's). Forks: call it once, at setup. */
 bool sched_can_renice(void);
 
 /* Can we list a process's children (/proc/PID/task/TID/children, which

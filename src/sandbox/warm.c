@@ -11,7 +11,6 @@
  * a warm run is a cold run whose init is not our child. */
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/capability.h>
 #include <linux/filter.h>
 #include <poll.h>
 #include <sched.h>

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -2135,14 +2136,17 @@ static bool keeper_idle_here(void)
  * promote_keeper, from our side of the namespaces, puts it back. */
 static void t_warm_keeper_promoted(void)
 {
-    if (!keeper_idle_here())
-        SKIP("keepers run at the normal policy here (no CAP_SYS_NICE that counts, no "
-             "/proc/PID/task/TID/children, or no per-task cgroups)");
     struct ci_config *c = make_config(CI_ISOLATION_REQUIRED);
     struct ci_sandbox *sb = warm_sandbox(c);
     if (!sb)
         free(c);
     REQUIRE(sb != NULL);
+    if (!sb->keeper_idle) {
+        ci_sandbox_free(sb);
+        free(c);
+        SKIP("keepers run at the normal policy here (no CAP_SYS_NICE that counts, no "
+             "/proc/PID/task/TID/children, or no per-task cgroups)");
+    }
     const char *code = "import time\ntime.sleep(60)\n";
     struct ci_job job = {.code = code, .code_len = strlen(code), .timeout_ms = 90000,
                          .memory_mb = 1024};
@@ -2173,27 +2177,30 @@ static void t_warm_keeper_promoted(void)
     free(c);
 }
 
-/* A child that sets its policy, says so, and waits to be killed. */
+/* A child of ours at policy (set by us, once it runs), waiting for its
+ * SIGKILL or our death. */
 static pid_t child_at(int policy)
 {
     int p[2];
-    if (pipe(p) != 0)
+    if (pipe2(p, O_CLOEXEC) != 0)
         return -1;
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
-        struct sched_param none = {.sched_priority = 0};
-        char ok = sched_setscheduler(0, policy, &none) == 0 ? 'y' : 'n';
-        if (write(p[1], &ok, 1) != 1)
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        char c = getppid() == parent ? 'y' : 'n';
+        if (write(p[1], &c, 1) != 1 || c != 'y')
             _exit(1);
         for (;;)
             pause();
     }
     close(p[1]);
-    char ok = 'n';
-    if (pid > 0 && read(p[0], &ok, 1) != 1)
-        ok = 'n';
+    char c = 'n';
+    if (pid > 0 && read(p[0], &c, 1) != 1)
+        c = 'n';
     close(p[0]);
-    if (pid > 0 && ok != 'y') {
+    struct sched_param none = {.sched_priority = 0};
+    if (pid > 0 && (c != 'y' || sched_setscheduler(pid, policy, &none) != 0)) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         return -1;
@@ -2210,11 +2217,10 @@ static void kill_children(const pid_t *pids, int n)
         }
 }
 
-/* What a wait for a warm init does to the keeper it waits for
- * (sched.c): a child at SCHED_IDLE goes back to SCHED_OTHER, one at
- * another policy keeps it - among more children than one read of the
- * list returns (a read may end inside a pid: no pid made of its first
- * digits is touched). */
+/* What a wait for a warm init does to the keeper it waits for (sched.c):
+ * children at SCHED_IDLE go back to SCHED_OTHER, others keep their policy
+ * - among more children than one read of the list returns (a read may end
+ * inside a pid). */
 static void t_promote_idle_children(void)
 {
     if (!sched_can_renice())
@@ -2226,23 +2232,22 @@ static void t_promote_idle_children(void)
     enum { N = 120 }; /* ~840 bytes of pids: several reads of the list */
     static pid_t kids[N];
     int n = 0;
-    for (; n < N - 2; n++)
-        if ((kids[n] = child_at(SCHED_BATCH)) <= 0)
+    for (; n < N; n++) /* idle, batch, idle, ... */
+        if ((kids[n] = child_at(n % 2 ? SCHED_BATCH : SCHED_IDLE)) <= 0)
             break;
-    kids[n] = n == N - 2 ? child_at(SCHED_IDLE) : -1;
-    kids[n + 1] = n == N - 2 ? child_at(SCHED_IDLE) : -1;
-    if (n < N - 2 || kids[n] <= 0 || kids[n + 1] <= 0) {
-        kill_children(kids, n + 2);
+    if (n < N) {
+        kill_children(kids, n);
         REQUIRE(!"could not start the children");
     }
-    CHECK(sched_getscheduler(kids[n]) == SCHED_IDLE);
     sched_promote_idle(getpid(), -1, 1);
-    CHECK(sched_getscheduler(kids[n]) == SCHED_OTHER);
-    CHECK(sched_getscheduler(kids[n + 1]) == SCHED_OTHER);
-    int batch = 0;
-    for (int i = 0; i < n; i++)
-        batch += sched_getscheduler(kids[i]) == SCHED_BATCH;
-    CHECK(batch == n);
+    int idle_back = 0, batch = 0;
+    for (int i = 0; i < N; i++) {
+        int policy = sched_getscheduler(kids[i]);
+        idle_back += i % 2 == 0 && policy == SCHED_OTHER;
+        batch += i % 2 == 1 && policy == SCHED_BATCH;
+    }
+    CHECK(idle_back == N / 2);
+    CHECK(batch == N / 2);
     kill_children(kids, N);
 }
 
@@ -3007,7 +3012,7 @@ int main(int argc, char **argv)
         T(t_code_edges),    T(t_inputs_with_pandas), T(t_artifacts), T(t_artifact_escapes),
         T(t_network),       T(t_host_invisible), T(t_seccomp),
         T(t_orphans_killed),
-        T(t_timeout),       T(t_init_untouchable), T(t_release_without_wait), T(t_promote_idle_children), T(t_cancel),         T(t_output_cap), T(t_output_sink),
+        T(t_timeout),       T(t_init_untouchable), T(t_release_without_wait), T(t_cancel),         T(t_output_cap), T(t_output_sink),
         T(t_memory),        T(t_process_limits), T(t_parallel),
         T(t_artifact_cap),  T(t_no_isolation_mode), T(t_fallback_without_userns),
         T(t_probe_print),
@@ -3016,13 +3021,13 @@ int main(int argc, char **argv)
         T(t_outputs),       T(t_outputs_figures), T(t_outputs_caps), T(t_outputs_session),
         /* cgroups: each says skipped when the probe found none */
         T_OWN(t_cgroup_memory), T_OWN(t_cgroup_peak), T_OWN(t_cgroup_pids), T_OWN(t_cgroup_cpu),
-        T_OWN(t_cgroup_layout), T_OWN(t_cgroup_self),
+        T_OWN(t_cgroup_layout), T_OWN(t_cgroup_self), T_OWN(t_promote_idle_children),
         /* warm mode: only with CI_SANDBOX_MODE=warm */
         T(t_warm_blas),     T(t_warm_nothing_carries_over), T(t_warm_zygote_killed),
         T(t_warm_zygote_dies_under_a_task), T(t_warm_rotation), T(t_warm_unavailable),
         T(t_warm_spare),    T(t_warm_keeper), T(t_warm_spares), T(t_warm_small_init),
-        T(t_warm_own_maps), T(t_warm_keeper_promoted),
-        T_OWN(t_warm_zygote_huge),
+        T(t_warm_own_maps),
+        T_OWN(t_warm_zygote_huge), T_OWN(t_warm_keeper_promoted),
         T(t_warm_session_steps), T(t_warm_deferred),
         T_OWN(t_warm_spare_cpu), /* says skipped when it cannot tell (see main's comment) */
     };
