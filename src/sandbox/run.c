@@ -89,12 +89,10 @@ void run_kill_now(struct ci_sandbox_run *run)
          * slot, whose next task waits, does not. */
         signal_init(run, SIGKILL);
         int idle_ms = run->reaper_frees && run->sb->keeper_idle ? KEEPER_IDLE_MS : 0;
-        if (idle_ms && init_exited(run, idle_ms)) {
-            run->pid = 0;
-            return;
+        if (!idle_ms || !init_exited(run, idle_ms)) {
+            promote_keeper(run);
+            init_exited(run, KILL_FREE_MS - idle_ms);
         }
-        promote_keeper(run);
-        init_exited(run, KILL_FREE_MS - idle_ms);
         run->pid = 0;
         return;
     }
